@@ -1,0 +1,2 @@
+//! hipfile-core (being written).
+#![no_std]

@@ -1,0 +1,1 @@
+//! The `cpu` device (being written).

@@ -1,0 +1,332 @@
+//! The `Device` trait: everything the engine and the stream protocol need from a GPU
+//! runtime, and the backends that implement it.
+//!
+//! Addresses follow the GPU drivers' conventions: a *device address* is a `u64`
+//! (`CUdeviceptr` / `hipDeviceptr_t`); a *stream* is the opaque `hipStream_t` value as a
+//! `usize` ([`StreamHandle`]), `0` being the NULL (default) stream. Pinned host memory
+//! has a host pointer and a device address (equal on the `cpu` device).
+
+pub mod cpu;
+
+use core::ffi::c_void;
+use core::fmt;
+
+/// A user stream, as the C API passes it (`hipStream_t` / `CUstream` cast to an integer).
+/// `StreamHandle(0)` is the NULL (default) stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StreamHandle(pub usize);
+
+impl StreamHandle {
+    /// The NULL (legacy default) stream.
+    pub const NULL: StreamHandle = StreamHandle(0);
+}
+
+/// Signature of a host function enqueued on a stream (same ABI as `hipHostFn_t` and
+/// `CUhostFn`).
+pub type HostFn = unsafe extern "C" fn(user_data: *mut c_void);
+
+/// Which backend a device object is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceKind {
+    /// In-process device on the host: CI, development, GPU-less users.
+    Cpu,
+    /// NVIDIA GPUs through the CUDA driver API (loaded at run time).
+    Cuda,
+    /// AMD GPUs through HIP (cargo feature `rocm`).
+    Rocm,
+}
+
+impl DeviceKind {
+    /// Lower-case name used by `HIPFILE_DEVICE`.
+    pub fn name(self) -> &'static str {
+        match self {
+            DeviceKind::Cpu => "cpu",
+            DeviceKind::Cuda => "cuda",
+            DeviceKind::Rocm => "rocm",
+        }
+    }
+}
+
+/// What kind of memory a pointer refers to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MemoryType {
+    /// Device (GPU) memory: the only kind hipFile accepts for I/O.
+    Device,
+    /// Pinned or pageable host memory (also: pointers the device does not know).
+    Host,
+    /// Managed / unified memory.
+    Managed,
+    /// Array memory.
+    Array,
+}
+
+/// The answer to a pointer query.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PointerInfo {
+    /// Memory type of the allocation holding the pointer.
+    pub memory_type: MemoryType,
+    /// Ordinal of the device owning the allocation (meaningful for `Device` memory).
+    pub device_ordinal: u32,
+    /// First address of the allocation that holds the pointer.
+    pub allocation_base: u64,
+    /// Length in bytes of that allocation.
+    pub allocation_len_bytes: u64,
+}
+
+/// An error from a device runtime: the backend's raw code and a description.
+///
+/// `hip_error` is the `hipError_t` value a C caller sees in `hipFileError_t::hip_drv_err`
+/// (the backend maps its native code to HIP's numbering).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceError {
+    /// The `hipError_t` number.
+    pub hip_error: i32,
+    /// What failed.
+    pub what: &'static str,
+}
+
+impl DeviceError {
+    /// `hipErrorInvalidValue`.
+    pub const HIP_ERROR_INVALID_VALUE: i32 = 1;
+    /// `hipErrorOutOfMemory`.
+    pub const HIP_ERROR_OUT_OF_MEMORY: i32 = 2;
+    /// `hipErrorNotInitialized`.
+    pub const HIP_ERROR_NOT_INITIALIZED: i32 = 3;
+    /// `hipErrorInvalidDevice`.
+    pub const HIP_ERROR_INVALID_DEVICE: i32 = 101;
+    /// `hipErrorInvalidResourceHandle` (unknown stream or event).
+    pub const HIP_ERROR_INVALID_HANDLE: i32 = 400;
+    /// `hipErrorNotReady`.
+    pub const HIP_ERROR_NOT_READY: i32 = 600;
+    /// `hipErrorNotSupported`.
+    pub const HIP_ERROR_NOT_SUPPORTED: i32 = 801;
+    /// `hipErrorUnknown`.
+    pub const HIP_ERROR_UNKNOWN: i32 = 999;
+
+    /// Builds an error.
+    pub const fn new(hip_error: i32, what: &'static str) -> Self {
+        DeviceError { hip_error, what }
+    }
+}
+
+impl fmt::Display for DeviceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} (hipError {})", self.what, self.hip_error)
+    }
+}
+
+impl std::error::Error for DeviceError {}
+
+/// Pinned, device-mapped host memory allocated by a backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PinnedRegion {
+    /// Host address.
+    pub host_ptr: *mut u8,
+    /// The address the device uses for the same bytes.
+    pub device_addr: u64,
+    /// Length in bytes.
+    pub len_bytes: usize,
+}
+
+// SAFETY: a PinnedRegion is a plain description of memory (addresses and a length); it
+// does not own or dereference the memory, so moving it across threads is sound. Users
+// that dereference `host_ptr` carry their own safety argument.
+unsafe impl Send for PinnedRegion {}
+// SAFETY: as above; shared references only read the three plain fields.
+unsafe impl Sync for PinnedRegion {}
+
+/// An internal (library-owned) stream used for staging copies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct InternalStream(pub usize);
+
+/// An event recorded on an internal stream, polled for completion.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct EventHandle(pub usize);
+
+/// What the engine and the stream protocol need from a GPU runtime.
+///
+/// Every method may be called from any thread. Methods that enqueue work return once it
+/// is enqueued; none waits for earlier stream work except [`Device::synchronize_internal`].
+pub trait Device: Send + Sync + 'static {
+    /// Which backend this is.
+    fn kind(&self) -> DeviceKind;
+
+    /// Number of devices this backend drives.
+    fn device_count(&self) -> u32;
+
+    /// Classifies `ptr`. Unknown pointers are host memory (`MemoryType::Host`) with the
+    /// allocation range unknown (`allocation_len_bytes == 0`).
+    ///
+    /// # Errors
+    /// A backend error other than "not a device pointer".
+    fn pointer_info(&self, ptr: u64) -> Result<PointerInfo, DeviceError>;
+
+    /// The device ordinal a user stream belongs to (the NULL stream: the current device).
+    ///
+    /// # Errors
+    /// Unknown or destroyed stream.
+    fn stream_device(&self, stream: StreamHandle) -> Result<u32, DeviceError>;
+
+    /// Allocates `len_bytes` of pinned, device-mapped host memory, 4096-aligned.
+    ///
+    /// # Errors
+    /// Out of memory, or the backend refused to pin.
+    fn alloc_pinned(&self, len_bytes: usize) -> Result<PinnedRegion, DeviceError>;
+
+    /// Frees memory from [`Device::alloc_pinned`].
+    ///
+    /// # Safety
+    /// `region` came from `alloc_pinned` on this device, is freed once, and no enqueued
+    /// copy or wait still uses it.
+    unsafe fn free_pinned(&self, region: PinnedRegion);
+
+    /// Pins and device-maps existing host memory (e.g. an executor's `io_memory` arena)
+    /// and returns the device address of `host_ptr`.
+    ///
+    /// # Errors
+    /// The backend refused to pin the range.
+    ///
+    /// # Safety
+    /// `host_ptr..host_ptr+len_bytes` is valid host memory that stays allocated until
+    /// [`Device::unregister_host`].
+    unsafe fn register_host(&self, host_ptr: *mut u8, len_bytes: usize) -> Result<u64, DeviceError>;
+
+    /// Undoes [`Device::register_host`].
+    ///
+    /// # Safety
+    /// `host_ptr` was registered with `register_host` and no enqueued copy still uses it.
+    unsafe fn unregister_host(&self, host_ptr: *mut u8);
+
+    /// Creates a library-owned stream on `device_ordinal` for staging copies.
+    ///
+    /// # Errors
+    /// Invalid device, or the backend failed.
+    fn create_internal_stream(&self, device_ordinal: u32) -> Result<InternalStream, DeviceError>;
+
+    /// Destroys an internal stream once its work has drained.
+    fn destroy_internal_stream(&self, stream: InternalStream);
+
+    /// Enqueues a host → device copy on an internal stream.
+    ///
+    /// # Errors
+    /// Invalid stream or addresses.
+    ///
+    /// # Safety
+    /// `source` is pinned host memory readable for `len_bytes` until the copy completes;
+    /// `target..target+len_bytes` is device memory the caller may write.
+    unsafe fn copy_to_device_async(
+        &self,
+        stream: InternalStream,
+        target: u64,
+        source: *const u8,
+        len_bytes: usize,
+    ) -> Result<(), DeviceError>;
+
+    /// Enqueues a device → host copy on an internal stream.
+    ///
+    /// # Errors
+    /// Invalid stream or addresses.
+    ///
+    /// # Safety
+    /// `target` is pinned host memory writable for `len_bytes` until the copy completes;
+    /// `source..source+len_bytes` is device memory.
+    unsafe fn copy_from_device_async(
+        &self,
+        stream: InternalStream,
+        target: *mut u8,
+        source: u64,
+        len_bytes: usize,
+    ) -> Result<(), DeviceError>;
+
+    /// Records an event on an internal stream: complete once all work enqueued before it is.
+    ///
+    /// # Errors
+    /// Invalid stream, or the backend failed.
+    fn record_event(&self, stream: InternalStream) -> Result<EventHandle, DeviceError>;
+
+    /// Non-blocking: `Ok(true)` once the event's work is complete.
+    ///
+    /// # Errors
+    /// Invalid event, or an asynchronous error of the work before it.
+    fn event_done(&self, event: EventHandle) -> Result<bool, DeviceError>;
+
+    /// Releases an event (complete or not: it is released once complete).
+    fn destroy_event(&self, event: EventHandle);
+
+    /// Blocks until every op enqueued on the internal stream has completed. For teardown
+    /// and synchronous fallbacks only; never called on an executor's hot path.
+    ///
+    /// # Errors
+    /// An asynchronous error of the stream's work.
+    fn synchronize_internal(&self, stream: InternalStream) -> Result<(), DeviceError>;
+
+    /// Enqueues on an internal stream: store `value` to the 32-bit word at `word_device_addr`
+    /// once the stream's earlier work has completed.
+    ///
+    /// # Errors
+    /// Not supported (see [`Device::supports_stream_memops`]) or the backend failed.
+    ///
+    /// # Safety
+    /// `word_device_addr` is the device address of a live, 4-byte-aligned pinned word.
+    unsafe fn write_value32_internal(
+        &self,
+        stream: InternalStream,
+        word_device_addr: u64,
+        value: u32,
+    ) -> Result<(), DeviceError>;
+
+    /// Enqueues a host function on a user stream: it runs after the stream's earlier work,
+    /// and later work waits for it to return. It must not call device APIs.
+    ///
+    /// # Errors
+    /// Unknown stream, or the backend failed.
+    ///
+    /// # Safety
+    /// `user_data` stays valid until `func` has run; `func` is sound to call with it on
+    /// another thread.
+    unsafe fn launch_host_func(
+        &self,
+        stream: StreamHandle,
+        func: HostFn,
+        user_data: *mut c_void,
+    ) -> Result<(), DeviceError>;
+
+    /// Enqueues on a user stream: later work waits until the 32-bit word at
+    /// `word_device_addr` is `>= value` (wrapping comparison is not used: GEQ as unsigned).
+    ///
+    /// # Errors
+    /// Not supported, unknown stream, or the backend failed.
+    ///
+    /// # Safety
+    /// The word stays allocated until the wait has been satisfied.
+    unsafe fn stream_wait_value32(
+        &self,
+        stream: StreamHandle,
+        word_device_addr: u64,
+        value: u32,
+    ) -> Result<(), DeviceError>;
+
+    /// Enqueues on a user stream: store `value` to the word once earlier work is done.
+    ///
+    /// # Errors
+    /// Not supported, unknown stream, or the backend failed.
+    ///
+    /// # Safety
+    /// The word stays allocated until the write has happened.
+    unsafe fn stream_write_value32(
+        &self,
+        stream: StreamHandle,
+        word_device_addr: u64,
+        value: u32,
+    ) -> Result<(), DeviceError>;
+
+    /// Whether [`Device::stream_wait_value32`] / write-value work on `device_ordinal`.
+    fn supports_stream_memops(&self, device_ordinal: u32) -> bool;
+
+    /// Blocks until every op enqueued on a user stream has completed (tests, tools,
+    /// NULL-stream synchronous calls).
+    ///
+    /// # Errors
+    /// Unknown stream, or an asynchronous error.
+    fn synchronize_stream(&self, stream: StreamHandle) -> Result<(), DeviceError>;
+}
