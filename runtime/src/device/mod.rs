@@ -189,7 +189,8 @@ pub trait Device: Send + Sync + 'static {
     /// # Safety
     /// `host_ptr..host_ptr+len_bytes` is valid host memory that stays allocated until
     /// [`Device::unregister_host`].
-    unsafe fn register_host(&self, host_ptr: *mut u8, len_bytes: usize) -> Result<u64, DeviceError>;
+    unsafe fn register_host(&self, host_ptr: *mut u8, len_bytes: usize)
+    -> Result<u64, DeviceError>;
 
     /// Undoes [`Device::register_host`].
     ///
