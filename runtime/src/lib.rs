@@ -2,3 +2,12 @@
 //! API of hipfile-rs.
 
 pub mod device;
+pub mod config;
+pub mod file;
+pub mod engine;
+pub mod error;
+pub mod driver;
+mod sys;
+
+pub use driver::{Driver, HandleId};
+pub use error::{Error, IoError};

@@ -1,0 +1,552 @@
+//! Configuration from `HIPFILE_*` environment variables, read once per process.
+//!
+//! [`Config::global`] reads the environment the first time it is called and never
+//! again. Every variable is listed in [`ENV_VARS`]. A variable that is unset, or set to
+//! an empty (all-whitespace) value, takes its default. Numbers are trimmed decimal
+//! integers; anything else (signs, garbage, overflow, out of range) is a
+//! [`ConfigError`] naming the variable. `HIPFILE_ALLOW_COMPAT_MODE` follows hipFile
+//! instead: only `true` / `false` (any case, untrimmed) count, anything else is unset.
+//!
+//! Executors: `HIPFILE_CPUS` (a list such as `0,2,4-7`, each CPU in this process's
+//! affinity mask, no CPU twice) replaces the pool of usable CPUs, which otherwise is
+//! the affinity mask. `HIPFILE_THREADS=N` takes the first `N` CPUs of the pool, reusing
+//! them round-robin when `N` exceeds it. Without `HIPFILE_THREADS` there is one executor
+//! per listed CPU when `HIPFILE_CPUS` is set, else one per usable CPU, at most 8.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::ops::RangeInclusive;
+use std::sync::OnceLock;
+
+use crate::file::DirectPolicy;
+
+const DEVICE: &str = "HIPFILE_DEVICE";
+const THREADS: &str = "HIPFILE_THREADS";
+const CPUS: &str = "HIPFILE_CPUS";
+const CHUNK_KB: &str = "HIPFILE_CHUNK_KB";
+const STAGING_MB: &str = "HIPFILE_STAGING_MB";
+const PINNED_FALLBACK_MB: &str = "HIPFILE_PINNED_FALLBACK_MB";
+const ODIRECT: &str = "HIPFILE_ODIRECT";
+const REQUEST_PARALLELISM: &str = "HIPFILE_REQUEST_PARALLELISM";
+const QUEUE_DEPTH: &str = "HIPFILE_QUEUE_DEPTH";
+const CPU_DEVICES: &str = "HIPFILE_CPU_DEVICES";
+const ALLOW_COMPAT_MODE: &str = "HIPFILE_ALLOW_COMPAT_MODE";
+
+const KIB: usize = 1 << 10;
+const MIB: usize = 1 << 20;
+
+/// Most executors a configuration may ask for (`HIPFILE_THREADS`, `HIPFILE_CPUS`).
+pub const MAX_EXECUTORS: usize = 256;
+/// Most executors the default configuration uses (one per usable CPU up to this).
+pub const DEFAULT_MAX_EXECUTORS: usize = 8;
+/// Smallest staging chunk (`HIPFILE_CHUNK_KB=4`).
+pub const MIN_CHUNK_BYTES: usize = 4 * KIB;
+/// Largest staging chunk (`HIPFILE_CHUNK_KB=65536`).
+pub const MAX_CHUNK_BYTES: usize = 64 * MIB;
+/// Largest `HIPFILE_QUEUE_DEPTH`.
+pub const MAX_CHUNKS_IN_FLIGHT: usize = 64;
+/// Largest `HIPFILE_CPU_DEVICES`.
+pub const MAX_CPU_DEVICES: u32 = 16;
+
+const DEFAULT_CHUNK_KB: usize = 1024;
+const DEFAULT_STAGING_MB: usize = 32;
+const DEFAULT_PINNED_FALLBACK_MB: usize = 16;
+const DEFAULT_CHUNKS_IN_FLIGHT: usize = 4;
+
+const REASON_DEVICE: &str = "must be auto, cpu, cuda or rocm";
+const REASON_ODIRECT: &str = "must be auto, on or off";
+const REASON_THREADS: &str = "must be an integer between 1 and 256";
+const REASON_CPUS_SYNTAX: &str = "must be a list of CPU numbers and ranges such as 0,2,4-7";
+const REASON_CPUS_MASK: &str = "lists a CPU outside this process's affinity mask";
+const REASON_CPUS_TWICE: &str = "lists a CPU twice";
+const REASON_CPUS_MANY: &str = "lists more than 256 CPUs";
+const REASON_NO_CPU: &str = "no usable CPU: the process affinity mask is empty";
+const REASON_CHUNK: &str = "must be a power of two between 4 and 65536";
+const REASON_STAGING: &str = "must be a positive integer number of MiB that fits in usize bytes";
+const REASON_STAGING_CHUNKS: &str = "must hold at least 2 chunks of HIPFILE_CHUNK_KB";
+const REASON_PINNED_OVERFLOW: &str =
+    "executor count x staging + pinned fallback overflows usize bytes";
+const REASON_FALLBACK: &str = "must be an integer number of MiB (0 = none) that fits in usize";
+const REASON_PARALLELISM: &str = "must be an integer between 1 and the executor count";
+const REASON_QUEUE_DEPTH: &str = "must be an integer between 1 and 64";
+const REASON_CPU_DEVICES: &str = "must be an integer between 1 and 16";
+
+/// Every variable, with a one-line description that states its default.
+pub const ENV_VARS: &[(&str, &str)] = &[
+    (DEVICE, "device backend: auto, cpu, cuda or rocm (default auto)"),
+    (
+        THREADS,
+        "I/O executors, 1..=256, on the first CPUs of the pool, reused round-robin \
+         (default: one per usable CPU, at most 8; one per CPU of HIPFILE_CPUS if set)",
+    ),
+    (CPUS, "CPU pool for the executors, e.g. 0,2,4-7 (default: the process affinity mask)"),
+    (CHUNK_KB, "staging chunk size in KiB, a power of two in 4..=65536 (default 1024)"),
+    (STAGING_MB, "pinned staging arena per executor in MiB, at least 2 chunks (default 32)"),
+    (
+        PINNED_FALLBACK_MB,
+        "extra pinned staging in MiB used when an arena is exhausted, 0 = none (default 16)",
+    ),
+    (ODIRECT, "O_DIRECT policy: auto, on or off (default auto)"),
+    (
+        REQUEST_PARALLELISM,
+        "executors one large request may fan out to, 1..=executor count (default: all)",
+    ),
+    (QUEUE_DEPTH, "chunks in flight per op, 1..=64 (default 4)"),
+    (CPU_DEVICES, "devices the cpu backend exposes, 1..=16 (default 1)"),
+    (
+        ALLOW_COMPAT_MODE,
+        "allow the POSIX compatibility path: true or false, any case; other values are \
+         ignored (default true)",
+    ),
+];
+
+/// Which device backend to use (`HIPFILE_DEVICE`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum DeviceSelection {
+    /// The first backend that finds a device.
+    #[default]
+    Auto,
+    /// The in-process `cpu` device.
+    Cpu,
+    /// NVIDIA GPUs through CUDA.
+    Cuda,
+    /// AMD GPUs through ROCm / HIP.
+    Rocm,
+}
+
+/// A rejected variable (or, from [`Config::validate`], field): displays as
+/// `HIPFILE_CHUNK_KB=3000: must be a power of two between 4 and 65536`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The variable's name.
+    pub variable: &'static str,
+    /// The rejected value, as given (trimmed) or, from [`Config::validate`], the field's
+    /// value in the variable's unit.
+    pub value: String,
+    /// What the value must be.
+    pub reason: &'static str,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}={}: {}", self.variable, self.value, self.reason)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// The runtime's configuration. Build it from the environment ([`Config::from_env`],
+/// [`Config::global`]) or by hand, then call [`Config::validate`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// Device backend (`HIPFILE_DEVICE`).
+    pub device: DeviceSelection,
+    /// The CPU each executor pins to, one entry per executor; a CPU may repeat
+    /// (`HIPFILE_THREADS`, `HIPFILE_CPUS`).
+    pub executor_cpus: Vec<usize>,
+    /// Staging chunk size, a power of two in 4 KiB..=64 MiB (`HIPFILE_CHUNK_KB`).
+    pub staging_chunk_bytes: usize,
+    /// Each executor's pinned staging arena, at least 2 chunks (`HIPFILE_STAGING_MB`).
+    pub staging_per_executor_bytes: usize,
+    /// Cap of the extra pinned chunks used when an arena is exhausted
+    /// (`HIPFILE_PINNED_FALLBACK_MB`).
+    pub pinned_fallback_cap_bytes: usize,
+    /// O_DIRECT policy for registered files (`HIPFILE_ODIRECT`).
+    pub direct: DirectPolicy,
+    /// Executors one large request may fan out to, 1..=executor count
+    /// (`HIPFILE_REQUEST_PARALLELISM`).
+    pub request_parallelism: usize,
+    /// Chunks in flight per op, 1..=64 (`HIPFILE_QUEUE_DEPTH`).
+    pub chunks_in_flight: usize,
+    /// Devices the cpu backend exposes, 1..=16 (`HIPFILE_CPU_DEVICES`).
+    pub cpu_device_count: u32,
+    /// Whether the POSIX compatibility path is allowed (`HIPFILE_ALLOW_COMPAT_MODE`).
+    pub allow_compat_mode: bool,
+}
+
+impl Default for Config {
+    /// The configuration with every variable unset, for this process's affinity mask.
+    fn default() -> Config {
+        Config::defaults_for(&usable_cpus())
+    }
+}
+
+impl Config {
+    /// Number of executors (`executor_cpus.len()`).
+    pub fn executor_count(&self) -> usize {
+        self.executor_cpus.len()
+    }
+
+    /// The most pinned staging memory the engine ever holds: every executor's arena
+    /// plus the fallback cap (saturating; [`Config::validate`] rejects overflow).
+    pub fn pinned_cap_bytes(&self) -> usize {
+        self.checked_pinned_cap_bytes().unwrap_or(usize::MAX)
+    }
+
+    /// Reads the `HIPFILE_*` variables of the process environment (values that are not
+    /// UTF-8 are read lossily, and so rejected as garbage).
+    ///
+    /// # Errors
+    /// The first variable with an invalid value, or an invalid combination.
+    pub fn from_env() -> Result<Config, ConfigError> {
+        Config::from_lookup(|name| std::env::var_os(name).map(|v| v.to_string_lossy().into()))
+    }
+
+    /// Like [`Config::from_env`], reading variables through `lookup` (`None` = unset),
+    /// with this process's affinity mask as the usable CPUs.
+    ///
+    /// # Errors
+    /// The first variable with an invalid value, or an invalid combination.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
+        Config::from_lookup_with_cpus(lookup, &usable_cpus())
+    }
+
+    /// Like [`Config::from_lookup`], with `usable_cpus` standing for the affinity mask
+    /// (the default CPU pool, and the CPUs `HIPFILE_CPUS` may name).
+    ///
+    /// # Errors
+    /// The first variable with an invalid value, or an invalid combination.
+    pub fn from_lookup_with_cpus(
+        lookup: impl Fn(&str) -> Option<String>,
+        usable_cpus: &[usize],
+    ) -> Result<Config, ConfigError> {
+        // Empty or all-whitespace values count as unset.
+        let get = |name: &str| lookup(name).filter(|value| !value.trim().is_empty());
+        let mut config = Config::defaults_for(usable_cpus);
+        config.device = parse_device(get(DEVICE))?;
+        config.direct = parse_direct(get(ODIRECT))?;
+        config.executor_cpus = parse_executor_cpus(get(THREADS), get(CPUS), usable_cpus)?;
+        config.staging_chunk_bytes = parse_chunk_bytes(get(CHUNK_KB))?;
+        config.staging_per_executor_bytes =
+            parse_mib(STAGING_MB, get(STAGING_MB), DEFAULT_STAGING_MB, 1, REASON_STAGING)?;
+        config.pinned_fallback_cap_bytes = parse_mib(
+            PINNED_FALLBACK_MB,
+            get(PINNED_FALLBACK_MB),
+            DEFAULT_PINNED_FALLBACK_MB,
+            0,
+            REASON_FALLBACK,
+        )?;
+        let executors = config.executor_count();
+        config.request_parallelism = parse_count(
+            REQUEST_PARALLELISM,
+            get(REQUEST_PARALLELISM),
+            1..=executors,
+            executors,
+            REASON_PARALLELISM,
+        )?;
+        config.chunks_in_flight = parse_count(
+            QUEUE_DEPTH,
+            get(QUEUE_DEPTH),
+            1..=MAX_CHUNKS_IN_FLIGHT,
+            DEFAULT_CHUNKS_IN_FLIGHT,
+            REASON_QUEUE_DEPTH,
+        )?;
+        let max_devices = MAX_CPU_DEVICES as usize;
+        let cpu_devices =
+            parse_count(CPU_DEVICES, get(CPU_DEVICES), 1..=max_devices, 1, REASON_CPU_DEVICES)?;
+        config.cpu_device_count = u32::try_from(cpu_devices).unwrap_or(MAX_CPU_DEVICES);
+        // hipFile's bool parsing sees the raw value, empty included.
+        config.allow_compat_mode = parse_hipfile_bool(lookup(ALLOW_COMPAT_MODE)).unwrap_or(true);
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// The process-wide configuration, read from the environment on first use.
+    ///
+    /// When the environment is invalid, one warning line naming the variable goes to
+    /// stderr and **every** field takes its default ([`Config::default`]): a half-applied
+    /// configuration would be harder to reason about than none.
+    pub fn global() -> &'static Config {
+        static GLOBAL: OnceLock<Config> = OnceLock::new();
+        GLOBAL.get_or_init(|| {
+            Config::from_env().unwrap_or_else(|error| {
+                eprintln!("hipfile: warning: ignoring HIPFILE_* settings, {error}; using defaults");
+                Config::default()
+            })
+        })
+    }
+
+    /// Checks the ranges of every field and the relations between them (staging holds 2
+    /// chunks, parallelism within the executor count, pinned cap fits `usize`, ...). The
+    /// error names the variable that sets the offending field.
+    ///
+    /// # Errors
+    /// The first field out of range, as a [`ConfigError`].
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let executors = self.executor_count();
+        let chunk_bytes = self.staging_chunk_bytes;
+        let staging_bytes = self.staging_per_executor_bytes;
+        check(THREADS, executors.to_string(), REASON_THREADS, || {
+            (1..=MAX_EXECUTORS).contains(&executors)
+        })?;
+        check(CHUNK_KB, in_unit(chunk_bytes, KIB), REASON_CHUNK, || chunk_ok(chunk_bytes))?;
+        check(STAGING_MB, in_unit(staging_bytes, MIB), REASON_STAGING_CHUNKS, || {
+            staging_bytes / 2 >= chunk_bytes
+        })?;
+        check(STAGING_MB, in_unit(staging_bytes, MIB), REASON_PINNED_OVERFLOW, || {
+            self.checked_pinned_cap_bytes().is_some()
+        })?;
+        let parallelism = self.request_parallelism;
+        check(REQUEST_PARALLELISM, parallelism.to_string(), REASON_PARALLELISM, || {
+            (1..=executors).contains(&parallelism)
+        })?;
+        let depth = self.chunks_in_flight;
+        check(QUEUE_DEPTH, depth.to_string(), REASON_QUEUE_DEPTH, || {
+            (1..=MAX_CHUNKS_IN_FLIGHT).contains(&depth)
+        })?;
+        let devices = self.cpu_device_count;
+        check(CPU_DEVICES, devices.to_string(), REASON_CPU_DEVICES, || {
+            (1..=MAX_CPU_DEVICES).contains(&devices)
+        })
+    }
+
+    /// Every variable unset, with `usable_cpus` as the CPU pool.
+    fn defaults_for(usable_cpus: &[usize]) -> Config {
+        let mut executor_cpus: Vec<usize> =
+            usable_cpus.iter().copied().take(DEFAULT_MAX_EXECUTORS).collect();
+        if executor_cpus.is_empty() {
+            executor_cpus.push(0);
+        }
+        Config {
+            device: DeviceSelection::Auto,
+            request_parallelism: executor_cpus.len(),
+            executor_cpus,
+            staging_chunk_bytes: DEFAULT_CHUNK_KB * KIB,
+            staging_per_executor_bytes: DEFAULT_STAGING_MB * MIB,
+            pinned_fallback_cap_bytes: DEFAULT_PINNED_FALLBACK_MB * MIB,
+            direct: DirectPolicy::Auto,
+            chunks_in_flight: DEFAULT_CHUNKS_IN_FLIGHT,
+            cpu_device_count: 1,
+            allow_compat_mode: true,
+        }
+    }
+
+    fn checked_pinned_cap_bytes(&self) -> Option<usize> {
+        self.executor_count()
+            .checked_mul(self.staging_per_executor_bytes)?
+            .checked_add(self.pinned_fallback_cap_bytes)
+    }
+}
+
+/// The CPUs in this process's affinity mask (`sched_getaffinity`), in increasing order;
+/// `0..available_parallelism` if the mask cannot be read. Never empty.
+pub fn usable_cpus() -> Vec<usize> {
+    affinity_cpus().filter(|cpus| !cpus.is_empty()).unwrap_or_else(|| {
+        let count = std::thread::available_parallelism().map_or(1, |n| n.get());
+        (0..count).collect()
+    })
+}
+
+/// `sched_getaffinity(0)`, growing the mask until the kernel accepts its size.
+fn affinity_cpus() -> Option<Vec<usize>> {
+    const MAX_WORDS: usize = 1 << 16; // 4 Mi CPUs
+    let mut words = size_of::<libc::cpu_set_t>() / size_of::<u64>();
+    while words <= MAX_WORDS {
+        let mut mask = vec![0u64; words];
+        let len_bytes = words * size_of::<u64>();
+        // SAFETY: `mask` is a live, writable buffer of `len_bytes` bytes, 8-aligned like
+        // `cpu_set_t` (an array of u64 words); the call writes at most `len_bytes` bytes.
+        let result = unsafe { libc::sched_getaffinity(0, len_bytes, mask.as_mut_ptr().cast()) };
+        if result == 0 {
+            let bits = mask.iter().enumerate().flat_map(|(index, &word)| {
+                (0..64).filter(move |bit| word >> bit & 1 == 1).map(move |bit| index * 64 + bit)
+            });
+            return Some(bits.collect());
+        }
+        if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINVAL) {
+            return None;
+        }
+        words *= 2;
+    }
+    None
+}
+
+/// `Ok` when `ok()` holds, else the error for `variable=value`.
+fn check(
+    variable: &'static str,
+    value: String,
+    reason: &'static str,
+    ok: impl FnOnce() -> bool,
+) -> Result<(), ConfigError> {
+    if ok() { Ok(()) } else { Err(ConfigError { variable, value, reason }) }
+}
+
+/// `bytes` in `unit`s when a whole number of them, else `"<bytes> bytes"`.
+fn in_unit(bytes: usize, unit: usize) -> String {
+    if bytes.is_multiple_of(unit) { (bytes / unit).to_string() } else { format!("{bytes} bytes") }
+}
+
+fn chunk_ok(chunk_bytes: usize) -> bool {
+    chunk_bytes.is_power_of_two() && (MIN_CHUNK_BYTES..=MAX_CHUNK_BYTES).contains(&chunk_bytes)
+}
+
+/// A trimmed decimal integer: digits only (no sign), no overflow.
+fn parse_decimal(
+    variable: &'static str,
+    raw: &str,
+    reason: &'static str,
+) -> Result<u64, ConfigError> {
+    let text = raw.trim();
+    let error = || ConfigError { variable, value: text.to_owned(), reason };
+    if text.is_empty() || !text.bytes().all(|byte| byte.is_ascii_digit()) {
+        return Err(error());
+    }
+    text.parse::<u64>().map_err(|_| error())
+}
+
+/// A count in `range`, `default` when unset.
+fn parse_count(
+    variable: &'static str,
+    raw: Option<String>,
+    range: RangeInclusive<usize>,
+    default: usize,
+    reason: &'static str,
+) -> Result<usize, ConfigError> {
+    let Some(raw) = raw else { return Ok(default) };
+    let value = parse_decimal(variable, &raw, reason)?;
+    usize::try_from(value).ok().filter(|count| range.contains(count)).ok_or_else(|| ConfigError {
+        variable,
+        value: raw.trim().to_owned(),
+        reason,
+    })
+}
+
+/// A size in MiB of at least `min_mib`, in bytes (`checked_mul`); `default_mib` when
+/// unset.
+fn parse_mib(
+    variable: &'static str,
+    raw: Option<String>,
+    default_mib: usize,
+    min_mib: u64,
+    reason: &'static str,
+) -> Result<usize, ConfigError> {
+    let Some(raw) = raw else { return Ok(default_mib * MIB) };
+    let mib = parse_decimal(variable, &raw, reason)?;
+    usize::try_from(mib)
+        .ok()
+        .filter(|_| mib >= min_mib)
+        .and_then(|mib| mib.checked_mul(MIB))
+        .ok_or_else(|| ConfigError { variable, value: raw.trim().to_owned(), reason })
+}
+
+/// `HIPFILE_CHUNK_KB` in bytes.
+fn parse_chunk_bytes(raw: Option<String>) -> Result<usize, ConfigError> {
+    let Some(raw) = raw else { return Ok(DEFAULT_CHUNK_KB * KIB) };
+    let kib = parse_decimal(CHUNK_KB, &raw, REASON_CHUNK)?;
+    usize::try_from(kib)
+        .ok()
+        .and_then(|kib| kib.checked_mul(KIB))
+        .filter(|&bytes| chunk_ok(bytes))
+        .ok_or_else(|| ConfigError {
+            variable: CHUNK_KB,
+            value: raw.trim().to_owned(),
+            reason: REASON_CHUNK,
+        })
+}
+
+fn parse_device(raw: Option<String>) -> Result<DeviceSelection, ConfigError> {
+    let Some(raw) = raw else { return Ok(DeviceSelection::Auto) };
+    let text = raw.trim();
+    [
+        ("auto", DeviceSelection::Auto),
+        ("cpu", DeviceSelection::Cpu),
+        ("cuda", DeviceSelection::Cuda),
+        ("rocm", DeviceSelection::Rocm),
+    ]
+    .into_iter()
+    .find(|(name, _)| name.eq_ignore_ascii_case(text))
+    .map(|(_, device)| device)
+    .ok_or_else(|| ConfigError {
+        variable: DEVICE,
+        value: text.to_owned(),
+        reason: REASON_DEVICE,
+    })
+}
+
+fn parse_direct(raw: Option<String>) -> Result<DirectPolicy, ConfigError> {
+    let Some(raw) = raw else { return Ok(DirectPolicy::Auto) };
+    let text = raw.trim();
+    [("auto", DirectPolicy::Auto), ("on", DirectPolicy::On), ("off", DirectPolicy::Off)]
+        .into_iter()
+        .find(|(name, _)| name.eq_ignore_ascii_case(text))
+        .map(|(_, policy)| policy)
+        .ok_or_else(|| ConfigError {
+            variable: ODIRECT,
+            value: text.to_owned(),
+            reason: REASON_ODIRECT,
+        })
+}
+
+/// hipFile's `Environment::get<bool>`: `strcasecmp` against `true` and `false`, nothing
+/// else (no trimming, no `1` / `yes`).
+fn parse_hipfile_bool(raw: Option<String>) -> Option<bool> {
+    let raw = raw?;
+    if raw.eq_ignore_ascii_case("true") {
+        Some(true)
+    } else if raw.eq_ignore_ascii_case("false") {
+        Some(false)
+    } else {
+        None
+    }
+}
+
+/// The executors' CPUs from `HIPFILE_THREADS` and `HIPFILE_CPUS`.
+fn parse_executor_cpus(
+    threads: Option<String>,
+    cpus: Option<String>,
+    usable_cpus: &[usize],
+) -> Result<Vec<usize>, ConfigError> {
+    let explicit = cpus.is_some();
+    let pool = match cpus {
+        Some(raw) => parse_cpu_list(&raw, usable_cpus)?,
+        None => usable_cpus.to_vec(),
+    };
+    if pool.is_empty() {
+        let value = String::new();
+        return Err(ConfigError { variable: CPUS, value, reason: REASON_NO_CPU });
+    }
+    let default_count = if explicit { pool.len() } else { pool.len().min(DEFAULT_MAX_EXECUTORS) };
+    let count = parse_count(THREADS, threads, 1..=MAX_EXECUTORS, default_count, REASON_THREADS)?;
+    Ok(pool.iter().copied().cycle().take(count).collect())
+}
+
+/// `0,2,4-7` → `[0, 2, 4, 5, 6, 7]`, in the order given; every CPU in `usable_cpus`,
+/// none twice, at most [`MAX_EXECUTORS`].
+fn parse_cpu_list(raw: &str, usable_cpus: &[usize]) -> Result<Vec<usize>, ConfigError> {
+    let text = raw.trim();
+    let error = |reason| ConfigError { variable: CPUS, value: text.to_owned(), reason };
+    let usable: HashSet<usize> = usable_cpus.iter().copied().collect();
+    let mut seen = HashSet::new();
+    let mut cpus = Vec::new();
+    for item in text.split(',') {
+        let (first, last) = parse_cpu_range(item).ok_or_else(|| error(REASON_CPUS_SYNTAX))?;
+        // Stops at the first bad CPU, so a huge range costs nothing.
+        for cpu in first..=last {
+            if !usable.contains(&cpu) {
+                return Err(error(REASON_CPUS_MASK));
+            }
+            if !seen.insert(cpu) {
+                return Err(error(REASON_CPUS_TWICE));
+            }
+            if cpus.len() == MAX_EXECUTORS {
+                return Err(error(REASON_CPUS_MANY));
+            }
+            cpus.push(cpu);
+        }
+    }
+    Ok(cpus)
+}
+
+/// `"4-7"` → `(4, 7)`, `"2"` → `(2, 2)`; `None` for bad syntax or a reversed range.
+fn parse_cpu_range(item: &str) -> Option<(usize, usize)> {
+    let number = |text: &str| {
+        let text = text.trim();
+        let digits = !text.is_empty() && text.bytes().all(|byte| byte.is_ascii_digit());
+        digits.then(|| text.parse::<usize>().ok()).flatten()
+    };
+    let (first, last) = match item.split_once('-') {
+        Some((first, last)) => (number(first)?, number(last)?),
+        None => (number(item)?, number(item)?),
+    };
+    (first <= last).then_some((first, last))
+}

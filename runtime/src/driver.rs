@@ -1,0 +1,426 @@
+//! Driver state: hipFile's refcounted driver, and the registries of file handles and
+//! buffers (streams: see the async module).
+//!
+//! Refcount rules (hipFile's, behaviour.md §3.4):
+//! - [`Driver::open`] increments and always succeeds; [`Driver::close`] decrements, and
+//!   at 0 deregisters every file handle and buffer (streams stay registered); closing at
+//!   0 is `hipFileDriverNotInitialized`.
+//! - Implicit open (0 → 1): a successful or duplicate handle registration, any buffer
+//!   registration (even a failing one), and the async calls. Not the sync read/write,
+//!   which fail with -1/EINVAL while the driver is closed.
+//!
+//! The I/O path takes no process-wide exclusive lock: lookups take read locks on the
+//! registries; only registration and close write them.
+
+use std::collections::{BTreeMap, HashMap};
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
+
+use hipfile_core::{BufferSpan, Direction, OpError, Outcome, RawIo, StreamFlags, validate};
+
+use crate::config::{Config, DeviceSelection};
+use crate::device::cpu::CpuDevice;
+use crate::device::{Device, MemoryType};
+use crate::engine::{Engine, SyncRequest};
+use crate::error::{Error, IoError};
+use crate::file::FileHandle;
+
+/// The value a C caller holds as `hipFileHandle_t`: never 0 for a registered handle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct HandleId(pub usize);
+
+/// A buffer registered with [`Driver::buf_register`].
+#[derive(Debug)]
+pub struct RegisteredBuffer {
+    /// Device address of the first byte (the exact pointer registered).
+    pub base_addr: u64,
+    /// Registered length in bytes (may be 0).
+    pub len_bytes: u64,
+    /// Device owning the memory.
+    pub device_ordinal: u32,
+    in_flight: AtomicUsize,
+}
+
+/// A buffer as an I/O call resolved it.
+#[derive(Clone, Debug)]
+pub struct ResolvedBuffer {
+    /// Base and usable length.
+    pub span: BufferSpan,
+    /// Device owning the memory.
+    pub device_ordinal: u32,
+    registered: Option<Arc<RegisteredBuffer>>,
+}
+
+impl ResolvedBuffer {
+    /// Counts an op on a registered buffer until the guard drops (deregistering it in
+    /// the meantime is refused with 5030, as hipFile does).
+    pub fn begin_use(&self) -> BufferUse {
+        if let Some(buffer) = &self.registered {
+            buffer.in_flight.fetch_add(1, Ordering::SeqCst);
+        }
+        BufferUse(self.registered.clone())
+    }
+}
+
+/// An op using a registered buffer; see [`ResolvedBuffer::begin_use`].
+#[derive(Debug)]
+pub struct BufferUse(Option<Arc<RegisteredBuffer>>);
+
+impl Drop for BufferUse {
+    fn drop(&mut self) {
+        if let Some(buffer) = &self.0 {
+            buffer.in_flight.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// The driver: configuration, device, engine and registries.
+pub struct Driver {
+    config: Config,
+    device: Arc<dyn Device>,
+    page_size_bytes: u64,
+    refcount: AtomicI64,
+    lifecycle: Mutex<()>,
+    files: RwLock<HashMap<HandleId, Arc<FileHandle>>>,
+    buffers: RwLock<BTreeMap<u64, Arc<RegisteredBuffer>>>,
+    engine: OnceLock<Result<Engine, String>>,
+    next_executor: AtomicUsize,
+}
+
+impl std::fmt::Debug for Driver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Driver")
+            .field("device", &self.device.kind())
+            .field("use_count", &self.use_count())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Driver {
+    /// A driver over `device`.
+    pub fn new(config: Config, device: Arc<dyn Device>) -> Arc<Driver> {
+        Arc::new(Driver {
+            config,
+            device,
+            page_size_bytes: crate::sys::page_size_bytes(),
+            refcount: AtomicI64::new(0),
+            lifecycle: Mutex::new(()),
+            files: RwLock::new(HashMap::new()),
+            buffers: RwLock::new(BTreeMap::new()),
+            engine: OnceLock::new(),
+            next_executor: AtomicUsize::new(0),
+        })
+    }
+
+    /// A driver over the device `config.device` selects (`auto`: the first backend that
+    /// finds a device; `cpu` always does).
+    ///
+    /// # Errors
+    /// The selected backend is not available in this build or finds no device.
+    pub fn from_config(config: Config) -> Result<Arc<Driver>, Error> {
+        let device = select_device(&config)?;
+        Ok(Driver::new(config, device))
+    }
+
+    /// The process-wide driver the C API uses, built from the environment on first use.
+    ///
+    /// # Errors
+    /// The device selected by `HIPFILE_DEVICE` is unavailable.
+    pub fn global() -> Result<&'static Arc<Driver>, Error> {
+        static GLOBAL: OnceLock<Result<Arc<Driver>, Error>> = OnceLock::new();
+        GLOBAL.get_or_init(|| Driver::from_config(Config::global().clone())).as_ref().map_err(|e| *e)
+    }
+
+    /// The device.
+    pub fn device(&self) -> &Arc<dyn Device> {
+        &self.device
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// System page size (the max-I/O clamp rounds to it).
+    pub fn page_size_bytes(&self) -> u64 {
+        self.page_size_bytes
+    }
+
+    /// `hipFileDriverOpen`: increments the use count; always succeeds.
+    pub fn open(&self) {
+        let _lock = self.lock_lifecycle();
+        self.refcount.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// `hipFileDriverClose`: decrements the use count; at 0 deregisters every file
+    /// handle and buffer.
+    ///
+    /// # Errors
+    /// `DriverNotInitialized` when the count is already 0.
+    pub fn close(&self) -> Result<(), Error> {
+        let _lock = self.lock_lifecycle();
+        let count = self.refcount.load(Ordering::SeqCst);
+        if count <= 0 {
+            return Err(Error::new(OpError::DriverNotInitialized));
+        }
+        self.refcount.store(count - 1, Ordering::SeqCst);
+        if count == 1 {
+            let files: Vec<_> = write_lock(&self.files).drain().map(|(_, f)| f).collect();
+            for file in &files {
+                file.mark_deregistered();
+            }
+            write_lock(&self.buffers).clear();
+            drop(files);
+            if let Some(Ok(engine)) = self.engine.get() {
+                engine.prune_files();
+            }
+        }
+        Ok(())
+    }
+
+    /// `hipFileUseCount`.
+    pub fn use_count(&self) -> i64 {
+        self.refcount.load(Ordering::SeqCst)
+    }
+
+    /// `true` while the use count is above 0.
+    pub fn is_open(&self) -> bool {
+        self.use_count() > 0
+    }
+
+    /// Opens the driver implicitly (0 → 1) for the calls that do so.
+    pub fn ensure_open(&self) {
+        let _lock = self.lock_lifecycle();
+        if self.refcount.load(Ordering::SeqCst) == 0 {
+            self.refcount.store(1, Ordering::SeqCst);
+        }
+    }
+
+    fn lock_lifecycle(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.lifecycle.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// `hipFileHandleRegister` for an OpaqueFD.
+    ///
+    /// # Errors
+    /// `HandleAlreadyRegistered` (the driver is opened implicitly first), and every
+    /// error of [`FileHandle::open`] (`IONotSupported`, `InternalError`; the use count is
+    /// then unchanged).
+    pub fn handle_register(&self, fd: RawFd) -> Result<HandleId, Error> {
+        if read_lock(&self.files).values().any(|f| f.client_fd() == fd) {
+            self.ensure_open();
+            return Err(Error::new(OpError::HandleAlreadyRegistered));
+        }
+        let file = Arc::new(FileHandle::open(fd, self.config.direct)?);
+        let id = HandleId(Arc::as_ptr(&file) as usize);
+        let mut files = write_lock(&self.files);
+        if files.values().any(|f| f.client_fd() == fd) {
+            drop(files);
+            self.ensure_open();
+            return Err(Error::new(OpError::HandleAlreadyRegistered));
+        }
+        files.insert(id, file);
+        drop(files);
+        self.ensure_open();
+        Ok(id)
+    }
+
+    /// `hipFileHandleDeregister`: unknown handles are ignored. Ops in flight keep the
+    /// file open and complete; new ops are refused at once.
+    pub fn handle_deregister(&self, id: HandleId) {
+        let removed = write_lock(&self.files).remove(&id);
+        if let Some(file) = removed {
+            file.mark_deregistered();
+            drop(file);
+            if let Some(Ok(engine)) = self.engine.get() {
+                engine.prune_files();
+            }
+        }
+    }
+
+    /// The file behind a handle.
+    ///
+    /// # Errors
+    /// `HandleNotRegistered` for an unknown (or NULL, or deregistered) handle.
+    pub fn file(&self, id: HandleId) -> Result<Arc<FileHandle>, Error> {
+        read_lock(&self.files).get(&id).cloned().ok_or(Error::new(OpError::HandleNotRegistered))
+    }
+
+    /// `hipFileBufRegister`. Opens the driver implicitly first, even when it then fails.
+    ///
+    /// # Errors
+    /// NULL → `InvalidValue`; not device memory → `HipMemoryTypeInvalid`; range beyond
+    /// the allocation (or overflowing) → `HipPointerRangeError`; already registered →
+    /// `MemoryAlreadyRegistered`; a device error → `HipDriverError` (or `InvalidValue`
+    /// for hipErrorInvalidValue, as hipFile).
+    pub fn buf_register(&self, base_addr: u64, len_bytes: u64, _flags: i32) -> Result<(), Error> {
+        self.ensure_open();
+        if base_addr == 0 {
+            return Err(Error::new(OpError::InvalidValue));
+        }
+        let info = self.pointer_info(base_addr)?;
+        if info.memory_type != MemoryType::Device {
+            return Err(Error::new(OpError::HipMemoryTypeInvalid));
+        }
+        let allocation_end = info.allocation_base.checked_add(info.allocation_len_bytes);
+        let end = base_addr.checked_add(len_bytes);
+        if !matches!((end, allocation_end), (Some(e), Some(a)) if e <= a) {
+            return Err(Error::new(OpError::HipPointerRangeError));
+        }
+        let mut buffers = write_lock(&self.buffers);
+        if buffers.contains_key(&base_addr) {
+            return Err(Error::new(OpError::MemoryAlreadyRegistered));
+        }
+        let buffer = RegisteredBuffer {
+            base_addr,
+            len_bytes,
+            device_ordinal: info.device_ordinal,
+            in_flight: AtomicUsize::new(0),
+        };
+        buffers.insert(base_addr, Arc::new(buffer));
+        Ok(())
+    }
+
+    /// `hipFileBufDeregister`.
+    ///
+    /// # Errors
+    /// Driver closed → `DriverClosing`; not registered → `MemoryNotRegistered`; ops in
+    /// flight on it → `InternalError` (as hipFile).
+    pub fn buf_deregister(&self, base_addr: u64) -> Result<(), Error> {
+        if !self.is_open() {
+            return Err(Error::new(OpError::DriverClosing));
+        }
+        let mut buffers = write_lock(&self.buffers);
+        let buffer = buffers.get(&base_addr).ok_or(Error::new(OpError::MemoryNotRegistered))?;
+        if buffer.in_flight.load(Ordering::SeqCst) > 0 {
+            return Err(Error::new(OpError::InternalError));
+        }
+        buffers.remove(&base_addr);
+        Ok(())
+    }
+
+    /// Resolves an I/O buffer: a registered buffer by its exact base pointer, else the
+    /// allocation holding it (usable length: the rest of the allocation).
+    ///
+    /// # Errors
+    /// NULL → `InvalidValue`; not device memory → `HipMemoryTypeInvalid`; a device error
+    /// → `HipDriverError`.
+    pub fn resolve_buffer(&self, base_addr: u64) -> Result<ResolvedBuffer, Error> {
+        if base_addr == 0 {
+            return Err(Error::new(OpError::InvalidValue));
+        }
+        if let Some(buffer) = read_lock(&self.buffers).get(&base_addr) {
+            return Ok(ResolvedBuffer {
+                span: BufferSpan { base_addr, len_bytes: buffer.len_bytes },
+                device_ordinal: buffer.device_ordinal,
+                registered: Some(Arc::clone(buffer)),
+            });
+        }
+        let info = self.pointer_info(base_addr)?;
+        if info.memory_type != MemoryType::Device {
+            return Err(Error::new(OpError::HipMemoryTypeInvalid));
+        }
+        let end = info.allocation_base.saturating_add(info.allocation_len_bytes);
+        let span = BufferSpan { base_addr, len_bytes: end.saturating_sub(base_addr) };
+        Ok(ResolvedBuffer { span, device_ordinal: info.device_ordinal, registered: None })
+    }
+
+    fn pointer_info(&self, addr: u64) -> Result<crate::device::PointerInfo, Error> {
+        self.device.pointer_info(addr).map_err(|e| {
+            if e.hip_error == crate::device::DeviceError::HIP_ERROR_INVALID_VALUE {
+                Error::new(OpError::InvalidValue)
+            } else {
+                Error::device(e)
+            }
+        })
+    }
+
+    /// The engine, started on first use.
+    ///
+    /// # Errors
+    /// `InternalError` when it could not start (the reason is printed once).
+    pub fn engine(&self) -> Result<&Engine, Error> {
+        let started = self.engine.get_or_init(|| {
+            Engine::start(&self.config, Arc::clone(&self.device)).map_err(|e| {
+                eprintln!("hipfile: {e}");
+                e.to_string()
+            })
+        });
+        started.as_ref().map_err(|_| Error::new(OpError::InternalError))
+    }
+
+    /// Picks an executor for work that has no stream affinity.
+    pub(crate) fn next_executor(&self) -> usize {
+        self.next_executor.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// `hipFileRead` / `hipFileWrite`: moves up to `size_bytes` (clamped to the max I/O
+    /// size) between the file and device memory and returns the byte count (short at
+    /// end of file for reads).
+    ///
+    /// # Errors
+    /// See [`IoError`]; the order of checks is hipFile's: driver open, handle, buffer,
+    /// arguments, then the I/O.
+    pub fn io_sync(
+        &self,
+        direction: Direction,
+        handle: HandleId,
+        buffer_addr: u64,
+        raw: RawIo,
+    ) -> Result<usize, IoError> {
+        if !self.is_open() {
+            return Err(IoError::DriverClosed);
+        }
+        let file = self.file(handle)?;
+        let buffer = self.resolve_buffer(buffer_addr)?;
+        if !self.config.allow_compat_mode {
+            return Err(IoError::Library(OpError::InternalError));
+        }
+        let io = validate(raw, buffer.span, StreamFlags::empty(), self.page_size_bytes)?;
+        if io.is_empty() {
+            return Ok(0);
+        }
+        let engine = self.engine()?;
+        let _buffer_use = buffer.begin_use();
+        let request = SyncRequest {
+            file,
+            direction,
+            file_offset_bytes: io.file_offset_bytes(),
+            device_addr: io.device_addr(),
+            len_bytes: io.size_bytes(),
+            device_ordinal: buffer.device_ordinal,
+            executor_hint: self.next_executor(),
+        };
+        match engine.run_sync(request) {
+            (Outcome::Bytes(n), _) => Ok(n as usize),
+            (Outcome::OsError(errno), _) => Err(IoError::Os(errno)),
+            (Outcome::Library(OpError::HipDriverError), Some(error)) => Err(IoError::Device(error)),
+            (Outcome::Library(code), _) => Err(IoError::Library(code)),
+        }
+    }
+}
+
+fn select_device(config: &Config) -> Result<Arc<dyn Device>, Error> {
+    match config.device {
+        DeviceSelection::Auto | DeviceSelection::Cpu => {
+            let device: Arc<dyn Device> = CpuDevice::new(config.cpu_device_count);
+            Ok(device)
+        }
+        DeviceSelection::Cuda | DeviceSelection::Rocm => {
+            eprintln!(
+                "hipfile: HIPFILE_DEVICE={:?} is not available in this build yet",
+                config.device
+            );
+            Err(Error::new(OpError::DeviceNotFound))
+        }
+    }
+}
+
+fn read_lock<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn write_lock<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    lock.write().unwrap_or_else(|poisoned| poisoned.into_inner())
+}

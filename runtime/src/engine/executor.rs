@@ -1,0 +1,746 @@
+//! One executor: a glommio `LocalExecutor` pinned to a core, its staging arena, its
+//! internal device streams, its open files, and the chunk pipelines that move data.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::io;
+use std::os::fd::AsRawFd;
+use std::rc::Rc;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use glommio::io::{DmaBuffer, DmaFile, OpenOptions, ReadResult};
+use glommio::{LocalExecutorBuilder, Placement, Task};
+use hipfile_core::{
+    BufferSpan, Chunk, ChunkMode, Direction, OpError, Outcome, PlanConfig, RawIo, StreamFlags,
+    validate,
+};
+
+use super::staging::{Arena, FallbackChunk, FallbackPool};
+use super::{EngineStats, IoJob, Request};
+use crate::device::{Device, DeviceError, EventHandle, InternalStream};
+use crate::file::{FileHandle, pread_full, pwrite_full};
+use crate::sys;
+
+/// Everything an executor thread needs, moved into it at start.
+pub(super) struct Setup {
+    pub index: usize,
+    pub cpu: usize,
+    pub device: Arc<dyn Device>,
+    pub fallback: Arc<FallbackPool>,
+    pub stats: Arc<EngineStats>,
+    pub chunk_bytes: usize,
+    pub arena_bytes: usize,
+    pub chunks_in_flight: usize,
+    pub receiver: flume::Receiver<Request>,
+}
+
+/// Spawns the executor thread.
+pub(super) fn spawn(setup: Setup) -> glommio::Result<glommio::ExecutorJoinHandle<()>, ()> {
+    LocalExecutorBuilder::new(Placement::Fixed(setup.cpu))
+        .name(&format!("hipfile-io-{}", setup.index))
+        .io_memory(setup.arena_bytes)
+        .spawn(move || async move { Executor::new(setup).run().await })
+}
+
+
+/// What a chunk's bytes sit in while the device copies them.
+enum Staging {
+    /// A glommio read result, inside the registered arena.
+    Read(ReadResult),
+    /// A pinned fallback chunk.
+    Fallback(FallbackChunk),
+}
+
+/// A device copy in flight and the staging it reads or writes.
+struct InFlightCopy {
+    event: EventHandle,
+    _staging: Staging,
+}
+
+/// The executor's descriptors for one registered file.
+struct OpenFiles {
+    buffered: DmaFile,
+    direct: Option<DmaFile>,
+    /// io_uring refused this file (glommio's poll-ring misdetection): use blocking I/O.
+    uring_refused: Cell<bool>,
+}
+
+struct FileEntry {
+    handle: Weak<FileHandle>,
+    files: Rc<OpenFiles>,
+}
+
+struct Executor {
+    setup: Setup,
+    arena: Cell<Option<Arena>>,
+    utility: RefCell<Option<DmaFile>>,
+    streams: RefCell<HashMap<u32, InternalStream>>,
+    files: RefCell<HashMap<usize, FileEntry>>,
+    probed_devices: RefCell<HashSet<(u32, u32)>>,
+    active_jobs: Cell<usize>,
+    detached_copies: Cell<usize>,
+}
+
+const EOPNOTSUPP: i32 = libc::EOPNOTSUPP;
+
+impl Executor {
+    fn new(setup: Setup) -> Rc<Executor> {
+        Rc::new(Executor {
+            setup,
+            arena: Cell::new(None),
+            utility: RefCell::new(None),
+            streams: RefCell::new(HashMap::new()),
+            files: RefCell::new(HashMap::new()),
+            probed_devices: RefCell::new(HashSet::new()),
+            active_jobs: Cell::new(0),
+            detached_copies: Cell::new(0),
+        })
+    }
+
+    async fn run(self: Rc<Self>) {
+        self.open_utility_file().await;
+        while let Ok(request) = self.setup.receiver.recv_async().await {
+            match request {
+                Request::Io(job) => {
+                    let me = Rc::clone(&self);
+                    me.active_jobs.set(me.active_jobs.get() + 1);
+                    glommio::spawn_local(async move {
+                        me.run_job(job).await;
+                        me.active_jobs.set(me.active_jobs.get() - 1);
+                    })
+                    .detach();
+                }
+                Request::Prune => self.prune_files(),
+            }
+        }
+        while self.active_jobs.get() > 0 || self.detached_copies.get() > 0 {
+            glommio::timer::sleep(Duration::from_millis(1)).await;
+        }
+        self.teardown();
+    }
+
+    /// Opens an anonymous file on tmpfs (no O_DIRECT, so glommio runs no poll probe) to
+    /// allocate DMA buffers from, and finds and registers the arena with it.
+    async fn open_utility_file(&self) {
+        let opened = OpenOptions::new().read(true).write(true).tmpfile(true).dma_open("/dev/shm").await;
+        if let Ok(file) = opened {
+            self.discover_arena(&file);
+            *self.utility.borrow_mut() = Some(file);
+        }
+    }
+
+    /// On a fresh arena, allocating half of it returns its base (glommio's buddy
+    /// allocator); verified by a second allocation landing inside the range.
+    fn discover_arena(&self, file: &DmaFile) {
+        if self.arena.get().is_some() {
+            return;
+        }
+        let len_bytes = self.setup.arena_bytes;
+        let half = file.alloc_dma_buffer(len_bytes / 2);
+        let base_addr = half.as_ptr() as usize;
+        drop(half);
+        let probe = file.alloc_dma_buffer(4096);
+        let arena = Arena::new(base_addr, len_bytes);
+        let inside = arena.contains(probe.as_ptr() as usize, 4096);
+        drop(probe);
+        if !inside {
+            return;
+        }
+        // SAFETY: the arena is glommio's io_memory allocation for this executor, which
+        // lives as long as the executor; we unregister it in `teardown` after every copy
+        // using it has completed.
+        let registered = unsafe { self.setup.device.register_host(base_addr as *mut u8, len_bytes) };
+        if registered.is_ok() {
+            self.arena.set(Some(arena));
+        }
+    }
+
+    fn teardown(&self) {
+        for (_, stream) in self.streams.borrow_mut().drain() {
+            let _ = self.setup.device.synchronize_internal(stream);
+            self.setup.device.destroy_internal_stream(stream);
+        }
+        if let Some(arena) = self.arena.take() {
+            // SAFETY: registered in `discover_arena`; every job and detached copy has
+            // finished (checked by `run` before calling us), so no copy uses it.
+            unsafe { self.setup.device.unregister_host(arena.base_addr() as *mut u8) };
+        }
+        self.files.borrow_mut().clear();
+    }
+
+    fn prune_files(&self) {
+        self.files.borrow_mut().retain(|_, entry| entry.handle.strong_count() > 0);
+    }
+
+    fn stream_for(&self, device_ordinal: u32) -> Result<InternalStream, DeviceError> {
+        if let Some(&stream) = self.streams.borrow().get(&device_ordinal) {
+            return Ok(stream);
+        }
+        let stream = self.setup.device.create_internal_stream(device_ordinal)?;
+        self.streams.borrow_mut().insert(device_ordinal, stream);
+        Ok(stream)
+    }
+
+    async fn run_job(self: &Rc<Self>, job: IoJob) {
+        let IoJob { file, guard, direction, file_offset_bytes, device_addr, len_bytes, .. } = &job;
+        let range = JobRange {
+            file_offset_bytes: *file_offset_bytes,
+            device_addr: *device_addr,
+            len_bytes: *len_bytes,
+        };
+        let _ = guard;
+        let result = match self.stream_for(job.device_ordinal) {
+            Err(error) => Err((Outcome::Library(OpError::HipDriverError), Some(error))),
+            Ok(stream) => match self.open_files(file).await {
+                Err(error) => Err((os_outcome(&error), None)),
+                Ok(files) => Ok((stream, files)),
+            },
+        };
+        let (outcome, device_error, stream, copies) = match result {
+            Err((outcome, device_error)) => (outcome, device_error, None, VecDeque::new()),
+            Ok((stream, files)) => {
+                let (outcome, device_error, copies) = match direction {
+                    Direction::Read => self.read_range(file, &files, stream, range).await,
+                    Direction::Write => self.write_range(file, &files, stream, range).await,
+                };
+                (outcome, device_error, Some(stream), copies)
+            }
+        };
+        self.finish_job(job, outcome, device_error, stream, copies).await;
+        self.prune_files();
+    }
+
+    async fn finish_job(
+        self: &Rc<Self>,
+        job: IoJob,
+        outcome: Outcome,
+        device_error: Option<DeviceError>,
+        stream: Option<InternalStream>,
+        mut copies: VecDeque<InFlightCopy>,
+    ) {
+        if job.wait_for_copies {
+            let waited = self.wait_all(&mut copies).await;
+            let (outcome, device_error) = match (outcome, waited) {
+                (Outcome::Bytes(_), Err(error)) => {
+                    (Outcome::Library(OpError::HipDriverError), Some(error))
+                }
+                _ => (outcome, device_error),
+            };
+            job.done.finish(outcome, device_error, stream);
+        } else {
+            job.done.finish(outcome, device_error, stream);
+            self.detach_copies(copies);
+        }
+        EngineStats::add(&self.setup.stats.jobs, 1);
+    }
+
+    /// Keeps staging alive until the device is done with it, off the job's path.
+    fn detach_copies(self: &Rc<Self>, mut copies: VecDeque<InFlightCopy>) {
+        if copies.is_empty() {
+            return;
+        }
+        let me = Rc::clone(self);
+        me.detached_copies.set(me.detached_copies.get() + 1);
+        glommio::spawn_local(async move {
+            let _ = me.wait_all(&mut copies).await;
+            me.detached_copies.set(me.detached_copies.get() - 1);
+        })
+        .detach();
+    }
+
+    async fn open_files(&self, file: &Arc<FileHandle>) -> io::Result<Rc<OpenFiles>> {
+        let key = Arc::as_ptr(file) as usize;
+        if let Some(entry) = self.files.borrow().get(&key) {
+            if entry.handle.upgrade().is_some_and(|live| Arc::ptr_eq(&live, file)) {
+                return Ok(Rc::clone(&entry.files));
+            }
+        }
+        self.probe_device_once(file).await;
+        let mut options = OpenOptions::new();
+        options.read(file.can_read()).write(file.can_write());
+        let buffered = options.dma_open(proc_fd_path(file.buffered_fd())).await.map_err(io::Error::from)?;
+        sys::clear_o_direct(buffered.as_raw_fd())?;
+        let direct = match file.direct_fd() {
+            Some(fd) => options.dma_open(proc_fd_path(fd)).await.ok(),
+            None => None,
+        };
+        if self.arena.get().is_none() {
+            self.discover_arena(&buffered);
+        }
+        let files = Rc::new(OpenFiles { buffered, direct, uring_refused: Cell::new(false) });
+        let entry = FileEntry { handle: Arc::downgrade(file), files: Rc::clone(&files) };
+        self.files.borrow_mut().insert(key, entry);
+        Ok(files)
+    }
+
+    /// glommio 0.9 decides once per device and thread whether the poll ring works, by
+    /// reading the first block of the first O_DIRECT file it opens there; an empty file
+    /// makes it answer "yes" wrongly, and every later read then fails with EOPNOTSUPP.
+    /// Before the first open on a device, when the file is empty, we let glommio probe a
+    /// non-empty anonymous file in the same directory instead.
+    async fn probe_device_once(&self, file: &FileHandle) {
+        let device_id = file.device_id();
+        if !self.probed_devices.borrow_mut().insert(device_id) {
+            return;
+        }
+        if file.size_bytes().map_or(true, |size| size > 0) {
+            return;
+        }
+        if let Some(probe) = NonEmptyTmpFile::beside(file.buffered_fd()) {
+            let _ = OpenOptions::new().read(true).dma_open(proc_fd_path(probe.fd())).await;
+        }
+    }
+
+    fn plan(&self, files: &OpenFiles, file: &FileHandle, range: JobRange) -> Result<PlanIter, OpError> {
+        let buffer = BufferSpan { base_addr: range.device_addr, len_bytes: range.len_bytes.max(1) };
+        let raw = RawIo {
+            size_bytes: range.len_bytes,
+            file_offset_bytes: i64::try_from(range.file_offset_bytes).map_err(|_| OpError::InvalidValue)?,
+            buffer_offset_bytes: 0,
+        };
+        let io = validate(raw, buffer, StreamFlags::empty(), 4096)?;
+        let dio = if files.direct.is_some() && !files.uring_refused.get() { file.dio_alignment() } else { None };
+        let config = PlanConfig::new(self.setup.chunk_bytes as u64, dio, 4096)?;
+        Ok(config.plan(&io))
+    }
+
+    async fn read_range(
+        self: &Rc<Self>,
+        file: &Arc<FileHandle>,
+        files: &Rc<OpenFiles>,
+        stream: InternalStream,
+        range: JobRange,
+    ) -> (Outcome, Option<DeviceError>, VecDeque<InFlightCopy>) {
+        let mut copies = VecDeque::new();
+        let mut chunks = match self.plan(files, file, range) {
+            Ok(plan) => plan,
+            Err(code) => return (Outcome::Library(code), None, copies),
+        };
+        let depth = self.setup.chunks_in_flight.max(1);
+        let mut reads: VecDeque<(Chunk, Task<Result<Staging, i32>>)> = VecDeque::new();
+        let mut total_bytes = 0u64;
+        let mut stop = false;
+        let mut failure: Option<(Outcome, Option<DeviceError>)> = None;
+        loop {
+            while !stop && reads.len() < depth {
+                let Some(chunk) = chunks.next() else { break };
+                reads.push_back((chunk, self.spawn_chunk_read(files, file, chunk)));
+            }
+            let Some((chunk, task)) = reads.pop_front() else { break };
+            let result = task.await;
+            if stop {
+                continue;
+            }
+            match result {
+                Err(errno) => {
+                    failure = Some((Outcome::OsError(errno), None));
+                    stop = true;
+                }
+                Ok(staging) => {
+                    let got = staging_len(&staging).min(chunk.len_bytes as usize);
+                    file.record_bytes(Direction::Read, chunk.mode, got as u64);
+                    if got > 0 {
+                        let target = range.device_addr + chunk.op_offset_bytes;
+                        match self.copy_to_device(stream, target, staging, got) {
+                            Ok(copy) => copies.push_back(copy),
+                            Err(error) => {
+                                failure = Some((Outcome::Library(OpError::HipDriverError), Some(error)));
+                                stop = true;
+                                continue;
+                            }
+                        }
+                    }
+                    total_bytes += got as u64;
+                    stop |= (got as u64) < chunk.len_bytes;
+                }
+            }
+            if let Err(error) = self.reap(&mut copies, depth).await {
+                failure.get_or_insert((Outcome::Library(OpError::HipDriverError), Some(error)));
+                stop = true;
+            }
+        }
+        match failure {
+            Some((outcome, device_error)) => (outcome, device_error, copies),
+            None => (Outcome::Bytes(total_bytes), None, copies),
+        }
+    }
+
+    fn spawn_chunk_read(
+        self: &Rc<Self>,
+        files: &Rc<OpenFiles>,
+        file: &Arc<FileHandle>,
+        chunk: Chunk,
+    ) -> Task<Result<Staging, i32>> {
+        let me = Rc::clone(self);
+        let files = Rc::clone(files);
+        let file = Arc::clone(file);
+        glommio::spawn_local(async move { me.read_chunk(&files, &file, chunk).await })
+    }
+
+    async fn read_chunk(&self, files: &OpenFiles, file: &FileHandle, chunk: Chunk) -> Result<Staging, i32> {
+        let len = chunk.len_bytes as usize;
+        if !files.uring_refused.get() {
+            let dma = match (chunk.mode, &files.direct) {
+                (ChunkMode::Direct, Some(direct)) => direct,
+                _ => &files.buffered,
+            };
+            match dma.read_at_aligned(chunk.file_offset_bytes, len).await {
+                Ok(result) => return self.complete_short_read(files, file, chunk, result).await,
+                Err(error) => {
+                    let errno = os_errno(&io::Error::from(error));
+                    if errno != EOPNOTSUPP {
+                        return Err(errno);
+                    }
+                    files.uring_refused.set(true);
+                }
+            }
+        }
+        EngineStats::add(&self.setup.stats.sync_retry_chunks, 1);
+        let staging = self.take_fallback().await.map_err(|_| libc::ENOMEM)?;
+        let fd = file.buffered_fd();
+        // SAFETY: the fallback chunk is `chunk_bytes` long, >= len, and exclusively ours.
+        let target = unsafe { std::slice::from_raw_parts_mut(staging.as_mut_ptr(), len) };
+        let got = pread_full(fd, target, chunk.file_offset_bytes).map_err(|e| os_errno(&e))?;
+        Ok(Staging::Fallback(staging.with_valid_len(got)))
+    }
+
+    /// io_uring may return fewer bytes than asked before EOF (rare for files); finish the
+    /// chunk with a blocking read of the rest into fallback staging in that case.
+    async fn complete_short_read(
+        &self,
+        _files: &OpenFiles,
+        file: &FileHandle,
+        chunk: Chunk,
+        result: ReadResult,
+    ) -> Result<Staging, i32> {
+        let got = result.len();
+        if got == 0 || got >= chunk.len_bytes as usize {
+            return Ok(Staging::Read(result));
+        }
+        let size = file.size_bytes().map_err(|e| os_errno(&e))?;
+        if chunk.file_offset_bytes + got as u64 >= size {
+            return Ok(Staging::Read(result));
+        }
+        let staging = self.take_fallback().await.map_err(|_| libc::ENOMEM)?;
+        let len = chunk.len_bytes as usize;
+        // SAFETY: the fallback chunk holds `chunk_bytes` >= len bytes and is ours alone;
+        // `result` holds `got` readable bytes.
+        let target = unsafe {
+            sys::copy_bytes(staging.as_mut_ptr(), result.as_ptr(), got);
+            std::slice::from_raw_parts_mut(staging.as_mut_ptr().add(got), len - got)
+        };
+        let rest = pread_full(file.buffered_fd(), target, chunk.file_offset_bytes + got as u64)
+            .map_err(|e| os_errno(&e))?;
+        Ok(Staging::Fallback(staging.with_valid_len(got + rest)))
+    }
+
+    async fn take_fallback(&self) -> Result<FallbackChunk, DeviceError> {
+        let mut backoff_us = 5;
+        loop {
+            if let Some(chunk) = self.setup.fallback.try_take()? {
+                return Ok(chunk);
+            }
+            glommio::timer::sleep(Duration::from_micros(backoff_us)).await;
+            backoff_us = (backoff_us * 2).min(1000);
+        }
+    }
+
+    /// Enqueues the copy of `len` staged bytes to the device, straight from the arena
+    /// when the staging lies inside it, else through a fallback chunk.
+    fn copy_to_device(
+        &self,
+        stream: InternalStream,
+        target: u64,
+        staging: Staging,
+        len: usize,
+    ) -> Result<InFlightCopy, DeviceError> {
+        let device = &*self.setup.device;
+        let source = staging_ptr(&staging);
+        let in_arena = self.arena.get().is_some_and(|a| a.contains(source as usize, len));
+        let staging = match staging {
+            Staging::Fallback(chunk) => Staging::Fallback(chunk),
+            other if in_arena => other,
+            other => {
+                let chunk = self.setup.fallback.try_take()?.ok_or(DeviceError::new(
+                    DeviceError::HIP_ERROR_OUT_OF_MEMORY,
+                    "pinned fallback staging exhausted",
+                ))?;
+                // SAFETY: `other` holds `len` readable bytes; the chunk is ours and larger.
+                unsafe { sys::copy_bytes(chunk.as_mut_ptr(), staging_ptr(&other), len) };
+                Staging::Fallback(chunk)
+            }
+        };
+        let counter = if in_arena { &self.setup.stats.arena_chunks } else { &self.setup.stats.fallback_chunks };
+        EngineStats::add(counter, 1);
+        // SAFETY: the staging (arena or pinned fallback chunk) holds `len` bytes and is
+        // kept alive in the returned InFlightCopy until the event completes; `target`
+        // lies in the job's validated device range.
+        unsafe { device.copy_to_device_async(stream, target, staging_ptr(&staging), len)? };
+        let event = device.record_event(stream)?;
+        Ok(InFlightCopy { event, _staging: staging })
+    }
+
+    async fn write_range(
+        self: &Rc<Self>,
+        file: &Arc<FileHandle>,
+        files: &Rc<OpenFiles>,
+        stream: InternalStream,
+        range: JobRange,
+    ) -> (Outcome, Option<DeviceError>, VecDeque<InFlightCopy>) {
+        let mut chunks = match self.plan(files, file, range) {
+            Ok(plan) => plan.collect::<VecDeque<_>>(),
+            Err(code) => return (Outcome::Library(code), None, VecDeque::new()),
+        };
+        let depth = self.setup.chunks_in_flight.max(1);
+        let mut staged: VecDeque<(Chunk, EventHandle, WriteStaging)> = VecDeque::new();
+        let mut writes: VecDeque<(Chunk, Task<Result<usize, i32>>)> = VecDeque::new();
+        let mut total_bytes = 0u64;
+        let mut failure: Option<(Outcome, Option<DeviceError>)> = None;
+        loop {
+            while failure.is_none() && staged.len() < depth {
+                let Some(chunk) = chunks.pop_front() else { break };
+                match self.stage_from_device(files, stream, range.device_addr + chunk.op_offset_bytes, chunk).await {
+                    Ok((event, staging)) => staged.push_back((chunk, event, staging)),
+                    Err(error) => failure = Some((Outcome::Library(OpError::HipDriverError), Some(error))),
+                }
+            }
+            if let Some((chunk, event, staging)) = staged.pop_front() {
+                let waited = self.wait_event(event).await;
+                if let (Err(error), None) = (waited, &failure) {
+                    failure = Some((Outcome::Library(OpError::HipDriverError), Some(error)));
+                }
+                if failure.is_none() {
+                    writes.push_back((chunk, self.spawn_chunk_write(files, file, chunk, staging)));
+                }
+            }
+            if writes.len() >= depth || (staged.is_empty() && !writes.is_empty()) {
+                let (chunk, task) = writes.pop_front().expect("checked non-empty");
+                match task.await {
+                    Ok(n) => {
+                        file.record_bytes(Direction::Write, chunk.mode, n as u64);
+                        total_bytes += n as u64;
+                    }
+                    Err(errno) => {
+                        failure.get_or_insert((Outcome::OsError(errno), None));
+                    }
+                }
+            }
+            if staged.is_empty() && writes.is_empty() && (chunks.is_empty() || failure.is_some()) {
+                break;
+            }
+        }
+        match failure {
+            Some((outcome, device_error)) => (outcome, device_error, VecDeque::new()),
+            None => (Outcome::Bytes(total_bytes), None, VecDeque::new()),
+        }
+    }
+
+    /// Allocates staging for one chunk (arena DMA buffer, or fallback when the buffer
+    /// glommio hands out lies outside the arena) and enqueues the device → host copy.
+    async fn stage_from_device(
+        &self,
+        files: &OpenFiles,
+        stream: InternalStream,
+        source: u64,
+        chunk: Chunk,
+    ) -> Result<(EventHandle, WriteStaging), DeviceError> {
+        let len = chunk.len_bytes as usize;
+        let mut buffer = files.buffered.alloc_dma_buffer(len);
+        let in_arena = self.arena.get().is_some_and(|a| a.contains(buffer.as_ptr() as usize, len));
+        let staging = if in_arena && !files.uring_refused.get() {
+            EngineStats::add(&self.setup.stats.arena_chunks, 1);
+            let target = buffer.as_bytes_mut().as_mut_ptr();
+            // SAFETY: `buffer` is an arena (registered, pinned) buffer of `len` bytes that
+            // the returned staging keeps alive until the copy's event is waited for.
+            unsafe { self.setup.device.copy_from_device_async(stream, target, source, len)? };
+            WriteStaging::Arena(buffer)
+        } else {
+            EngineStats::add(&self.setup.stats.fallback_chunks, 1);
+            let chunk_memory = self.take_fallback().await?;
+            // SAFETY: the fallback chunk is pinned, ours, and >= len bytes; kept alive in
+            // the returned staging until the copy's event is waited for.
+            unsafe {
+                self.setup.device.copy_from_device_async(stream, chunk_memory.as_mut_ptr(), source, len)?
+            };
+            WriteStaging::Fallback(buffer, chunk_memory)
+        };
+        let event = self.setup.device.record_event(stream)?;
+        Ok((event, staging))
+    }
+
+    fn spawn_chunk_write(
+        self: &Rc<Self>,
+        files: &Rc<OpenFiles>,
+        file: &Arc<FileHandle>,
+        chunk: Chunk,
+        staging: WriteStaging,
+    ) -> Task<Result<usize, i32>> {
+        let me = Rc::clone(self);
+        let files = Rc::clone(files);
+        let file = Arc::clone(file);
+        glommio::spawn_local(async move { me.write_chunk(&files, &file, chunk, staging).await })
+    }
+
+    async fn write_chunk(
+        &self,
+        files: &OpenFiles,
+        file: &FileHandle,
+        chunk: Chunk,
+        staging: WriteStaging,
+    ) -> Result<usize, i32> {
+        let len = chunk.len_bytes as usize;
+        let buffer = Rc::new(match staging {
+            WriteStaging::Arena(buffer) => buffer,
+            WriteStaging::Fallback(mut buffer, memory) => {
+                // SAFETY: the copy into `memory` completed (its event was waited for);
+                // both hold at least `len` bytes and do not overlap.
+                unsafe { sys::copy_bytes(buffer.as_bytes_mut().as_mut_ptr(), memory.as_mut_ptr(), len) };
+                buffer
+            }
+        });
+        let mut written = 0;
+        if !files.uring_refused.get() {
+            let dma = match (chunk.mode, &files.direct) {
+                (ChunkMode::Direct, Some(direct)) => direct,
+                _ => &files.buffered,
+            };
+            match dma.write_rc_at(Rc::clone(&buffer), chunk.file_offset_bytes).await {
+                Ok(n) if n >= len => return Ok(len),
+                // Short write (a limit or a signal): finish the rest below.
+                Ok(n) => written = n,
+                Err(error) => {
+                    let errno = os_errno(&io::Error::from(error));
+                    if errno != EOPNOTSUPP {
+                        return Err(errno);
+                    }
+                    files.uring_refused.set(true);
+                }
+            }
+        }
+        EngineStats::add(&self.setup.stats.sync_retry_chunks, 1);
+        let rest = &buffer.as_bytes()[written..len];
+        let offset = chunk.file_offset_bytes + written as u64;
+        Ok(written + pwrite_full(file.buffered_fd(), rest, offset).map_err(|e| os_errno(&e))?)
+    }
+
+    /// Drops staging of completed copies; waits for the oldest while `depth` are in flight.
+    async fn reap(&self, copies: &mut VecDeque<InFlightCopy>, depth: usize) -> Result<(), DeviceError> {
+        while let Some(front) = copies.front() {
+            let done = self.setup.device.event_done(front.event)?;
+            if !done && copies.len() < depth {
+                break;
+            }
+            if !done {
+                self.wait_event(front.event).await?;
+            }
+            let copy = copies.pop_front().expect("front exists");
+            self.setup.device.destroy_event(copy.event);
+        }
+        Ok(())
+    }
+
+    async fn wait_all(&self, copies: &mut VecDeque<InFlightCopy>) -> Result<(), DeviceError> {
+        let mut first_error = Ok(());
+        while let Some(copy) = copies.pop_front() {
+            if let Err(error) = self.wait_event(copy.event).await {
+                first_error = first_error.and(Err(error));
+            }
+            self.setup.device.destroy_event(copy.event);
+        }
+        first_error
+    }
+
+    /// Polls an event without blocking the executor: a few yields first (copies of small
+    /// chunks finish in microseconds), then timer sleeps with backoff.
+    async fn wait_event(&self, event: EventHandle) -> Result<(), DeviceError> {
+        let mut attempt = 0u32;
+        loop {
+            if self.setup.device.event_done(event)? {
+                return Ok(());
+            }
+            attempt += 1;
+            if attempt < 32 {
+                glommio::executor().yield_task_queue_now().await;
+            } else {
+                let sleep_us = u64::from((attempt - 31).min(20)) * 10;
+                glommio::timer::sleep(Duration::from_micros(sleep_us)).await;
+            }
+        }
+    }
+}
+
+type PlanIter = hipfile_core::ChunkPlan;
+
+#[derive(Clone, Copy)]
+struct JobRange {
+    file_offset_bytes: u64,
+    device_addr: u64,
+    len_bytes: u64,
+}
+
+enum WriteStaging {
+    Arena(DmaBuffer),
+    Fallback(DmaBuffer, FallbackChunk),
+}
+
+fn staging_len(staging: &Staging) -> usize {
+    match staging {
+        Staging::Read(result) => result.len(),
+        Staging::Fallback(chunk) => chunk.valid_len(),
+    }
+}
+
+fn staging_ptr(staging: &Staging) -> *const u8 {
+    match staging {
+        Staging::Read(result) => result.as_ptr(),
+        Staging::Fallback(chunk) => chunk.as_mut_ptr(),
+    }
+}
+
+fn proc_fd_path(fd: std::os::fd::RawFd) -> String {
+    format!("/proc/self/fd/{fd}")
+}
+
+fn os_errno(error: &io::Error) -> i32 {
+    error.raw_os_error().unwrap_or(libc::EIO)
+}
+
+fn os_outcome(error: &io::Error) -> Outcome {
+    Outcome::OsError(os_errno(error))
+}
+
+/// An anonymous (O_TMPFILE) file with one block of data, in the directory of another
+/// descriptor's file; used to give glommio's poll probe real data.
+struct NonEmptyTmpFile(std::os::fd::OwnedFd);
+
+impl NonEmptyTmpFile {
+    fn beside(fd: std::os::fd::RawFd) -> Option<NonEmptyTmpFile> {
+        let path = std::fs::read_link(proc_fd_path(fd)).ok()?;
+        let dir = path.parent()?;
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags_tmpfile()
+            .open(dir)
+            .ok()?;
+        use std::io::Write;
+        (&file).write_all(&[0u8; 4096]).ok()?;
+        Some(NonEmptyTmpFile(file.into()))
+    }
+
+    fn fd(&self) -> std::os::fd::RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
+trait TmpFileOption {
+    fn custom_flags_tmpfile(&mut self) -> &mut Self;
+}
+
+impl TmpFileOption for std::fs::OpenOptions {
+    fn custom_flags_tmpfile(&mut self) -> &mut Self {
+        use std::os::unix::fs::OpenOptionsExt;
+        self.custom_flags(libc::O_TMPFILE)
+    }
+}

@@ -1,0 +1,404 @@
+//! The I/O engine: glommio executors pinned to cores, each owning a pinned staging arena,
+//! an internal device stream per GPU and the open files it reads and writes.
+//!
+//! Foreign threads (callers, device callback threads) hand jobs over through a bounded
+//! `flume` channel per executor; the executor awaits it (`recv_async`), so an idle
+//! executor parks in io_uring and burns no CPU. Every job is a byte range of one file
+//! and one device buffer; the executor plans it in chunks (`hipfile_core::PlanConfig`),
+//! reads or writes each chunk through io_uring (O_DIRECT where aligned), and moves it
+//! across PCIe on its internal stream, with disk and copies overlapped.
+
+mod executor;
+mod staging;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use hipfile_core::{Direction, OpError, Outcome};
+
+use crate::config::Config;
+use crate::device::{Device, DeviceError, InternalStream};
+use crate::file::{FileHandle, OpGuard};
+
+pub(crate) use staging::FallbackPool;
+
+/// Capacity of each executor's job channel: senders block (backpressure) beyond it.
+pub const JOB_QUEUE_CAPACITY: usize = 1024;
+
+/// How a job ended, as the engine hands it to the job's `done` callback.
+pub(crate) struct JobEnd<'a> {
+    /// Bytes moved (short at EOF), `-errno`, or a library error.
+    pub outcome: Outcome,
+    /// The device error behind `Outcome::Library(HipDriverError)`, if any.
+    pub device_error: Option<DeviceError>,
+    /// The device, to enqueue a release after the copies (reads).
+    pub device: &'a dyn Device,
+    /// The internal stream the job's copies were enqueued on; `None` when none was
+    /// created (the job failed before any copy).
+    pub stream: Option<InternalStream>,
+}
+
+/// Callback run once per job, on the executor.
+pub(crate) type JobDone = Box<dyn FnOnce(JobEnd<'_>) + Send>;
+
+/// Runs a job's callback exactly once: with the job's result, or — if the job is dropped
+/// unfinished (an executor panicked or stopped) — with `hipFileInternalError`, so that no
+/// caller and no stream ever waits forever.
+pub(crate) struct Completion {
+    done: Option<JobDone>,
+    device: Arc<dyn Device>,
+}
+
+impl Completion {
+    /// Wraps `done`.
+    pub(crate) fn new(device: Arc<dyn Device>, done: JobDone) -> Completion {
+        Completion { done: Some(done), device }
+    }
+
+    /// Runs the callback.
+    pub(crate) fn finish(
+        mut self,
+        outcome: Outcome,
+        device_error: Option<DeviceError>,
+        stream: Option<InternalStream>,
+    ) {
+        if let Some(done) = self.done.take() {
+            done(JobEnd { outcome, device_error, device: &*self.device, stream });
+        }
+    }
+}
+
+impl Drop for Completion {
+    fn drop(&mut self) {
+        if let Some(done) = self.done.take() {
+            let outcome = Outcome::Library(OpError::InternalError);
+            done(JobEnd { outcome, device_error: None, device: &*self.device, stream: None });
+        }
+    }
+}
+
+/// One byte range to move between a file and device memory.
+pub(crate) struct IoJob {
+    /// The file; keeps it open.
+    pub file: Arc<FileHandle>,
+    /// Counts the job as in flight on the file until it ends.
+    pub guard: OpGuard,
+    /// Read or write.
+    pub direction: Direction,
+    /// File offset of the first byte.
+    pub file_offset_bytes: u64,
+    /// Device address of the first byte.
+    pub device_addr: u64,
+    /// Bytes to move.
+    pub len_bytes: u64,
+    /// Device that owns `device_addr`.
+    pub device_ordinal: u32,
+    /// `true`: `done` runs after every copy has completed (synchronous callers).
+    /// `false`: for reads, `done` runs once every copy is *enqueued*, so it can release a
+    /// stream device-side after them; staging is recycled when the copies complete.
+    pub wait_for_copies: bool,
+    /// Called once with the result.
+    pub done: Completion,
+}
+
+/// Counters of the whole engine (tests and `hipfile-bench check` read them).
+#[derive(Debug, Default)]
+pub struct EngineStats {
+    /// Jobs completed.
+    pub jobs: AtomicU64,
+    /// Chunks whose staging was the registered arena (zero-copy).
+    pub arena_chunks: AtomicU64,
+    /// Chunks copied through a fallback pinned chunk (arena exhausted).
+    pub fallback_chunks: AtomicU64,
+    /// Chunks redone with blocking pread/pwrite after io_uring refused them (EOPNOTSUPP).
+    pub sync_retry_chunks: AtomicU64,
+}
+
+impl EngineStats {
+    fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// A snapshot of [`EngineStats`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EngineStatsSnapshot {
+    /// Jobs completed.
+    pub jobs: u64,
+    /// Chunks staged in an arena.
+    pub arena_chunks: u64,
+    /// Chunks staged in fallback pinned chunks.
+    pub fallback_chunks: u64,
+    /// Chunks redone with blocking I/O.
+    pub sync_retry_chunks: u64,
+}
+
+enum Request {
+    Io(IoJob),
+    /// Drop cached descriptors of files whose handles are gone.
+    Prune,
+}
+
+struct ExecutorLink {
+    sender: flume::Sender<Request>,
+    thread: Option<glommio::ExecutorJoinHandle<()>>,
+}
+
+/// The engine: N executors and what they share.
+pub struct Engine {
+    device: Arc<dyn Device>,
+    executors: Vec<ExecutorLink>,
+    fallback: Arc<FallbackPool>,
+    stats: Arc<EngineStats>,
+    chunk_bytes: usize,
+    request_parallelism: usize,
+    arena_bytes: usize,
+}
+
+/// Why the engine could not start.
+#[derive(Debug)]
+pub struct EngineError {
+    /// What failed.
+    pub what: String,
+}
+
+impl std::fmt::Display for EngineError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "hipfile engine: {}", self.what)
+    }
+}
+
+impl std::error::Error for EngineError {}
+
+impl Engine {
+    /// Starts one executor per entry of `config.executor_cpus`.
+    ///
+    /// # Errors
+    /// An executor thread could not start (io_uring unavailable, pinning refused, …).
+    pub fn start(config: &Config, device: Arc<dyn Device>) -> Result<Engine, EngineError> {
+        raise_memlock_limit(config);
+        let fallback = FallbackPool::new(
+            Arc::clone(&device),
+            config.staging_chunk_bytes,
+            config.pinned_fallback_cap_bytes,
+        );
+        let stats = Arc::new(EngineStats::default());
+        let mut executors = Vec::with_capacity(config.executor_cpus.len());
+        for (index, &cpu) in config.executor_cpus.iter().enumerate() {
+            let (sender, receiver) = flume::bounded(JOB_QUEUE_CAPACITY);
+            let setup = executor::Setup {
+                index,
+                cpu,
+                device: Arc::clone(&device),
+                fallback: Arc::clone(&fallback),
+                stats: Arc::clone(&stats),
+                chunk_bytes: config.staging_chunk_bytes,
+                arena_bytes: config.staging_per_executor_bytes,
+                chunks_in_flight: config.chunks_in_flight,
+                receiver,
+            };
+            let thread = executor::spawn(setup)
+                .map_err(|e| EngineError { what: format!("starting executor {index} on CPU {cpu}: {e}") })?;
+            executors.push(ExecutorLink { sender, thread: Some(thread) });
+        }
+        Ok(Engine {
+            device,
+            executors,
+            fallback,
+            stats,
+            chunk_bytes: config.staging_chunk_bytes,
+            request_parallelism: config.request_parallelism.max(1),
+            arena_bytes: config.staging_per_executor_bytes,
+        })
+    }
+
+    /// Number of executors.
+    pub fn executor_count(&self) -> usize {
+        self.executors.len()
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> EngineStatsSnapshot {
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        EngineStatsSnapshot {
+            jobs: load(&self.stats.jobs),
+            arena_chunks: load(&self.stats.arena_chunks),
+            fallback_chunks: load(&self.stats.fallback_chunks),
+            sync_retry_chunks: load(&self.stats.sync_retry_chunks),
+        }
+    }
+
+    /// The most pinned staging memory the engine can hold: every arena plus the capped
+    /// fallback pool.
+    pub fn pinned_cap_bytes(&self) -> usize {
+        self.arena_bytes * self.executors.len() + self.fallback_cap_bytes()
+    }
+
+    fn fallback_cap_bytes(&self) -> usize {
+        self.fallback.cap_bytes()
+    }
+
+    /// Pinned fallback memory allocated now.
+    pub fn fallback_pinned_bytes(&self) -> usize {
+        self.fallback.pinned_bytes()
+    }
+
+    /// Posts a job to executor `index % executor_count`. Blocks only when that executor's
+    /// queue holds [`JOB_QUEUE_CAPACITY`] jobs.
+    pub(crate) fn post(&self, index: usize, job: IoJob) {
+        let link = &self.executors[index % self.executors.len()];
+        // A send fails only when the executor is gone (it panicked): dropping the job
+        // then runs its completion with hipFileInternalError, so nothing waits forever.
+        let _ = link.sender.send(Request::Io(job));
+    }
+
+    /// Asks every executor to close descriptors of files whose handles are gone.
+    pub(crate) fn prune_files(&self) {
+        for link in &self.executors {
+            let _ = link.sender.try_send(Request::Prune);
+        }
+    }
+
+    /// Moves one range synchronously: splits it over up to `request_parallelism`
+    /// executors (chunk-aligned parts), waits for every part, and combines the results
+    /// (short at the first short part; the first failure wins).
+    pub(crate) fn run_sync(&self, request: SyncRequest) -> (Outcome, Option<DeviceError>) {
+        let parts = self.split(request.len_bytes);
+        let (sender, receiver) = flume::bounded(parts.len());
+        let first_executor = request.executor_hint;
+        for (i, &(offset, len)) in parts.iter().enumerate() {
+            let Ok(guard) = request.file.begin_op() else {
+                return (Outcome::Library(OpError::HandleNotRegistered), None);
+            };
+            let sender = sender.clone();
+            let job = IoJob {
+                file: Arc::clone(&request.file),
+                guard,
+                direction: request.direction,
+                file_offset_bytes: request.file_offset_bytes + offset,
+                device_addr: request.device_addr + offset,
+                len_bytes: len,
+                device_ordinal: request.device_ordinal,
+                wait_for_copies: true,
+                done: Completion::new(
+                    Arc::clone(&self.device),
+                    Box::new(move |end: JobEnd<'_>| {
+                        let _ = sender.send((i, end.outcome, end.device_error));
+                    }),
+                ),
+            };
+            self.post(first_executor + i, job);
+        }
+        drop(sender);
+        let mut results: Vec<(usize, Outcome, Option<DeviceError>)> = receiver.iter().collect();
+        results.sort_by_key(|r| r.0);
+        combine(&parts, &results)
+    }
+
+    fn split(&self, len_bytes: u64) -> Vec<(u64, u64)> {
+        let chunk = self.chunk_bytes as u64;
+        let parallel = self.request_parallelism.min(self.executors.len()) as u64;
+        let wanted = len_bytes.div_ceil(chunk).min(parallel).max(1);
+        let part = len_bytes.div_ceil(wanted).div_ceil(chunk) * chunk;
+        let mut parts = Vec::new();
+        let mut offset = 0;
+        while offset < len_bytes || parts.is_empty() {
+            let len = part.min(len_bytes - offset);
+            parts.push((offset, len));
+            offset += len;
+            if len == 0 {
+                break;
+            }
+        }
+        parts
+    }
+}
+
+/// A synchronous request for [`Engine::run_sync`].
+pub(crate) struct SyncRequest {
+    pub file: Arc<FileHandle>,
+    pub direction: Direction,
+    pub file_offset_bytes: u64,
+    pub device_addr: u64,
+    pub len_bytes: u64,
+    pub device_ordinal: u32,
+    pub executor_hint: usize,
+}
+
+fn combine(
+    parts: &[(u64, u64)],
+    results: &[(usize, Outcome, Option<DeviceError>)],
+) -> (Outcome, Option<DeviceError>) {
+    let mut total = 0;
+    for (&(_, len), &(_, outcome, device_error)) in parts.iter().zip(results) {
+        match outcome {
+            Outcome::Bytes(n) => {
+                total += n;
+                if n < len {
+                    return (Outcome::Bytes(total), None);
+                }
+            }
+            failure => return (failure, device_error),
+        }
+    }
+    if results.len() < parts.len() {
+        return (Outcome::Library(OpError::InternalError), None);
+    }
+    (Outcome::Bytes(total), None)
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        let threads: Vec<_> = self
+            .executors
+            .drain(..)
+            .filter_map(|mut link| {
+                drop(link.sender);
+                link.thread.take()
+            })
+            .collect();
+        for thread in threads {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Raises RLIMIT_MEMLOCK's soft limit to the hard limit: each executor registers its
+/// arena with io_uring (charged to the limit unless the process has CAP_IPC_LOCK).
+/// Prints one clear warning when the limit stays below what the arenas need.
+fn raise_memlock_limit(config: &Config) {
+    let needed_bytes = 3 * config.staging_per_executor_bytes * config.executor_cpus.len();
+    match crate::sys::raise_memlock_to_hard_limit() {
+        Ok(limit_bytes) if limit_bytes >= needed_bytes as u64 => {}
+        Ok(limit_bytes) if crate::sys::has_ipc_lock_capability() => {
+            let _ = limit_bytes;
+        }
+        Ok(limit_bytes) => eprintln!(
+            "hipfile: warning: RLIMIT_MEMLOCK is {limit_bytes} bytes but the staging arenas need \
+             {needed_bytes} (3 x HIPFILE_STAGING_MB x executors); io_uring buffer registration \
+             may fail and I/O will use slower unregistered buffers. Raise it (ulimit -l) or \
+             lower HIPFILE_STAGING_MB / HIPFILE_THREADS."
+        ),
+        Err(error) => eprintln!("hipfile: warning: cannot read RLIMIT_MEMLOCK: {error}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn combine_stops_at_the_first_short_part() {
+        let parts = [(0, 10), (10, 10), (20, 10)];
+        let results = [(0, Outcome::Bytes(10)), (1, Outcome::Bytes(4)), (2, Outcome::Bytes(10))]
+            .map(|(i, o)| (i, o, None));
+        assert_eq!(combine(&parts, &results).0, Outcome::Bytes(14));
+    }
+
+    #[test]
+    fn combine_reports_the_first_failure() {
+        let parts = [(0, 10), (10, 10)];
+        let results = [(0, Outcome::OsError(5), None), (1, Outcome::OsError(28), None)];
+        assert_eq!(combine(&parts, &results).0, Outcome::OsError(5));
+    }
+}

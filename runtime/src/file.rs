@@ -1,0 +1,550 @@
+//! File handles registered from a client file descriptor (`hipFileHandleRegister`).
+//!
+//! [`FileHandle::open`] inspects the client's descriptor (`statx`, `fcntl(F_GETFL)`) and
+//! opens descriptors of its own on the same file through `/proc/self/fd/N`:
+//! - a **buffered** one (page cache), always present;
+//! - a **direct** one (`O_DIRECT`), when the filesystem supports it and the policy allows.
+//!
+//! Our descriptors get exactly the client's access mode, never a wider one, plus
+//! `O_CLOEXEC` and the client's `O_SYNC` / `O_DSYNC` (so durability requests survive).
+//! `O_APPEND`, `O_NONBLOCK` and every other status flag are dropped: all I/O is
+//! positional, and a `pwrite` on an `O_APPEND` descriptor would ignore its offset.
+//!
+//! A handle is shared as `Arc<FileHandle>` between the registry and in-flight ops
+//! ([`OpGuard`]); its descriptors are closed when the last `Arc` goes away, so a handle
+//! deregistered with ops in flight stays usable until the last of them finishes.
+
+use std::fs::OpenOptions;
+use std::io;
+use std::mem::MaybeUninit;
+use std::ops::Deref;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+
+use hipfile_core::{ChunkMode, DioAlignment, Direction, OpError};
+
+/// `statx` fields [`FileHandle::open`] needs.
+const STATX_WANTED: u32 =
+    libc::STATX_TYPE | libc::STATX_MODE | libc::STATX_INO | libc::STATX_DIOALIGN;
+
+/// `BLKGETSIZE64` from `<linux/fs.h>` (`_IOR(0x12, 114, size_t)`); libc does not export it.
+const BLKGETSIZE64: libc::Ioctl = libc::_IOR::<libc::size_t>(0x12, 114);
+
+/// `TMPFS_MAGIC` from `<linux/magic.h>`; libc does not export it.
+const TMPFS_MAGIC: u64 = 0x0102_1994;
+
+/// The access mode of a descriptor (`fcntl(F_GETFL) & O_ACCMODE`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AccessMode {
+    /// `O_RDONLY`.
+    ReadOnly,
+    /// `O_WRONLY`.
+    WriteOnly,
+    /// `O_RDWR`.
+    ReadWrite,
+}
+
+impl AccessMode {
+    /// The mode in `flags` (as returned by `fcntl(F_GETFL)`), `None` for the value 3
+    /// (`O_ACCMODE` itself: neither read nor write, used for ioctl-only opens).
+    pub fn from_flags(flags: libc::c_int) -> Option<AccessMode> {
+        match flags & libc::O_ACCMODE {
+            libc::O_RDONLY => Some(AccessMode::ReadOnly),
+            libc::O_WRONLY => Some(AccessMode::WriteOnly),
+            libc::O_RDWR => Some(AccessMode::ReadWrite),
+            _ => None,
+        }
+    }
+
+    /// `true` for `ReadOnly` and `ReadWrite`.
+    pub fn can_read(self) -> bool {
+        matches!(self, AccessMode::ReadOnly | AccessMode::ReadWrite)
+    }
+
+    /// `true` for `WriteOnly` and `ReadWrite`.
+    pub fn can_write(self) -> bool {
+        matches!(self, AccessMode::WriteOnly | AccessMode::ReadWrite)
+    }
+}
+
+/// What a registered descriptor refers to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FileKind {
+    /// A regular file.
+    Regular,
+    /// A block device.
+    BlockDevice,
+}
+
+/// Whether [`FileHandle::open`] opens an `O_DIRECT` descriptor (`HIPFILE_ODIRECT`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum DirectPolicy {
+    /// Use O_DIRECT where the file supports it.
+    #[default]
+    Auto,
+    /// Like `Auto`, but O_DIRECT was explicitly asked for; [`FileHandle::direct_policy`]
+    /// lets callers report files where it was impossible. Never an error.
+    On,
+    /// Never open an O_DIRECT descriptor: every byte goes through the page cache.
+    Off,
+}
+
+/// Bytes moved through a handle, by path; see [`FileHandle::record_bytes`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FileCounters {
+    /// Bytes read through the O_DIRECT descriptor.
+    pub direct_read_bytes: u64,
+    /// Bytes read through the buffered descriptor.
+    pub buffered_read_bytes: u64,
+    /// Bytes written through the O_DIRECT descriptor.
+    pub direct_written_bytes: u64,
+    /// Bytes written through the buffered descriptor.
+    pub buffered_written_bytes: u64,
+}
+
+impl FileCounters {
+    /// All bytes read, direct and buffered.
+    pub fn read_bytes(&self) -> u64 {
+        self.direct_read_bytes + self.buffered_read_bytes
+    }
+
+    /// All bytes written, direct and buffered.
+    pub fn written_bytes(&self) -> u64 {
+        self.direct_written_bytes + self.buffered_written_bytes
+    }
+}
+
+/// Identity of a file: device and inode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Identity {
+    device_id: (u32, u32),
+    inode: u64,
+}
+
+impl Identity {
+    fn of(stx: &libc::statx) -> Identity {
+        Identity { device_id: (stx.stx_dev_major, stx.stx_dev_minor), inode: stx.stx_ino }
+    }
+}
+
+/// A registered file: the client's descriptor plus our own buffered and (optional)
+/// O_DIRECT descriptors, closed when the handle is dropped.
+#[derive(Debug)]
+pub struct FileHandle {
+    client_fd: RawFd,
+    access: AccessMode,
+    kind: FileKind,
+    identity: Identity,
+    buffered: OwnedFd,
+    direct: Option<OwnedFd>,
+    dio: Option<DioAlignment>,
+    policy: DirectPolicy,
+    deregistered: AtomicBool,
+    in_flight: AtomicUsize,
+    direct_read_bytes: AtomicU64,
+    buffered_read_bytes: AtomicU64,
+    direct_written_bytes: AtomicU64,
+    buffered_written_bytes: AtomicU64,
+}
+
+impl FileHandle {
+    /// Registers `fd`: checks its type and access mode and opens our descriptors.
+    /// The client keeps ownership of `fd`; we never close it.
+    ///
+    /// # Errors
+    /// - [`OpError::InternalError`] when `fd` is negative or not open (`statx` or
+    ///   `fcntl` fails), or when no buffered descriptor can be made;
+    /// - [`OpError::IONotSupported`] when `fd` is not a regular file or block device, is
+    ///   an `O_PATH` descriptor, or has the access mode 3 (neither read nor write).
+    ///
+    /// A missing O_DIRECT path is never an error: [`FileHandle::direct_fd`] is `None`.
+    pub fn open(fd: RawFd, direct: DirectPolicy) -> Result<FileHandle, OpError> {
+        if fd < 0 {
+            return Err(OpError::InternalError);
+        }
+        let stx = statx_fd(fd, STATX_WANTED).map_err(|_| OpError::InternalError)?;
+        let flags = fcntl_getfl(fd).map_err(|_| OpError::InternalError)?;
+        if flags & libc::O_PATH != 0 {
+            return Err(OpError::IONotSupported);
+        }
+        let kind = file_kind(&stx)?;
+        let access = AccessMode::from_flags(flags).ok_or(OpError::IONotSupported)?;
+        let identity = Identity::of(&stx);
+        let sync_flags = flags & (libc::O_SYNC | libc::O_DSYNC);
+        let buffered = open_buffered(fd, flags, access, sync_flags, identity)?;
+        let direct_path = if direct == DirectPolicy::Off {
+            None
+        } else {
+            open_direct(fd, access, sync_flags, kind, &stx, &buffered, identity)
+        };
+        let (direct_fd, dio) = direct_path.map_or((None, None), |(f, d)| (Some(f), Some(d)));
+        Ok(FileHandle {
+            client_fd: fd,
+            access,
+            kind,
+            identity,
+            buffered,
+            direct: direct_fd,
+            dio,
+            policy: direct,
+            deregistered: AtomicBool::new(false),
+            in_flight: AtomicUsize::new(0),
+            direct_read_bytes: AtomicU64::new(0),
+            buffered_read_bytes: AtomicU64::new(0),
+            direct_written_bytes: AtomicU64::new(0),
+            buffered_written_bytes: AtomicU64::new(0),
+        })
+    }
+
+    /// The descriptor the client registered (not ours: never closed by us).
+    pub fn client_fd(&self) -> RawFd {
+        self.client_fd
+    }
+
+    /// The client's access mode, which our descriptors share.
+    pub fn access(&self) -> AccessMode {
+        self.access
+    }
+
+    /// `true` when the file was opened for reading.
+    pub fn can_read(&self) -> bool {
+        self.access.can_read()
+    }
+
+    /// `true` when the file was opened for writing.
+    pub fn can_write(&self) -> bool {
+        self.access.can_write()
+    }
+
+    /// Regular file or block device.
+    pub fn kind(&self) -> FileKind {
+        self.kind
+    }
+
+    /// Major and minor number of the device holding the file (`st_dev`).
+    pub fn device_id(&self) -> (u32, u32) {
+        self.identity.device_id
+    }
+
+    /// Inode number.
+    pub fn inode(&self) -> u64 {
+        self.identity.inode
+    }
+
+    /// Our buffered (page cache) descriptor.
+    pub fn buffered_fd(&self) -> RawFd {
+        self.buffered.as_raw_fd()
+    }
+
+    /// Our O_DIRECT descriptor; `None` when the filesystem does not support O_DIRECT
+    /// (tmpfs included, whose O_DIRECT is page-cache emulation) or the policy is `Off`.
+    pub fn direct_fd(&self) -> Option<RawFd> {
+        self.direct.as_ref().map(AsRawFd::as_raw_fd)
+    }
+
+    /// O_DIRECT alignment of the file; `None` exactly when [`FileHandle::direct_fd`] is.
+    pub fn dio_alignment(&self) -> Option<DioAlignment> {
+        self.dio
+    }
+
+    /// The policy the handle was opened with.
+    pub fn direct_policy(&self) -> DirectPolicy {
+        self.policy
+    }
+
+    /// The file's current size: `statx` for regular files, `BLKGETSIZE64` for block
+    /// devices.
+    ///
+    /// # Errors
+    /// The OS error of `statx` or `ioctl`.
+    pub fn size_bytes(&self) -> io::Result<u64> {
+        match self.kind {
+            FileKind::Regular => Ok(statx_fd(self.buffered_fd(), libc::STATX_SIZE)?.stx_size),
+            FileKind::BlockDevice => block_device_size_bytes(self.buffered_fd()),
+        }
+    }
+
+    /// Starts an op on the handle: the returned guard keeps the handle (and its
+    /// descriptors) alive and counts in [`FileHandle::ops_in_flight`] until dropped.
+    ///
+    /// # Errors
+    /// [`OpError::HandleNotRegistered`] once [`FileHandle::mark_deregistered`] was called.
+    pub fn begin_op(self: &Arc<Self>) -> Result<OpGuard, OpError> {
+        if self.is_deregistered() {
+            return Err(OpError::HandleNotRegistered);
+        }
+        // Count first, then check again: a deregistration that races with us either
+        // sees our count or makes us back off.
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        let guard = OpGuard { handle: Arc::clone(self) };
+        if self.is_deregistered() {
+            drop(guard);
+            return Err(OpError::HandleNotRegistered);
+        }
+        Ok(guard)
+    }
+
+    /// Marks the handle deregistered: later [`FileHandle::begin_op`] calls fail; ops
+    /// already in flight continue.
+    pub fn mark_deregistered(&self) {
+        self.deregistered.store(true, Ordering::SeqCst);
+    }
+
+    /// `true` after [`FileHandle::mark_deregistered`].
+    pub fn is_deregistered(&self) -> bool {
+        self.deregistered.load(Ordering::SeqCst)
+    }
+
+    /// Number of live [`OpGuard`]s.
+    pub fn ops_in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::SeqCst)
+    }
+
+    /// Adds `len_bytes` to the counter of `direction` and `mode`.
+    pub fn record_bytes(&self, direction: Direction, mode: ChunkMode, len_bytes: u64) {
+        let counter = match (direction, mode) {
+            (Direction::Read, ChunkMode::Direct) => &self.direct_read_bytes,
+            (Direction::Read, ChunkMode::Buffered) => &self.buffered_read_bytes,
+            (Direction::Write, ChunkMode::Direct) => &self.direct_written_bytes,
+            (Direction::Write, ChunkMode::Buffered) => &self.buffered_written_bytes,
+        };
+        counter.fetch_add(len_bytes, Ordering::Relaxed);
+    }
+
+    /// A snapshot of the byte counters.
+    pub fn counters(&self) -> FileCounters {
+        FileCounters {
+            direct_read_bytes: self.direct_read_bytes.load(Ordering::Relaxed),
+            buffered_read_bytes: self.buffered_read_bytes.load(Ordering::Relaxed),
+            direct_written_bytes: self.direct_written_bytes.load(Ordering::Relaxed),
+            buffered_written_bytes: self.buffered_written_bytes.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// An op in flight on a handle (see [`FileHandle::begin_op`]); dereferences to the
+/// handle.
+#[derive(Debug)]
+pub struct OpGuard {
+    handle: Arc<FileHandle>,
+}
+
+impl OpGuard {
+    /// The handle, as the shared pointer the guard holds.
+    pub fn handle(&self) -> &Arc<FileHandle> {
+        &self.handle
+    }
+}
+
+impl Deref for OpGuard {
+    type Target = FileHandle;
+
+    fn deref(&self) -> &FileHandle {
+        &self.handle
+    }
+}
+
+impl Drop for OpGuard {
+    fn drop(&mut self) {
+        self.handle.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Reads into all of `buf` from `offset_bytes`, retrying `EINTR` and short reads; stops
+/// early only at end of file. Returns the bytes read (`< buf.len()` only at EOF).
+///
+/// # Errors
+/// The first OS error other than `EINTR` (bytes read before it are not reported);
+/// `EINVAL` when an offset does not fit `off_t`.
+pub fn pread_full(fd: RawFd, buf: &mut [u8], offset_bytes: u64) -> io::Result<usize> {
+    let mut done_bytes = 0;
+    while done_bytes < buf.len() {
+        let rest = &mut buf[done_bytes..];
+        let offset = file_offset(offset_bytes, done_bytes)?;
+        // SAFETY: `rest` is a live, exclusively borrowed buffer of `rest.len()` bytes for
+        // the whole call; the kernel writes at most that many.
+        let result = unsafe { libc::pread(fd, rest.as_mut_ptr().cast(), rest.len(), offset) };
+        match usize::try_from(result) {
+            Ok(0) => break,
+            Ok(n_bytes) => done_bytes += n_bytes,
+            Err(_) => retry_or_fail(io::Error::last_os_error())?,
+        }
+    }
+    Ok(done_bytes)
+}
+
+/// Writes all of `buf` at `offset_bytes`, retrying `EINTR` and short writes. Returns
+/// the bytes written: `buf.len()`, or less only if the kernel reports 0 bytes written.
+///
+/// # Errors
+/// The first OS error other than `EINTR` (bytes written before it are not reported);
+/// `EINVAL` when an offset does not fit `off_t`.
+pub fn pwrite_full(fd: RawFd, buf: &[u8], offset_bytes: u64) -> io::Result<usize> {
+    let mut done_bytes = 0;
+    while done_bytes < buf.len() {
+        let rest = &buf[done_bytes..];
+        let offset = file_offset(offset_bytes, done_bytes)?;
+        // SAFETY: `rest` is a live buffer of `rest.len()` bytes for the whole call; the
+        // kernel only reads it.
+        let result = unsafe { libc::pwrite(fd, rest.as_ptr().cast(), rest.len(), offset) };
+        match usize::try_from(result) {
+            Ok(0) => break,
+            Ok(n_bytes) => done_bytes += n_bytes,
+            Err(_) => retry_or_fail(io::Error::last_os_error())?,
+        }
+    }
+    Ok(done_bytes)
+}
+
+/// `Ok` for `EINTR` (retry), the error otherwise.
+fn retry_or_fail(error: io::Error) -> io::Result<()> {
+    if error.kind() == io::ErrorKind::Interrupted { Ok(()) } else { Err(error) }
+}
+
+/// `offset_bytes + done_bytes` as an `off_t`, `EINVAL` when it does not fit.
+fn file_offset(offset_bytes: u64, done_bytes: usize) -> io::Result<libc::off_t> {
+    u64::try_from(done_bytes)
+        .ok()
+        .and_then(|done| offset_bytes.checked_add(done))
+        .and_then(|offset| libc::off_t::try_from(offset).ok())
+        .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+/// Regular file or block device, [`OpError::IONotSupported`] for anything else.
+fn file_kind(stx: &libc::statx) -> Result<FileKind, OpError> {
+    if stx.stx_mask & libc::STATX_TYPE == 0 {
+        return Err(OpError::InternalError);
+    }
+    match u32::from(stx.stx_mode) & libc::S_IFMT {
+        libc::S_IFREG => Ok(FileKind::Regular),
+        libc::S_IFBLK => Ok(FileKind::BlockDevice),
+        _ => Err(OpError::IONotSupported),
+    }
+}
+
+/// Our buffered descriptor: a reopen of `/proc/self/fd/N`, or a duplicate of the client
+/// descriptor when that fails and the duplicate would behave like a fresh open (neither
+/// `O_DIRECT` nor `O_APPEND`).
+fn open_buffered(
+    fd: RawFd,
+    flags: libc::c_int,
+    access: AccessMode,
+    sync_flags: libc::c_int,
+    identity: Identity,
+) -> Result<OwnedFd, OpError> {
+    let owned = match reopen(fd, access, sync_flags) {
+        Ok(owned) => owned,
+        Err(_) if flags & (libc::O_DIRECT | libc::O_APPEND) == 0 => {
+            dup_cloexec(fd).map_err(|_| OpError::InternalError)?
+        }
+        Err(_) => return Err(OpError::InternalError),
+    };
+    // The client may have closed `fd` and reused the number since our statx.
+    if same_file(&owned, identity) { Ok(owned) } else { Err(OpError::InternalError) }
+}
+
+/// Our O_DIRECT descriptor and the file's alignment, `None` when there is no direct
+/// path: the kernel reports a 0 or odd alignment, the file is on tmpfs (whose O_DIRECT
+/// since Linux 6.6 is page-cache emulation, and EINVAL before), or the open fails.
+fn open_direct(
+    fd: RawFd,
+    access: AccessMode,
+    sync_flags: libc::c_int,
+    kind: FileKind,
+    stx: &libc::statx,
+    buffered: &OwnedFd,
+    identity: Identity,
+) -> Option<(OwnedFd, DioAlignment)> {
+    let dio = if stx.stx_mask & libc::STATX_DIOALIGN != 0 {
+        let dio = DioAlignment {
+            offset_bytes: u64::from(stx.stx_dio_offset_align),
+            memory_bytes: u64::from(stx.stx_dio_mem_align),
+        };
+        // A reported 0 means "no O_DIRECT"; anything but a power of two is unusable.
+        if !dio.offset_bytes.is_power_of_two() || !dio.memory_bytes.is_power_of_two() {
+            return None;
+        }
+        dio
+    } else {
+        DioAlignment::DEFAULT
+    };
+    if kind == FileKind::Regular && on_tmpfs(buffered) {
+        return None;
+    }
+    let owned = reopen(fd, access, sync_flags | libc::O_DIRECT).ok()?;
+    same_file(&owned, identity).then_some((owned, dio))
+}
+
+/// Opens `/proc/self/fd/{fd}` with exactly `access`, `O_CLOEXEC` and `extra_flags`.
+fn reopen(fd: RawFd, access: AccessMode, extra_flags: libc::c_int) -> io::Result<OwnedFd> {
+    // std adds O_CLOEXEC and nothing else when create/truncate/append are unset, and
+    // masks O_ACCMODE out of the custom flags.
+    OpenOptions::new()
+        .read(access.can_read())
+        .write(access.can_write())
+        .custom_flags(extra_flags)
+        .open(format!("/proc/self/fd/{fd}"))
+        .map(OwnedFd::from)
+}
+
+/// `true` when `owned` refers to the file `identity` names.
+fn same_file(owned: &OwnedFd, identity: Identity) -> bool {
+    statx_fd(owned.as_raw_fd(), libc::STATX_INO).is_ok_and(|stx| Identity::of(&stx) == identity)
+}
+
+/// `true` when `owned` is on tmpfs (`fstatfs` failing counts as "no").
+fn on_tmpfs(owned: &OwnedFd) -> bool {
+    let mut buf = MaybeUninit::<libc::statfs>::zeroed();
+    // SAFETY: `buf` is a live, writable `statfs` the kernel fills in.
+    let result = unsafe { libc::fstatfs(owned.as_raw_fd(), buf.as_mut_ptr()) };
+    if result != 0 {
+        return false;
+    }
+    // SAFETY: `statfs` is plain integers, valid zeroed, and the kernel filled it.
+    let buf = unsafe { buf.assume_init() };
+    u64::try_from(buf.f_type).ok() == Some(TMPFS_MAGIC)
+}
+
+/// `statx(fd, "", AT_EMPTY_PATH, mask)`.
+fn statx_fd(fd: RawFd, mask: u32) -> io::Result<libc::statx> {
+    let mut stx = MaybeUninit::<libc::statx>::zeroed();
+    // SAFETY: the path is a NUL-terminated string; `stx` is a live, writable `statx`
+    // the kernel fills in.
+    let result =
+        unsafe { libc::statx(fd, c"".as_ptr(), libc::AT_EMPTY_PATH, mask, stx.as_mut_ptr()) };
+    if result != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `statx` is plain integers, valid zeroed, and the kernel filled it.
+    Ok(unsafe { stx.assume_init() })
+}
+
+/// `fcntl(fd, F_GETFL)`.
+fn fcntl_getfl(fd: RawFd) -> io::Result<libc::c_int> {
+    // SAFETY: F_GETFL takes no argument and touches no memory of ours.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 { Err(io::Error::last_os_error()) } else { Ok(flags) }
+}
+
+/// `fcntl(fd, F_DUPFD_CLOEXEC, 0)`, owned.
+fn dup_cloexec(fd: RawFd) -> io::Result<OwnedFd> {
+    // SAFETY: F_DUPFD_CLOEXEC takes an integer and touches no memory of ours.
+    let new_fd = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+    if new_fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `new_fd` is a descriptor the kernel just created for us; nothing else
+    // owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(new_fd) })
+}
+
+/// `ioctl(fd, BLKGETSIZE64)`.
+fn block_device_size_bytes(fd: RawFd) -> io::Result<u64> {
+    let mut size_bytes: u64 = 0;
+    // SAFETY: BLKGETSIZE64 writes one u64 through the pointer, which points to a live
+    // local.
+    let result = unsafe { libc::ioctl(fd, BLKGETSIZE64, &raw mut size_bytes) };
+    if result < 0 { Err(io::Error::last_os_error()) } else { Ok(size_bytes) }
+}
