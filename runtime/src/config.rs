@@ -302,11 +302,9 @@ impl Config {
 
     /// Every variable unset, with `usable_cpus` as the CPU pool.
     fn defaults_for(usable_cpus: &[usize]) -> Config {
-        let mut executor_cpus: Vec<usize> =
-            usable_cpus.iter().copied().take(DEFAULT_MAX_EXECUTORS).collect();
-        if executor_cpus.is_empty() {
-            executor_cpus.push(0);
-        }
+        // Fails only for an empty pool; CPU 0 then stands in.
+        let executor_cpus =
+            parse_executor_cpus(None, None, usable_cpus).unwrap_or_else(|_| vec![0]);
         Config {
             device: DeviceSelection::Auto,
             request_parallelism: executor_cpus.len(),

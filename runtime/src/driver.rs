@@ -19,7 +19,9 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use hipfile_core::{BufferSpan, Direction, OpError, Outcome, RawIo, StreamFlags, validate};
 
+use crate::async_io::{AsyncStats, FileHazards};
 use crate::config::{Config, DeviceSelection};
+use crate::stream::StreamTable;
 use crate::device::cpu::CpuDevice;
 use crate::device::{Device, MemoryType};
 use crate::engine::{Engine, SyncRequest};
@@ -86,6 +88,9 @@ pub struct Driver {
     buffers: RwLock<BTreeMap<u64, Arc<RegisteredBuffer>>>,
     engine: OnceLock<Result<Engine, String>>,
     next_executor: AtomicUsize,
+    streams: StreamTable,
+    hazards: Mutex<HashMap<usize, FileHazards>>,
+    async_stats: AsyncStats,
 }
 
 impl std::fmt::Debug for Driver {
@@ -102,7 +107,6 @@ impl Driver {
     pub fn new(config: Config, device: Arc<dyn Device>) -> Arc<Driver> {
         Arc::new(Driver {
             config,
-            device,
             page_size_bytes: crate::sys::page_size_bytes(),
             refcount: AtomicI64::new(0),
             lifecycle: Mutex::new(()),
@@ -110,6 +114,10 @@ impl Driver {
             buffers: RwLock::new(BTreeMap::new()),
             engine: OnceLock::new(),
             next_executor: AtomicUsize::new(0),
+            streams: StreamTable::new(Arc::clone(&device)),
+            hazards: Mutex::new(HashMap::new()),
+            async_stats: AsyncStats::default(),
+            device,
         })
     }
 
@@ -135,6 +143,19 @@ impl Driver {
     /// The device.
     pub fn device(&self) -> &Arc<dyn Device> {
         &self.device
+    }
+
+    pub(crate) fn streams(&self) -> &StreamTable {
+        &self.streams
+    }
+
+    pub(crate) fn hazard_table(&self) -> &Mutex<HashMap<usize, FileHazards>> {
+        &self.hazards
+    }
+
+    /// Counters of the async path.
+    pub fn async_stats(&self) -> &AsyncStats {
+        &self.async_stats
     }
 
     /// The configuration in force.

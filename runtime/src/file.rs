@@ -548,3 +548,13 @@ fn block_device_size_bytes(fd: RawFd) -> io::Result<u64> {
     let result = unsafe { libc::ioctl(fd, BLKGETSIZE64, &raw mut size_bytes) };
     if result < 0 { Err(io::Error::last_os_error()) } else { Ok(size_bytes) }
 }
+
+impl OpGuard {
+    /// Another guard for the same op (e.g. one per part of an op split over executors).
+    /// Unlike [`FileHandle::begin_op`] it succeeds after deregistration: the op was
+    /// admitted before, and ops in flight complete.
+    pub fn share(&self) -> OpGuard {
+        self.handle.in_flight.fetch_add(1, Ordering::SeqCst);
+        OpGuard { handle: Arc::clone(&self.handle) }
+    }
+}

@@ -7,7 +7,10 @@ pub mod file;
 pub mod engine;
 pub mod error;
 pub mod driver;
+pub mod async_io;
+pub mod stream;
 mod sys;
 
 pub use driver::{Driver, HandleId};
 pub use error::{Error, IoError};
+pub use async_io::{AsyncArgs, AsyncParams};

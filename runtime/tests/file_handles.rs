@@ -22,7 +22,7 @@ use hipfile_runtime::file::{
 };
 use proptest::prelude::*;
 
-const TMPFS_MAGIC: i64 = 0x0102_1994;
+const TMPFS_MAGIC: u64 = 0x0102_1994;
 
 static FD_LOCK: RwLock<()> = RwLock::new(());
 
@@ -92,7 +92,7 @@ fn is_tmpfs(file: &File) -> bool {
     assert_eq!(result, 0, "fstatfs: {}", io::Error::last_os_error());
     // SAFETY: `statfs` is plain integers, valid zeroed, and the kernel filled it.
     let buf = unsafe { buf.assume_init() };
-    i64::try_from(buf.f_type).ok() == Some(TMPFS_MAGIC)
+    u64::try_from(buf.f_type).ok() == Some(TMPFS_MAGIC)
 }
 
 /// `/dev/shm` when it exists and is tmpfs.

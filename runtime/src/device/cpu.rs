@@ -443,9 +443,10 @@ enum Outcome {
 }
 
 impl Shared {
-    /// Blocks until `word >= value`; `false` if abandoned because the device is dropping.
+    /// Blocks until `word >= value` in CUDA's cyclic sense (`(word - value) as i32 >= 0`,
+    /// so release counters may wrap); `false` if abandoned because the device is dropping.
     fn wait_for_word(&self, word: &AtomicU32, value: u32) -> bool {
-        let satisfied = || word.load(Ordering::Acquire) >= value;
+        let satisfied = || word.load(Ordering::Acquire).wrapping_sub(value) as i32 >= 0;
         let spin_end = Instant::now() + WAIT_SPIN;
         while Instant::now() < spin_end {
             if satisfied() {
@@ -1214,6 +1215,17 @@ impl Drop for CpuDevice {
 }
 
 impl Device for CpuDevice {
+    unsafe fn store_word_host(&self, word_host_ptr: *mut u32, value: u32) {
+        // SAFETY: the caller guarantees a live, aligned pinned word; on this device the
+        // host address is the device address. An untracked word falls back to a plain
+        // atomic store (waiters then see it within their polling interval).
+        if unsafe { self.store_word(word_host_ptr as u64, value) }.is_err() {
+            // SAFETY: as above: live and aligned.
+            let word = unsafe { AtomicU32::from_ptr(word_host_ptr) };
+            word.store(value, Ordering::Release);
+        }
+    }
+
     fn kind(&self) -> DeviceKind {
         DeviceKind::Cpu
     }

@@ -293,7 +293,8 @@ pub trait Device: Send + Sync + 'static {
     ) -> Result<(), DeviceError>;
 
     /// Enqueues on a user stream: later work waits until the 32-bit word at
-    /// `word_device_addr` is `>= value` (wrapping comparison is not used: GEQ as unsigned).
+    /// `word_device_addr` is `>= value` in the cyclic sense of `CU_STREAM_WAIT_VALUE_GEQ`:
+    /// `(word - value) as i32 >= 0`, so monotonically increasing counters may wrap.
     ///
     /// # Errors
     /// Not supported, unknown stream, or the backend failed.
@@ -320,6 +321,18 @@ pub trait Device: Send + Sync + 'static {
         word_device_addr: u64,
         value: u32,
     ) -> Result<(), DeviceError>;
+
+    /// Stores `value` into a pinned 32-bit word from the host (release ordering), and
+    /// wakes whatever waits on it. GPUs poll the word themselves, so the default is a
+    /// plain atomic store; a backend whose waiters sleep overrides it to wake them.
+    ///
+    /// # Safety
+    /// `word_host_ptr` points to a live, 4-byte-aligned word of pinned memory.
+    unsafe fn store_word_host(&self, word_host_ptr: *mut u32, value: u32) {
+        // SAFETY: the caller guarantees a live, aligned word; AtomicU32 has u32's layout.
+        let word = unsafe { core::sync::atomic::AtomicU32::from_ptr(word_host_ptr) };
+        word.store(value, core::sync::atomic::Ordering::Release);
+    }
 
     /// Whether [`Device::stream_wait_value32`] / write-value work on `device_ordinal`.
     fn supports_stream_memops(&self, device_ordinal: u32) -> bool;

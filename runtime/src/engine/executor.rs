@@ -201,7 +201,9 @@ impl Executor {
             Err((outcome, device_error)) => (outcome, device_error, None, VecDeque::new()),
             Ok((stream, files)) => {
                 let (outcome, device_error, copies) = match direction {
-                    Direction::Read => self.read_range(file, &files, stream, range).await,
+                    Direction::Read => {
+                        self.read_range(file, &files, stream, range, job.arm_gate.as_ref()).await
+                    }
                     Direction::Write => self.write_range(file, &files, stream, range).await,
                 };
                 (outcome, device_error, Some(stream), copies)
@@ -311,6 +313,7 @@ impl Executor {
         files: &Rc<OpenFiles>,
         stream: InternalStream,
         range: JobRange,
+        mut arm_gate: Option<&flume::Receiver<()>>,
     ) -> (Outcome, Option<DeviceError>, VecDeque<InFlightCopy>) {
         let mut copies = VecDeque::new();
         let mut chunks = match self.plan(files, file, range) {
@@ -340,6 +343,13 @@ impl Executor {
                 Ok(staging) => {
                     let got = staging_len(&staging).min(chunk.len_bytes as usize);
                     file.record_bytes(Direction::Read, chunk.mode, got as u64);
+                    if let Some(gate) = arm_gate.take() {
+                        if gate.recv_async().await.is_err() {
+                            failure = Some((Outcome::Library(OpError::InternalError), None));
+                            stop = true;
+                            continue;
+                        }
+                    }
                     if got > 0 {
                         let target = range.device_addr + chunk.op_offset_bytes;
                         match self.copy_to_device(stream, target, staging, got) {
@@ -359,6 +369,10 @@ impl Executor {
                 failure.get_or_insert((Outcome::Library(OpError::HipDriverError), Some(error)));
                 stop = true;
             }
+        }
+        // A prefetching op publishes only after the stream reached it, whatever happened.
+        if let Some(gate) = arm_gate.take() {
+            let _ = gate.recv_async().await;
         }
         match failure {
             Some((outcome, device_error)) => (outcome, device_error, copies),

@@ -97,6 +97,10 @@ pub(crate) struct IoJob {
     /// `false`: for reads, `done` runs once every copy is *enqueued*, so it can release a
     /// stream device-side after them; staging is recycled when the copies complete.
     pub wait_for_copies: bool,
+    /// For a prefetching read: copies to the device wait until this receives (the stream
+    /// reached the op) — disk reads start at once. A disconnected gate (the op was
+    /// abandoned) fails the job without touching device memory.
+    pub arm_gate: Option<flume::Receiver<()>>,
     /// Called once with the result.
     pub done: Completion,
 }
@@ -243,6 +247,12 @@ impl Engine {
         self.fallback.pinned_bytes()
     }
 
+    /// Splits `len_bytes` into the chunk-aligned parts a request fans out to (one part
+    /// for small requests).
+    pub(crate) fn parts(&self, len_bytes: u64) -> Vec<(u64, u64)> {
+        self.split(len_bytes)
+    }
+
     /// Posts a job to executor `index % executor_count`. Blocks only when that executor's
     /// queue holds [`JOB_QUEUE_CAPACITY`] jobs.
     pub(crate) fn post(&self, index: usize, job: IoJob) {
@@ -280,6 +290,7 @@ impl Engine {
                 len_bytes: len,
                 device_ordinal: request.device_ordinal,
                 wait_for_copies: true,
+                arm_gate: None,
                 done: Completion::new(
                     Arc::clone(&self.device),
                     Box::new(move |end: JobEnd<'_>| {

@@ -1,0 +1,670 @@
+//! The asynchronous, stream-ordered API: `hipFileReadAsync`, `hipFileWriteAsync`,
+//! `hipFileStreamRegister`, `hipFileStreamDeregister`.
+//!
+//! # Protocol
+//! Submission (the caller's thread; never waits for earlier work of the stream):
+//! 1. Checks in hipFile's order: driver open (else 5022, and the driver opens), NULL
+//!    pointers (5022), file handle (5027), buffer (5013 / 5011), stream, arguments
+//!    (5022, `hipfile_core::validate`), buffer device = stream device (5022).
+//! 2. `*bytes_p = 0`. Size 0: done, nothing is enqueued. NULL stream: the I/O runs now
+//!    and `*bytes_p` holds the result when the call returns.
+//! 3. Under the stream's submit lock: take sequence k; enqueue a host function **arm**
+//!    and a **wait-value** "release word ≥ k" on the user's stream.
+//! 4. A read whose size and offsets are all FIXED is posted to the engine at once
+//!    (*prefetch*: disk → staging now; copies to the device wait for arm), unless an
+//!    unfinished write overlaps its range in the same file.
+//!
+//! Arm (the device's callback thread, O(1), no device calls, never waits for I/O): binds
+//! the parameters that are not FIXED, re-validates them (`*bytes_p = -5022` and release
+//! when invalid or the size grew), and posts the job to the stream's executor.
+//!
+//! Completion (the executor): `*bytes_p` = byte count, `-errno`, or `-code`; then the
+//! release word is set to k — device-side after the copies for reads (write-value on the
+//! executor's internal stream), host-side for writes and for ops split over several
+//! executors. Every path releases the word: a user stream never hangs on us.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicIsize, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use hipfile_core::{
+    Direction, FileRange, OpError, OpEvent, OpMachine, Outcome, PrefetchVerdict, RawIo,
+    StreamFlags, ValidIo, WriteHazards, revalidate, validate,
+};
+
+use crate::device::{DeviceError, StreamHandle};
+use crate::driver::{BufferUse, Driver, HandleId, ResolvedBuffer};
+use crate::engine::{Completion, Engine, IoJob, JobEnd, SyncRequest};
+use crate::error::Error;
+use crate::file::{FileHandle, OpGuard};
+use crate::stream::StreamState;
+
+/// Unfinished writes tracked per file for the prefetch hazard check.
+pub(crate) const WRITE_HAZARDS_PER_FILE: usize = 64;
+
+/// The parameter pointers of one async call, as the C API passes them.
+#[derive(Clone, Copy, Debug)]
+pub struct AsyncArgs {
+    /// `size_t *size_p`.
+    pub size_p: *const usize,
+    /// `hoff_t *file_offset_p`.
+    pub file_offset_p: *const i64,
+    /// `hoff_t *buffer_offset_p`.
+    pub buffer_offset_p: *const i64,
+    /// `ssize_t *bytes_p`: receives 0 at submission and the result at completion.
+    pub bytes_p: *mut isize,
+}
+
+impl AsyncArgs {
+    fn any_null(&self) -> bool {
+        self.size_p.is_null()
+            || self.file_offset_p.is_null()
+            || self.buffer_offset_p.is_null()
+            || self.bytes_p.is_null()
+    }
+
+    /// Reads the three parameters.
+    ///
+    /// # Safety
+    /// The pointers are valid for reads (the caller's contract).
+    unsafe fn read(&self) -> RawIo {
+        // SAFETY: guaranteed by the caller; volatile because another thread (the user)
+        // may change them until the op binds them.
+        unsafe {
+            RawIo {
+                size_bytes: self.size_p.read_volatile() as u64,
+                file_offset_bytes: self.file_offset_p.read_volatile(),
+                buffer_offset_bytes: self.buffer_offset_p.read_volatile(),
+            }
+        }
+    }
+}
+
+/// Parameters of an async op owned by the caller through an `Arc`, for the safe API:
+/// the op keeps them alive until it has published its result in `bytes_done`.
+#[derive(Debug, Default)]
+pub struct AsyncParams {
+    /// Bytes to move (read when the op binds, unless the stream fixes it).
+    pub size_bytes: AtomicUsize,
+    /// File offset.
+    pub file_offset_bytes: AtomicI64,
+    /// Offset inside the buffer.
+    pub buffer_offset_bytes: AtomicI64,
+    /// 0 at submission; the byte count, `-errno` or `-code` once the stream passes the op.
+    pub bytes_done: AtomicIsize,
+}
+
+impl AsyncParams {
+    /// Parameters for `size_bytes` at `file_offset_bytes`, buffer offset 0.
+    pub fn new(size_bytes: usize, file_offset_bytes: i64) -> Arc<AsyncParams> {
+        Arc::new(AsyncParams {
+            size_bytes: AtomicUsize::new(size_bytes),
+            file_offset_bytes: AtomicI64::new(file_offset_bytes),
+            buffer_offset_bytes: AtomicI64::new(0),
+            bytes_done: AtomicIsize::new(0),
+        })
+    }
+
+    fn args(&self) -> AsyncArgs {
+        AsyncArgs {
+            size_p: self.size_bytes.as_ptr(),
+            file_offset_p: self.file_offset_bytes.as_ptr(),
+            buffer_offset_p: self.buffer_offset_bytes.as_ptr(),
+            bytes_p: self.bytes_done.as_ptr(),
+        }
+    }
+}
+
+/// Per-file unfinished writes.
+#[derive(Default)]
+pub(crate) struct FileHazards {
+    writes: WriteHazards<WRITE_HAZARDS_PER_FILE>,
+    overflowed: usize,
+}
+
+/// Counters of the async path.
+#[derive(Debug, Default)]
+pub struct AsyncStats {
+    /// Ops submitted (size > 0, stream not NULL).
+    pub submitted: AtomicU64,
+    /// Reads that started before the stream reached them.
+    pub prefetched: AtomicU64,
+    /// Ops released device-side (write-value after the copies).
+    pub device_releases: AtomicU64,
+    /// Ops released host-side.
+    pub host_releases: AtomicU64,
+}
+
+/// One op in flight.
+struct AsyncOp {
+    driver: Arc<Driver>,
+    direction: Direction,
+    args: AsyncArgs,
+    _keepalive: Option<Arc<AsyncParams>>,
+    submitted: ValidIo,
+    flags: StreamFlags,
+    device_ordinal: u32,
+    stream: Arc<StreamState>,
+    sequence: u32,
+    file: Arc<FileHandle>,
+    resources: Mutex<Option<(OpGuard, BufferUse)>>,
+    machine: Mutex<OpMachine>,
+    gate: Mutex<Option<flume::Sender<()>>>,
+    hazard: Hazard,
+    abandoned: AtomicBool,
+    published: AtomicBool,
+}
+
+// SAFETY: the raw parameter pointers are the C caller's, who guarantees (hipFile's
+// contract) that they stay valid until the op has bound and published; they are only
+// read/written with volatile accesses from whichever thread runs the op's steps.
+unsafe impl Send for AsyncOp {}
+// SAFETY: as above; all other fields are Sync.
+unsafe impl Sync for AsyncOp {}
+
+static NEXT_HAZARD_ID: AtomicU64 = AtomicU64::new(1);
+
+impl Driver {
+    /// `hipFileStreamRegister`: see [`crate::stream`]. Needs no open driver.
+    ///
+    /// # Errors
+    /// Already registered or unknown flag bits → `InvalidValue`; the device cannot tell
+    /// the stream's device → `HipDriverError`.
+    pub fn stream_register(&self, stream: StreamHandle, flags: u32) -> Result<(), Error> {
+        self.streams().register(&**self.device(), stream, flags)
+    }
+
+    /// `hipFileStreamDeregister`. Ops in flight on the stream complete normally.
+    ///
+    /// # Errors
+    /// Not registered → `InvalidValue`.
+    pub fn stream_deregister(&self, stream: StreamHandle) -> Result<(), Error> {
+        self.streams().deregister(stream)
+    }
+
+    /// `hipFileReadAsync`.
+    ///
+    /// # Errors
+    /// See the module docs for the checks and their order.
+    ///
+    /// # Safety
+    /// The pointers in `args` are valid; the parameter pointers not covered by a FIXED
+    /// flag stay valid until the stream reaches the op, and `bytes_p` until it has passed
+    /// it; `buffer_base` stays allocated until then.
+    pub unsafe fn read_async(
+        self: &Arc<Self>,
+        handle: HandleId,
+        buffer_base: u64,
+        args: AsyncArgs,
+        stream: StreamHandle,
+    ) -> Result<(), Error> {
+        // SAFETY: forwarded contract.
+        unsafe { self.submit(Direction::Read, handle, buffer_base, args, None, stream) }
+    }
+
+    /// `hipFileWriteAsync`.
+    ///
+    /// # Errors
+    /// As [`Driver::read_async`].
+    ///
+    /// # Safety
+    /// As [`Driver::read_async`].
+    pub unsafe fn write_async(
+        self: &Arc<Self>,
+        handle: HandleId,
+        buffer_base: u64,
+        args: AsyncArgs,
+        stream: StreamHandle,
+    ) -> Result<(), Error> {
+        // SAFETY: forwarded contract.
+        unsafe { self.submit(Direction::Write, handle, buffer_base, args, None, stream) }
+    }
+
+    /// Safe form of [`Driver::read_async`] / [`Driver::write_async`]: the op keeps
+    /// `params` alive until it has published `params.bytes_done`. The device buffer
+    /// must stay allocated until the stream has passed the op, as for any GPU work.
+    ///
+    /// # Errors
+    /// As [`Driver::read_async`].
+    pub fn submit_async(
+        self: &Arc<Self>,
+        direction: Direction,
+        handle: HandleId,
+        buffer_base: u64,
+        params: &Arc<AsyncParams>,
+        stream: StreamHandle,
+    ) -> Result<(), Error> {
+        let args = params.args();
+        // SAFETY: the pointers point into `params`, which the op keeps alive.
+        unsafe { self.submit(direction, handle, buffer_base, args, Some(Arc::clone(params)), stream) }
+    }
+
+    /// # Safety
+    /// As [`Driver::read_async`].
+    unsafe fn submit(
+        self: &Arc<Self>,
+        direction: Direction,
+        handle: HandleId,
+        buffer_base: u64,
+        args: AsyncArgs,
+        keepalive: Option<Arc<AsyncParams>>,
+        stream: StreamHandle,
+    ) -> Result<(), Error> {
+        if !self.is_open() {
+            self.ensure_open();
+            return Err(Error::new(OpError::InvalidValue));
+        }
+        if buffer_base == 0 || args.any_null() {
+            return Err(Error::new(OpError::InvalidValue));
+        }
+        let file = self.file(handle)?;
+        let buffer = self.resolve_buffer(buffer_base)?;
+        let state = self.streams().lookup(&**self.device(), stream)?;
+        // SAFETY: the caller's contract: the pointers are valid now.
+        let raw = unsafe { args.read() };
+        let io = validate(raw, buffer.span, state.flags, self.page_size_bytes())?;
+        if buffer.device_ordinal != state.device_ordinal {
+            return Err(Error::new(OpError::InvalidValue));
+        }
+        // SAFETY: valid per the contract.
+        unsafe { args.bytes_p.write_volatile(0) };
+        if io.is_empty() {
+            return Ok(());
+        }
+        if stream == StreamHandle::NULL {
+            return self.run_on_null_stream(direction, file, &buffer, &io, args);
+        }
+        let engine = self.engine()?;
+        let guard = file.begin_op()?;
+        let mut submit_lock = state.lock_submit();
+        let sequence = submit_lock.next();
+        let parts = OpParts { direction, args, keepalive, io, file, guard, sequence };
+        let op = AsyncOp::new(self, parts, &state, &buffer);
+        let result = op.enqueue(engine);
+        if let Err(EnqueueError { error, nothing_queued: true }) = result {
+            submit_lock.undo();
+            return Err(error);
+        }
+        result.map_err(|e| e.error)
+    }
+
+    /// NULL stream: synchronous, after the NULL stream's earlier work.
+    fn run_on_null_stream(
+        &self,
+        direction: Direction,
+        file: Arc<FileHandle>,
+        buffer: &ResolvedBuffer,
+        io: &ValidIo,
+        args: AsyncArgs,
+    ) -> Result<(), Error> {
+        self.device().synchronize_stream(StreamHandle::NULL).map_err(Error::device)?;
+        let engine = self.engine()?;
+        let _buffer_use = buffer.begin_use();
+        let request = SyncRequest {
+            file,
+            direction,
+            file_offset_bytes: io.file_offset_bytes(),
+            device_addr: io.device_addr(),
+            len_bytes: io.size_bytes(),
+            device_ordinal: buffer.device_ordinal,
+            executor_hint: self.next_executor(),
+        };
+        let (outcome, _) = engine.run_sync(request);
+        // SAFETY: valid per the contract of the caller.
+        unsafe { args.bytes_p.write_volatile(bytes_p_value(outcome) as isize) };
+        Ok(())
+    }
+
+    /// Records an unfinished write; when the table is full, prefetch on this file is off
+    /// until the overflowing writes finish.
+    fn add_write_hazard(&self, file: &Arc<FileHandle>, range: FileRange) -> Hazard {
+        let id = NEXT_HAZARD_ID.fetch_add(1, Ordering::Relaxed);
+        let mut hazards = self.hazards();
+        let entry = hazards.entry(Arc::as_ptr(file) as usize).or_default();
+        match entry.writes.insert(id, range) {
+            Ok(()) => Hazard::Tracked(id),
+            Err(_) => {
+                entry.overflowed += 1;
+                Hazard::Overflowed
+            }
+        }
+    }
+
+    fn remove_write_hazard(&self, file: &Arc<FileHandle>, hazard: Hazard) {
+        let key = Arc::as_ptr(file) as usize;
+        let mut hazards = self.hazards();
+        if let Some(entry) = hazards.get_mut(&key) {
+            match hazard {
+                Hazard::None => return,
+                Hazard::Tracked(id) => {
+                    entry.writes.remove(id);
+                }
+                Hazard::Overflowed => entry.overflowed = entry.overflowed.saturating_sub(1),
+            }
+            if entry.writes.is_empty() && entry.overflowed == 0 {
+                hazards.remove(&key);
+            }
+        }
+    }
+
+    fn may_prefetch(&self, file: &Arc<FileHandle>, range: FileRange) -> bool {
+        match self.hazards().get(&(Arc::as_ptr(file) as usize)) {
+            None => true,
+            Some(entry) => entry.overflowed == 0 && entry.writes.may_prefetch(&range) == PrefetchVerdict::Clear,
+        }
+    }
+
+    fn hazards(&self) -> std::sync::MutexGuard<'_, HashMap<usize, FileHazards>> {
+        self.hazard_table().lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// `*bytes_p` for an outcome.
+fn bytes_p_value(outcome: Outcome) -> i64 {
+    outcome.bytes_p_value()
+}
+
+fn file_range(io: &ValidIo) -> FileRange {
+    FileRange { start_bytes: io.file_offset_bytes(), end_bytes: io.file_end_bytes() }
+}
+
+/// A write's entry in its file's hazard table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Hazard {
+    /// Not a write.
+    None,
+    /// Recorded under this id.
+    Tracked(u64),
+    /// The table was full: counted only.
+    Overflowed,
+}
+
+/// What one submission consists of.
+struct OpParts {
+    direction: Direction,
+    args: AsyncArgs,
+    keepalive: Option<Arc<AsyncParams>>,
+    io: ValidIo,
+    file: Arc<FileHandle>,
+    guard: OpGuard,
+    sequence: u32,
+}
+
+/// A failed enqueue; `nothing_queued` when the stream holds nothing of the op.
+struct EnqueueError {
+    error: Error,
+    nothing_queued: bool,
+}
+
+impl AsyncOp {
+    fn new(driver: &Arc<Driver>, parts: OpParts, state: &Arc<StreamState>, buffer: &ResolvedBuffer) -> Arc<AsyncOp> {
+        let range = file_range(&parts.io);
+        let prefetch = parts.direction == Direction::Read
+            && state.flags.all_fixed()
+            && driver.may_prefetch(&parts.file, range);
+        let hazard = match parts.direction {
+            Direction::Write => driver.add_write_hazard(&parts.file, range),
+            Direction::Read => Hazard::None,
+        };
+        Arc::new(AsyncOp {
+            driver: Arc::clone(driver),
+            direction: parts.direction,
+            args: parts.args,
+            _keepalive: parts.keepalive,
+            submitted: parts.io,
+            flags: state.flags,
+            device_ordinal: buffer.device_ordinal,
+            stream: Arc::clone(state),
+            sequence: parts.sequence,
+            file: parts.file,
+            resources: Mutex::new(Some((parts.guard, buffer.begin_use()))),
+            machine: Mutex::new(OpMachine::new(parts.io.size_bytes(), prefetch)),
+            gate: Mutex::new(None),
+            hazard,
+            abandoned: AtomicBool::new(false),
+            published: AtomicBool::new(false),
+        })
+    }
+
+    fn machine(&self) -> std::sync::MutexGuard<'_, OpMachine> {
+        self.machine.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Enqueues arm + wait-value on the user's stream (the caller holds the stream's
+    /// submit lock) and starts a prefetch when allowed.
+    fn enqueue(self: &Arc<Self>, engine: &Engine) -> Result<(), EnqueueError> {
+        let device = self.driver.device();
+        let handle = self.stream.handle;
+        let raw = Arc::into_raw(Arc::clone(self)).cast_mut().cast::<c_void>();
+        // SAFETY: `raw` is an Arc reference that `arm_host_fn` takes back exactly once; the
+        // function is sound on any thread (it catches panics and calls no device API).
+        if let Err(error) = unsafe { device.launch_host_func(handle, arm_host_fn, raw) } {
+            // SAFETY: the launch failed, so the host function will never take `raw` back.
+            drop(unsafe { Arc::from_raw(raw.cast::<AsyncOp>()) });
+            self.abandon();
+            return Err(EnqueueError { error: Error::device(error), nothing_queued: true });
+        }
+        let word = self.stream.word();
+        // SAFETY: the word lives in the driver's word pool as long as the driver, which
+        // outlives every op (ops hold an Arc of it).
+        if let Err(error) = unsafe { device.stream_wait_value32(handle, word.device_addr, self.sequence) } {
+            // The arm will run and find the op abandoned; it still releases the word.
+            self.abandon();
+            return Err(EnqueueError { error: Error::device(error), nothing_queued: false });
+        }
+        self.driver.async_stats().submitted.fetch_add(1, Ordering::Relaxed);
+        if self.machine().apply(OpEvent::Prefetch).is_ok() {
+            self.driver.async_stats().prefetched.fetch_add(1, Ordering::Relaxed);
+            let (sender, receiver) = flume::bounded(1);
+            *self.gate.lock().unwrap_or_else(|p| p.into_inner()) = Some(sender);
+            self.post(engine, self.submitted, Some(receiver));
+        }
+        Ok(())
+    }
+
+    /// Marks the op as not submitted: it publishes nothing and only cleans up.
+    fn abandon(&self) {
+        self.abandoned.store(true, Ordering::SeqCst);
+        self.driver.remove_write_hazard(&self.file, self.hazard);
+        self.resources.lock().unwrap_or_else(|p| p.into_inner()).take();
+    }
+
+    /// The stream reached the op (host function; O(1), no device calls).
+    fn arm(self: Arc<Self>) {
+        if self.abandoned.load(Ordering::SeqCst) {
+            self.release_host();
+            self.published.store(true, Ordering::SeqCst);
+            return;
+        }
+        let gate = self.gate.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(gate) = gate {
+            let _ = self.machine().apply(OpEvent::Arm);
+            let _ = gate.send(());
+            return;
+        }
+        // SAFETY: hipFile's contract: unfixed parameter pointers are valid until the op
+        // binds, which is now.
+        let raw = unsafe { self.args.read() };
+        let page_size_bytes = self.driver.page_size_bytes();
+        let bound = revalidate(&self.submitted, raw, self.flags, page_size_bytes);
+        let Ok(io) = bound else {
+            let _ = self.machine().apply(OpEvent::BindFailed);
+            self.publish(Outcome::Library(OpError::InvalidValue), None);
+            return;
+        };
+        {
+            let mut machine = self.machine();
+            let _ = machine.bind_size(io.size_bytes());
+            let _ = machine.apply(OpEvent::Arm);
+        }
+        match self.driver.engine() {
+            Ok(engine) => self.post(engine, io, None),
+            Err(error) => self.publish(Outcome::Library(error.code), None),
+        }
+    }
+
+    /// Posts the op's job(s): one job on the stream's executor, or, for large ops, one
+    /// per part over several executors (host release once all parts finished).
+    fn post(self: &Arc<Self>, engine: &Engine, io: ValidIo, gate: Option<flume::Receiver<()>>) {
+        let parts = if gate.is_some() { vec![(0, io.size_bytes())] } else { engine.parts(io.size_bytes()) };
+        let fan_out = parts.len() > 1;
+        let joiner = Arc::new(PartJoiner::new(parts.clone()));
+        for (index, &(offset, len)) in parts.iter().enumerate() {
+            let Some(guard) = self.share_guard() else {
+                self.publish(Outcome::Library(OpError::InternalError), None);
+                return;
+            };
+            let op = Arc::clone(self);
+            let joiner = Arc::clone(&joiner);
+            let done: crate::engine::JobDone = Box::new(move |end: JobEnd<'_>| {
+                if !fan_out {
+                    op.finish(end);
+                } else if let Some((outcome, error)) = joiner.part_done(index, end.outcome, end.device_error) {
+                    op.publish(outcome, error);
+                }
+            });
+            let job = IoJob {
+                file: Arc::clone(&self.file),
+                guard,
+                direction: self.direction,
+                file_offset_bytes: io.file_offset_bytes() + offset,
+                device_addr: io.device_addr() + offset,
+                len_bytes: len,
+                device_ordinal: self.device_ordinal,
+                wait_for_copies: fan_out || !self.releases_device_side(),
+                arm_gate: gate.clone(),
+                done: Completion::new(Arc::clone(self.driver.device()), done),
+            };
+            engine.post(self.stream.executor + index, job);
+        }
+    }
+
+    /// A guard for one job of the op, taken from the op's own (it exists until publish).
+    fn share_guard(&self) -> Option<OpGuard> {
+        let resources = self.resources.lock().unwrap_or_else(|p| p.into_inner());
+        resources.as_ref().map(|(guard, _)| guard.share())
+    }
+
+    fn releases_device_side(&self) -> bool {
+        self.direction == Direction::Read && self.driver.device().supports_stream_memops(self.device_ordinal)
+    }
+
+    /// The single job of the op ended: publish, releasing device-side after the copies
+    /// when the job left them in flight.
+    fn finish(&self, end: JobEnd<'_>) {
+        if !self.store_result(end.outcome, end.device_error) {
+            return;
+        }
+        if let (Some(stream), true) = (end.stream, self.releases_device_side()) {
+            let word = self.stream.word();
+            // SAFETY: the word lives as long as the driver (see enqueue).
+            let queued = unsafe { end.device.write_value32_internal(stream, word.device_addr, self.sequence) };
+            if queued.is_ok() {
+                self.driver.async_stats().device_releases.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+        }
+        self.release_host();
+    }
+
+    /// Publishes an outcome and releases host-side.
+    fn publish(&self, outcome: Outcome, device_error: Option<DeviceError>) {
+        if self.store_result(outcome, device_error) {
+            self.release_host();
+        }
+    }
+
+    /// Stores `*bytes_p` once and frees the op's hold on file, buffer and hazard table.
+    /// `false` when the op was already published or abandoned.
+    fn store_result(&self, outcome: Outcome, device_error: Option<DeviceError>) -> bool {
+        if self.abandoned.load(Ordering::SeqCst) || self.published.swap(true, Ordering::SeqCst) {
+            return false;
+        }
+        let _ = device_error;
+        {
+            let mut machine = self.machine();
+            let _ = machine.apply(OpEvent::Start);
+            let _ = machine.apply(match outcome {
+                Outcome::Bytes(n) => OpEvent::Transferred(n),
+                failure => OpEvent::Fail(failure),
+            });
+            let _ = machine.apply(OpEvent::Finish);
+            let _ = machine.apply(OpEvent::Publish);
+        }
+        // SAFETY: hipFile's contract: bytes_p stays valid until the op has completed.
+        unsafe { self.args.bytes_p.write_volatile(outcome.bytes_p_value() as isize) };
+        self.driver.remove_write_hazard(&self.file, self.hazard);
+        self.resources.lock().unwrap_or_else(|p| p.into_inner()).take();
+        true
+    }
+
+    fn release_host(&self) {
+        let word = self.stream.word();
+        // SAFETY: the word lives as long as the driver (see enqueue).
+        unsafe { self.driver.device().store_word_host(word.host_ptr, self.sequence) };
+        self.driver.async_stats().host_releases.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+impl Drop for AsyncOp {
+    /// An op dropped before publishing (a panic, a lost job) still publishes -5030 and
+    /// releases the stream.
+    fn drop(&mut self) {
+        if !self.published.load(Ordering::SeqCst) && !self.abandoned.load(Ordering::SeqCst) {
+            self.publish(Outcome::Library(OpError::InternalError), None);
+        }
+    }
+}
+
+/// The arm host function enqueued on the user's stream.
+///
+/// # Safety
+/// `user_data` is a pointer from `Arc::into_raw` of an `AsyncOp`, passed exactly once.
+unsafe extern "C" fn arm_host_fn(user_data: *mut c_void) {
+    // SAFETY: see the function's contract.
+    let op = unsafe { Arc::from_raw(user_data.cast::<AsyncOp>().cast_const()) };
+    // A panic must not cross the C boundary; the op's Drop then publishes -5030.
+    let _ = catch_unwind(AssertUnwindSafe(move || op.arm()));
+}
+
+/// Joins the parts of an op split over several executors.
+struct PartJoiner {
+    parts: Vec<(u64, u64)>,
+    results: Mutex<Vec<Option<(Outcome, Option<DeviceError>)>>>,
+}
+
+impl PartJoiner {
+    fn new(parts: Vec<(u64, u64)>) -> PartJoiner {
+        let results = Mutex::new(vec![None; parts.len()]);
+        PartJoiner { parts, results }
+    }
+
+    /// Records part `index`; returns the combined result when it was the last.
+    fn part_done(
+        &self,
+        index: usize,
+        outcome: Outcome,
+        device_error: Option<DeviceError>,
+    ) -> Option<(Outcome, Option<DeviceError>)> {
+        let mut results = self.results.lock().unwrap_or_else(|p| p.into_inner());
+        results[index] = Some((outcome, device_error));
+        if results.iter().any(Option::is_none) {
+            return None;
+        }
+        let mut total = 0;
+        for (&(_, len), result) in self.parts.iter().zip(results.iter()) {
+            match result.expect("all parts reported") {
+                (Outcome::Bytes(n), _) => {
+                    total += n;
+                    if n < len {
+                        break;
+                    }
+                }
+                failure => return Some(failure),
+            }
+        }
+        Some((Outcome::Bytes(total), None))
+    }
+}

@@ -1,0 +1,206 @@
+//! Streams as the async path sees them: flags, device, the executor a stream is pinned
+//! to, and the stream's release word.
+//!
+//! Every stream the library has seen (registered or not) has one 32-bit *release word*
+//! in pinned, device-mapped memory. The k-th op submitted on the stream enqueues "wait
+//! until word ≥ k" (cyclic comparison, as `CU_STREAM_WAIT_VALUE_GEQ`) and is released
+//! by storing k. Ops of one stream are armed in stream order, so the word only grows;
+//! taking the sequence number and enqueueing the commands happen under the stream's
+//! submit lock, so the two orders agree even with several submitting threads.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+
+use hipfile_core::{OpError, StreamFlags};
+
+use crate::device::{Device, PinnedRegion, StreamHandle};
+use crate::error::Error;
+
+/// Words per pinned slab (one 4 KiB page).
+const WORDS_PER_SLAB: usize = 1024;
+
+/// A stream's release word: host pointer and device address of the same 4 bytes.
+#[derive(Clone, Copy)]
+pub(crate) struct ReleaseWord {
+    pub host_ptr: *mut u32,
+    pub device_addr: u64,
+}
+
+// SAFETY: a ReleaseWord is the address of pinned memory owned by the driver's WordPool,
+// which lives as long as the driver; it is only accessed atomically.
+unsafe impl Send for ReleaseWord {}
+// SAFETY: as above.
+unsafe impl Sync for ReleaseWord {}
+
+/// Hands out release words from pinned slabs. Slabs live until the pool drops.
+pub(crate) struct WordPool {
+    device: Arc<dyn Device>,
+    state: Mutex<(Vec<PinnedRegion>, usize)>,
+}
+
+impl WordPool {
+    pub(crate) fn new(device: Arc<dyn Device>) -> WordPool {
+        WordPool { device, state: Mutex::new((Vec::new(), WORDS_PER_SLAB)) }
+    }
+
+    /// A fresh word, set to 0.
+    fn take(&self) -> Result<ReleaseWord, Error> {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if state.1 == WORDS_PER_SLAB {
+            let slab = self.device.alloc_pinned(WORDS_PER_SLAB * 4).map_err(Error::device)?;
+            state.0.push(slab);
+            state.1 = 0;
+        }
+        let slab = *state.0.last().expect("a slab was just ensured");
+        let index = state.1;
+        state.1 += 1;
+        // SAFETY: index < WORDS_PER_SLAB, so the word lies inside the slab.
+        let host_ptr = unsafe { slab.host_ptr.cast::<u32>().add(index) };
+        // SAFETY: the word is inside a live pinned slab, aligned, and not yet shared.
+        unsafe { host_ptr.write_volatile(0) };
+        Ok(ReleaseWord { host_ptr, device_addr: slab.device_addr + 4 * index as u64 })
+    }
+}
+
+impl Drop for WordPool {
+    fn drop(&mut self) {
+        let state = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        for slab in state.0.drain(..) {
+            // SAFETY: the slabs came from alloc_pinned on this device; the driver (and so
+            // every stream state and op) is gone, so no new wait can use them.
+            unsafe { self.device.free_pinned(slab) };
+        }
+    }
+}
+
+/// What the library knows about one stream.
+#[derive(Debug)]
+pub struct StreamState {
+    /// The user's stream.
+    pub handle: StreamHandle,
+    /// Registration flags (empty for unregistered streams).
+    pub flags: StreamFlags,
+    /// The stream's device.
+    pub device_ordinal: u32,
+    /// The executor the stream's ops run on.
+    pub executor: usize,
+    /// Whether the user registered it.
+    pub registered: bool,
+    word: ReleaseWord,
+    next_sequence: Mutex<u32>,
+}
+
+impl std::fmt::Debug for ReleaseWord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ReleaseWord({:#x})", self.device_addr)
+    }
+}
+
+impl StreamState {
+    pub(crate) fn word(&self) -> ReleaseWord {
+        self.word
+    }
+
+    /// Locks the stream for one submission; the guard yields the op's sequence number.
+    pub(crate) fn lock_submit(&self) -> SubmitGuard<'_> {
+        SubmitGuard(self.next_sequence.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
+/// Held while one op's commands are enqueued on its stream.
+pub(crate) struct SubmitGuard<'a>(MutexGuard<'a, u32>);
+
+impl SubmitGuard<'_> {
+    /// The sequence number the op will wait for (and be released with).
+    pub(crate) fn next(&mut self) -> u32 {
+        *self.0 = self.0.wrapping_add(1);
+        *self.0
+    }
+
+    /// Gives the sequence number back (the enqueue failed before anything was queued).
+    pub(crate) fn undo(&mut self) {
+        *self.0 = self.0.wrapping_sub(1);
+    }
+}
+
+/// Registered streams and the streams seen unregistered.
+pub(crate) struct StreamTable {
+    words: WordPool,
+    registered: RwLock<HashMap<StreamHandle, Arc<StreamState>>>,
+    seen: RwLock<HashMap<StreamHandle, Arc<StreamState>>>,
+    next_executor: Mutex<usize>,
+}
+
+impl StreamTable {
+    pub(crate) fn new(device: Arc<dyn Device>) -> StreamTable {
+        StreamTable {
+            words: WordPool::new(device),
+            registered: RwLock::new(HashMap::new()),
+            seen: RwLock::new(HashMap::new()),
+            next_executor: Mutex::new(0),
+        }
+    }
+
+    /// `hipFileStreamRegister`: already registered → 5022 (checked first), unknown flag
+    /// bits → 5022, device lookup failure → 5011.
+    pub(crate) fn register(&self, device: &dyn Device, handle: StreamHandle, bits: u32) -> Result<(), Error> {
+        if read(&self.registered).contains_key(&handle) {
+            return Err(Error::new(OpError::InvalidValue));
+        }
+        let flags = StreamFlags::parse(bits)?;
+        let device_ordinal = device.stream_device(handle).map_err(Error::device)?;
+        let state = self.new_state(handle, flags, device_ordinal, true)?;
+        let mut registered = write(&self.registered);
+        if registered.contains_key(&handle) {
+            return Err(Error::new(OpError::InvalidValue));
+        }
+        registered.insert(handle, Arc::new(state));
+        Ok(())
+    }
+
+    /// `hipFileStreamDeregister`: not registered → 5022. Ops in flight keep their state.
+    pub(crate) fn deregister(&self, handle: StreamHandle) -> Result<(), Error> {
+        write(&self.registered).remove(&handle).map(drop).ok_or(Error::new(OpError::InvalidValue))
+    }
+
+    /// The state for an op on `handle`: the registered one, else the cached unregistered
+    /// one (rebuilt when the stream now reports another device).
+    pub(crate) fn lookup(&self, device: &dyn Device, handle: StreamHandle) -> Result<Arc<StreamState>, Error> {
+        if let Some(state) = read(&self.registered).get(&handle) {
+            return Ok(Arc::clone(state));
+        }
+        let device_ordinal = device.stream_device(handle).map_err(Error::device)?;
+        if let Some(state) = read(&self.seen).get(&handle) {
+            if state.device_ordinal == device_ordinal {
+                return Ok(Arc::clone(state));
+            }
+        }
+        let state = Arc::new(self.new_state(handle, StreamFlags::empty(), device_ordinal, false)?);
+        write(&self.seen).insert(handle, Arc::clone(&state));
+        Ok(state)
+    }
+
+    fn new_state(&self, handle: StreamHandle, flags: StreamFlags, device_ordinal: u32, registered: bool) -> Result<StreamState, Error> {
+        let executor = {
+            let mut next = self.next_executor.lock().unwrap_or_else(|p| p.into_inner());
+            *next += 1;
+            *next
+        };
+        Ok(StreamState {
+            handle,
+            flags,
+            device_ordinal,
+            executor,
+            registered,
+            word: self.words.take()?,
+            next_sequence: Mutex::new(0),
+        })
+    }
+}
+fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(|p| p.into_inner())
+}
+
+fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    lock.write().unwrap_or_else(|p| p.into_inner())
+}

@@ -1,0 +1,398 @@
+//! Integration tests of `hipfile_runtime::config`: defaults, parsing of every
+//! `HIPFILE_*` variable, rejection of invalid values (naming the variable), CPU lists,
+//! relations between fields and hipFile's bool parsing.
+//!
+//! Tests never touch the process environment: they go through `Config::from_lookup*`.
+
+use std::cell::RefCell;
+use std::collections::BTreeSet;
+
+use hipfile_runtime::config::{
+    Config, ConfigError, DEFAULT_MAX_EXECUTORS, DeviceSelection, ENV_VARS, MAX_EXECUTORS,
+    usable_cpus,
+};
+use hipfile_runtime::file::DirectPolicy;
+use proptest::prelude::*;
+
+const MIB: usize = 1 << 20;
+
+/// A lookup over `pairs` (everything else unset).
+fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+    let pairs: Vec<(String, String)> =
+        pairs.iter().map(|(name, value)| (name.to_string(), value.to_string())).collect();
+    move |name| pairs.iter().find(|(key, _)| key == name).map(|(_, value)| value.clone())
+}
+
+/// `0..count` as a CPU list.
+fn cpus(count: usize) -> Vec<usize> {
+    (0..count).collect()
+}
+
+fn parse(pairs: &[(&str, &str)], usable: &[usize]) -> Result<Config, ConfigError> {
+    Config::from_lookup_with_cpus(env(pairs), usable)
+}
+
+fn parse_ok(pairs: &[(&str, &str)]) -> Config {
+    parse(pairs, &cpus(4)).unwrap_or_else(|error| panic!("{pairs:?}: {error}"))
+}
+
+/// Asserts that `pairs` is rejected for `variable`, and returns the error.
+fn rejected(pairs: &[(&str, &str)], usable: &[usize], variable: &str) -> ConfigError {
+    let error = parse(pairs, usable).expect_err(&format!("{pairs:?} should be rejected"));
+    assert_eq!(error.variable, variable, "{pairs:?}: {error}");
+    let message = error.to_string();
+    assert!(message.starts_with(&format!("{variable}=")), "{message}");
+    assert!(message.contains(": ") && !error.reason.is_empty(), "{message}");
+    error
+}
+
+#[test]
+fn defaults() {
+    let config = parse_ok(&[]);
+    assert_eq!(config.device, DeviceSelection::Auto);
+    assert_eq!(config.executor_cpus, vec![0, 1, 2, 3]);
+    assert_eq!(config.executor_count(), 4);
+    assert_eq!(config.staging_chunk_bytes, MIB);
+    assert_eq!(config.staging_per_executor_bytes, 32 * MIB);
+    assert_eq!(config.pinned_fallback_cap_bytes, 16 * MIB);
+    assert_eq!(config.direct, DirectPolicy::Auto);
+    assert_eq!(config.request_parallelism, 4);
+    assert_eq!(config.chunks_in_flight, 4);
+    assert_eq!(config.cpu_device_count, 1);
+    assert!(config.allow_compat_mode);
+    assert_eq!(config.pinned_cap_bytes(), 4 * 32 * MIB + 16 * MIB);
+    assert_eq!(config.validate(), Ok(()));
+}
+
+#[test]
+fn default_matches_an_empty_environment_and_the_affinity_mask() {
+    let config = Config::default();
+    assert_eq!(Config::from_lookup(|_| None), Ok(config.clone()));
+    let usable = usable_cpus();
+    let expected: Vec<usize> = usable.iter().copied().take(DEFAULT_MAX_EXECUTORS).collect();
+    assert_eq!(config.executor_cpus, expected);
+    assert_eq!(config.request_parallelism, expected.len());
+    assert_eq!(config.validate(), Ok(()));
+}
+
+#[test]
+fn empty_values_count_as_unset() {
+    let pairs: Vec<(&str, &str)> = ENV_VARS.iter().map(|&(name, _)| (name, "  ")).collect();
+    assert_eq!(parse(&pairs, &cpus(4)), parse(&[], &cpus(4)));
+}
+
+#[test]
+fn executor_count_is_capped_at_8_by_default() {
+    let config = parse(&[], &cpus(32)).expect("defaults");
+    assert_eq!(config.executor_cpus, cpus(8));
+    assert_eq!(config.request_parallelism, 8);
+    let sparse = [1, 3, 5, 7, 9, 11, 13, 15, 17, 19];
+    let config = parse(&[], &sparse).expect("defaults");
+    assert_eq!(config.executor_cpus, sparse[..8].to_vec(), "the first usable CPUs, in order");
+}
+
+#[test]
+fn threads_picks_the_first_cpus_and_reuses_them_round_robin() {
+    let config = parse(&[("HIPFILE_THREADS", "3")], &cpus(16)).expect("3 threads");
+    assert_eq!(config.executor_cpus, vec![0, 1, 2]);
+    let config = parse(&[("HIPFILE_THREADS", "12")], &cpus(16)).expect("12 threads");
+    assert_eq!(config.executor_cpus, cpus(12), "above the default cap when asked");
+    let config = parse(&[("HIPFILE_THREADS", " 5 ")], &[4, 6]).expect("5 threads");
+    assert_eq!(config.executor_cpus, vec![4, 6, 4, 6, 4]);
+    assert_eq!(config.request_parallelism, 5);
+    let config = parse(&[("HIPFILE_THREADS", "256")], &[0]).expect("256 threads");
+    assert_eq!(config.executor_cpus, vec![0; MAX_EXECUTORS]);
+}
+
+#[test]
+fn cpu_lists() {
+    let usable = cpus(16);
+    let list = |value: &str| parse(&[("HIPFILE_CPUS", value)], &usable).map(|c| c.executor_cpus);
+    assert_eq!(list("0,2,4-7"), Ok(vec![0, 2, 4, 5, 6, 7]));
+    assert_eq!(list(" 7 , 3-3, 1 - 2 "), Ok(vec![7, 3, 1, 2]), "order kept, spaces trimmed");
+    assert_eq!(list("0-11"), Ok(cpus(12)), "an explicit list is not capped at 8");
+    assert_eq!(list("15"), Ok(vec![15]));
+    let config = parse(&[("HIPFILE_CPUS", "4-7"), ("HIPFILE_THREADS", "3")], &usable).unwrap();
+    assert_eq!(config.executor_cpus, vec![4, 5, 6]);
+    let config = parse(&[("HIPFILE_CPUS", "2,9"), ("HIPFILE_THREADS", "5")], &usable).unwrap();
+    assert_eq!(config.executor_cpus, vec![2, 9, 2, 9, 2]);
+}
+
+#[test]
+fn bad_cpu_lists_are_rejected() {
+    let usable = [0, 1, 2, 3, 8];
+    for bad in ["0,,2", "a", "3-1", "-1", "1-", "-", "0 2", "1.5", "+1", "0,", ",0", "0x1", "1-2-3"]
+    {
+        let error = rejected(&[("HIPFILE_CPUS", bad)], &usable, "HIPFILE_CPUS");
+        assert_eq!(error.value, bad.trim());
+        assert!(error.reason.contains("0,2,4-7"), "{error}");
+    }
+    for twice in ["0,0", "0-2,1", "8,8-8"] {
+        let error = rejected(&[("HIPFILE_CPUS", twice)], &usable, "HIPFILE_CPUS");
+        assert!(error.reason.contains("twice"), "{error}");
+    }
+    for outside in ["4", "0-4", "9", "0-18446744073709551615", "1023", "100000"] {
+        let error = rejected(&[("HIPFILE_CPUS", outside)], &usable, "HIPFILE_CPUS");
+        assert!(error.reason.contains("affinity mask"), "{error}");
+    }
+    let many = cpus(300);
+    let error = rejected(&[("HIPFILE_CPUS", "0-299")], &many, "HIPFILE_CPUS");
+    assert!(error.reason.contains("256"), "{error}");
+    assert!(parse(&[("HIPFILE_CPUS", "0-255")], &many).is_ok());
+}
+
+#[test]
+fn an_empty_cpu_pool_is_an_error() {
+    let error = rejected(&[], &[], "HIPFILE_CPUS");
+    assert!(error.reason.contains("no usable CPU"), "{error}");
+}
+
+#[test]
+fn real_affinity_mask_is_respected() {
+    let usable = usable_cpus();
+    assert!(!usable.is_empty());
+    assert!(usable.windows(2).all(|pair| pair[0] < pair[1]), "sorted, no duplicates");
+    let status = std::fs::read_to_string("/proc/self/status").expect("read /proc/self/status");
+    if let Some(line) = status.lines().find_map(|line| line.strip_prefix("Cpus_allowed_list:")) {
+        let mut expected = Vec::new();
+        for item in line.trim().split(',') {
+            let (first, last) = item.split_once('-').unwrap_or((item, item));
+            expected.extend(first.parse::<usize>().unwrap()..=last.parse::<usize>().unwrap());
+        }
+        assert_eq!(usable, expected, "usable_cpus() matches Cpus_allowed_list");
+    }
+    let outside = usable.last().unwrap() + 1;
+    let value = outside.to_string();
+    let error = Config::from_lookup(env(&[("HIPFILE_CPUS", &value)])).expect_err("outside");
+    assert_eq!(error.variable, "HIPFILE_CPUS");
+    let value = usable[0].to_string();
+    let config = Config::from_lookup(env(&[("HIPFILE_CPUS", &value)])).expect("inside");
+    assert_eq!(config.executor_cpus, vec![usable[0]]);
+}
+
+#[test]
+fn each_variable_is_parsed() {
+    let device = |value| parse_ok(&[("HIPFILE_DEVICE", value)]).device;
+    assert_eq!(device("auto"), DeviceSelection::Auto);
+    assert_eq!(device("cpu"), DeviceSelection::Cpu);
+    assert_eq!(device(" CUDA "), DeviceSelection::Cuda);
+    assert_eq!(device("Rocm"), DeviceSelection::Rocm);
+    let direct = |value| parse_ok(&[("HIPFILE_ODIRECT", value)]).direct;
+    assert_eq!(direct("auto"), DirectPolicy::Auto);
+    assert_eq!(direct("on"), DirectPolicy::On);
+    assert_eq!(direct("OFF"), DirectPolicy::Off);
+    let chunk = |value| parse_ok(&[("HIPFILE_CHUNK_KB", value)]).staging_chunk_bytes;
+    assert_eq!(chunk("4"), 4096);
+    assert_eq!(chunk("256"), 256 << 10);
+    assert_eq!(chunk(" 4096\n"), 4 * MIB);
+    let config = parse_ok(&[("HIPFILE_CHUNK_KB", "65536"), ("HIPFILE_STAGING_MB", "128")]);
+    assert_eq!(config.staging_chunk_bytes, 64 * MIB);
+    assert_eq!(config.staging_per_executor_bytes, 128 * MIB);
+    let config = parse_ok(&[("HIPFILE_STAGING_MB", "2"), ("HIPFILE_PINNED_FALLBACK_MB", "0")]);
+    assert_eq!(config.staging_per_executor_bytes, 2 * MIB);
+    assert_eq!(config.pinned_fallback_cap_bytes, 0);
+    assert_eq!(config.pinned_cap_bytes(), 4 * 2 * MIB);
+    let config = parse_ok(&[("HIPFILE_PINNED_FALLBACK_MB", "100")]);
+    assert_eq!(config.pinned_fallback_cap_bytes, 100 * MIB);
+    assert_eq!(parse_ok(&[("HIPFILE_REQUEST_PARALLELISM", "2")]).request_parallelism, 2);
+    assert_eq!(parse_ok(&[("HIPFILE_REQUEST_PARALLELISM", "4")]).request_parallelism, 4);
+    assert_eq!(parse_ok(&[("HIPFILE_QUEUE_DEPTH", "1")]).chunks_in_flight, 1);
+    assert_eq!(parse_ok(&[("HIPFILE_QUEUE_DEPTH", "64")]).chunks_in_flight, 64);
+    assert_eq!(parse_ok(&[("HIPFILE_CPU_DEVICES", "16")]).cpu_device_count, 16);
+    assert_eq!(parse_ok(&[("HIPFILE_CPU_DEVICES", "3")]).cpu_device_count, 3);
+    assert!(!parse_ok(&[("HIPFILE_ALLOW_COMPAT_MODE", "false")]).allow_compat_mode);
+    let config = parse_ok(&[("HIPFILE_THREADS", "2"), ("HIPFILE_REQUEST_PARALLELISM", "2")]);
+    assert_eq!((config.executor_count(), config.request_parallelism), (2, 2));
+}
+
+#[test]
+fn invalid_values_are_rejected_naming_the_variable() {
+    let cases: &[(&str, &[&str])] = &[
+        ("HIPFILE_DEVICE", &["gpu", "cpu,cuda", "0", "autox"]),
+        ("HIPFILE_ODIRECT", &["yes", "1", "true", "of"]),
+        ("HIPFILE_THREADS", &["0", "-1", "257", "abc", "1.5", "+2", "1e3", "99999999999999999999"]),
+        ("HIPFILE_CHUNK_KB", &["0", "2", "3000", "131072", "-4", "1k", "4.0", "1024KB"]),
+        ("HIPFILE_STAGING_MB", &["0", "-32", "x", "32MB", "1", "99999999999999999999"]),
+        ("HIPFILE_PINNED_FALLBACK_MB", &["-1", "lots", "1.5", "99999999999999999999"]),
+        ("HIPFILE_REQUEST_PARALLELISM", &["0", "5", "-1", "all"]),
+        ("HIPFILE_QUEUE_DEPTH", &["0", "65", "-4", "four", "4 4"]),
+        ("HIPFILE_CPU_DEVICES", &["0", "17", "-1", "one"]),
+    ];
+    for &(variable, values) in cases {
+        for &value in values {
+            let error = rejected(&[(variable, value)], &cpus(4), variable);
+            assert_eq!(error.value, value.trim(), "{error}");
+        }
+    }
+}
+
+#[test]
+fn error_display_is_variable_value_reason() {
+    let error = rejected(&[("HIPFILE_CHUNK_KB", "3000")], &cpus(4), "HIPFILE_CHUNK_KB");
+    assert_eq!(
+        error.to_string(),
+        "HIPFILE_CHUNK_KB=3000: must be a power of two between 4 and 65536"
+    );
+    let boxed: Box<dyn std::error::Error> = Box::new(error);
+    assert!(boxed.to_string().starts_with("HIPFILE_CHUNK_KB=3000"));
+}
+
+#[test]
+fn mib_sizes_overflowing_usize_are_rejected() {
+    // Fits in u64, but × 2^20 does not fit in usize.
+    let huge = (u64::MAX >> 19).to_string();
+    rejected(&[("HIPFILE_STAGING_MB", &huge)], &cpus(4), "HIPFILE_STAGING_MB");
+    rejected(&[("HIPFILE_PINNED_FALLBACK_MB", &huge)], &cpus(4), "HIPFILE_PINNED_FALLBACK_MB");
+}
+
+#[cfg(target_pointer_width = "64")]
+#[test]
+fn pinned_cap_overflow_is_rejected() {
+    // 2^43 MiB = 2^63 bytes per executor fits; two executors do not.
+    let staging = (1u64 << 43).to_string();
+    let one = parse(&[("HIPFILE_STAGING_MB", &staging), ("HIPFILE_PINNED_FALLBACK_MB", "0")], &[0]);
+    assert_eq!(one.expect("one executor").pinned_cap_bytes(), 1 << 63);
+    let error = rejected(&[("HIPFILE_STAGING_MB", &staging)], &cpus(2), "HIPFILE_STAGING_MB");
+    assert!(error.reason.contains("overflow"), "{error}");
+}
+
+#[test]
+fn staging_must_hold_two_chunks() {
+    let error = rejected(&[("HIPFILE_STAGING_MB", "1")], &cpus(4), "HIPFILE_STAGING_MB");
+    assert_eq!(
+        error.to_string(),
+        "HIPFILE_STAGING_MB=1: must hold at least 2 chunks of HIPFILE_CHUNK_KB"
+    );
+    let config = parse_ok(&[("HIPFILE_STAGING_MB", "1"), ("HIPFILE_CHUNK_KB", "512")]);
+    assert_eq!(config.staging_per_executor_bytes, 2 * config.staging_chunk_bytes);
+    rejected(
+        &[("HIPFILE_STAGING_MB", "127"), ("HIPFILE_CHUNK_KB", "65536")],
+        &cpus(4),
+        "HIPFILE_STAGING_MB",
+    );
+}
+
+#[test]
+fn request_parallelism_follows_the_executor_count() {
+    assert_eq!(parse_ok(&[("HIPFILE_THREADS", "3")]).request_parallelism, 3);
+    let pairs = [("HIPFILE_THREADS", "3"), ("HIPFILE_REQUEST_PARALLELISM", "4")];
+    rejected(&pairs, &cpus(4), "HIPFILE_REQUEST_PARALLELISM");
+    let pairs = [("HIPFILE_CPUS", "1-2"), ("HIPFILE_REQUEST_PARALLELISM", "2")];
+    assert_eq!(parse_ok(&pairs).request_parallelism, 2);
+}
+
+#[test]
+fn compat_mode_bool_parses_like_hipfile() {
+    let compat = |value: &str| parse_ok(&[("HIPFILE_ALLOW_COMPAT_MODE", value)]).allow_compat_mode;
+    for value in ["false", "FALSE", "False", "fAlSe"] {
+        assert!(!compat(value), "{value:?} is false");
+    }
+    for value in ["true", "TRUE", "True"] {
+        assert!(compat(value), "{value:?} is true");
+    }
+    // Anything else is "unset": the default, true. No error either.
+    for value in ["0", "no", "off", " false", "false ", "falsey", "f", ""] {
+        assert!(compat(value), "{value:?} counts as unset");
+    }
+}
+
+#[test]
+fn validate_checks_hand_built_configs() {
+    let good = parse_ok(&[]);
+    let broken = |edit: &dyn Fn(&mut Config), variable: &str| {
+        let mut config = good.clone();
+        edit(&mut config);
+        let error = config.validate().expect_err(variable);
+        assert_eq!(error.variable, variable, "{error}");
+        error
+    };
+    let error = broken(&|c| c.staging_chunk_bytes = 3000 * 1024, "HIPFILE_CHUNK_KB");
+    assert_eq!(
+        error.to_string(),
+        "HIPFILE_CHUNK_KB=3000: must be a power of two between 4 and 65536"
+    );
+    let error = broken(&|c| c.staging_chunk_bytes = 5000, "HIPFILE_CHUNK_KB");
+    assert_eq!(error.value, "5000 bytes");
+    broken(&|c| c.staging_chunk_bytes = 2048, "HIPFILE_CHUNK_KB");
+    broken(&|c| c.staging_chunk_bytes = 128 * MIB, "HIPFILE_CHUNK_KB");
+    broken(&|c| c.staging_per_executor_bytes = MIB, "HIPFILE_STAGING_MB");
+    broken(&|c| c.staging_per_executor_bytes = 0, "HIPFILE_STAGING_MB");
+    broken(&|c| c.executor_cpus.clear(), "HIPFILE_THREADS");
+    broken(&|c| c.executor_cpus = vec![0; MAX_EXECUTORS + 1], "HIPFILE_THREADS");
+    broken(&|c| c.request_parallelism = 0, "HIPFILE_REQUEST_PARALLELISM");
+    broken(&|c| c.request_parallelism = 5, "HIPFILE_REQUEST_PARALLELISM");
+    broken(&|c| c.chunks_in_flight = 0, "HIPFILE_QUEUE_DEPTH");
+    broken(&|c| c.chunks_in_flight = 65, "HIPFILE_QUEUE_DEPTH");
+    broken(&|c| c.cpu_device_count = 0, "HIPFILE_CPU_DEVICES");
+    broken(&|c| c.cpu_device_count = 17, "HIPFILE_CPU_DEVICES");
+    let error = broken(&|c| c.pinned_fallback_cap_bytes = usize::MAX, "HIPFILE_STAGING_MB");
+    assert!(error.reason.contains("overflow"), "{error}");
+    let mut edge = good.clone();
+    edge.staging_chunk_bytes = 4096;
+    edge.staging_per_executor_bytes = 8192;
+    edge.request_parallelism = 1;
+    edge.chunks_in_flight = 64;
+    edge.cpu_device_count = 16;
+    assert_eq!(edge.validate(), Ok(()));
+}
+
+#[test]
+fn env_vars_lists_exactly_the_variables_read() {
+    let asked = RefCell::new(BTreeSet::new());
+    let _ = Config::from_lookup_with_cpus(
+        |name| {
+            asked.borrow_mut().insert(name.to_owned());
+            None
+        },
+        &cpus(2),
+    );
+    let listed: BTreeSet<String> = ENV_VARS.iter().map(|&(name, _)| name.to_owned()).collect();
+    assert_eq!(asked.into_inner(), listed);
+    assert_eq!(listed.len(), ENV_VARS.len(), "no duplicates");
+    for &(name, description) in ENV_VARS {
+        assert!(name.starts_with("HIPFILE_"), "{name}");
+        assert!(description.contains("default"), "{name}: {description}");
+        assert!(!description.contains('\n'), "{name}: one line");
+    }
+}
+
+#[test]
+fn global_is_read_once() {
+    let first = Config::global();
+    let second = Config::global();
+    assert!(std::ptr::eq(first, second));
+    assert_eq!(first.validate(), Ok(()));
+    let from_env = Config::from_env().unwrap_or_default();
+    assert_eq!(*first, from_env);
+}
+
+proptest! {
+    #[test]
+    fn chunk_kb_accepts_exactly_powers_of_two_from_4_to_65536(kib in 0u64..200_000) {
+        let value = kib.to_string();
+        let pairs = [("HIPFILE_CHUNK_KB", value.as_str()), ("HIPFILE_STAGING_MB", "128")];
+        let valid = kib.is_power_of_two() && (4..=65536).contains(&kib);
+        let result = parse(&pairs, &cpus(2));
+        prop_assert_eq!(result.is_ok(), valid, "{}", value);
+        if let Ok(config) = result {
+            prop_assert_eq!(config.staging_chunk_bytes as u64, kib * 1024);
+        }
+    }
+
+    #[test]
+    fn queue_depth_accepts_exactly_1_to_64(depth in any::<i64>().prop_map(|n| n % 100)) {
+        let value = depth.to_string();
+        let result = parse(&[("HIPFILE_QUEUE_DEPTH", value.as_str())], &cpus(2));
+        prop_assert_eq!(result.is_ok(), (1..=64).contains(&depth), "{}", value);
+    }
+
+    #[test]
+    fn threads_gives_n_executors_from_the_pool(threads in 1usize..=256, pool in 1usize..20) {
+        let value = threads.to_string();
+        let config = parse(&[("HIPFILE_THREADS", value.as_str())], &cpus(pool)).unwrap();
+        prop_assert_eq!(config.executor_count(), threads);
+        for (index, &cpu) in config.executor_cpus.iter().enumerate() {
+            prop_assert_eq!(cpu, index % pool);
+        }
+    }
+}
