@@ -20,9 +20,8 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use hipfile_core::{BufferSpan, Direction, OpError, Outcome, RawIo, StreamFlags, validate};
 
 use crate::async_io::{AsyncStats, FileHazards};
-use crate::config::{Config, DeviceSelection};
+use crate::config::Config;
 use crate::stream::StreamTable;
-use crate::device::cpu::CpuDevice;
 use crate::device::{Device, MemoryType};
 use crate::engine::{Engine, SyncRequest};
 use crate::error::{Error, IoError};
@@ -423,16 +422,10 @@ impl Driver {
 }
 
 fn select_device(config: &Config) -> Result<Arc<dyn Device>, Error> {
-    match config.device {
-        DeviceSelection::Auto | DeviceSelection::Cpu => {
-            let device: Arc<dyn Device> = CpuDevice::new(config.cpu_device_count);
-            Ok(device)
-        }
-        DeviceSelection::Cuda | DeviceSelection::Rocm => {
-            eprintln!(
-                "hipfile: HIPFILE_DEVICE={:?} is not available in this build yet",
-                config.device
-            );
+    match crate::device::user::open_device(config.device, config.cpu_device_count) {
+        Ok(device) => Ok(device),
+        Err(reason) => {
+            eprintln!("hipfile: HIPFILE_DEVICE={:?}: {reason}", config.device);
             Err(Error::new(OpError::DeviceNotFound))
         }
     }

@@ -7,6 +7,7 @@ pub mod file;
 pub mod engine;
 pub mod error;
 pub mod driver;
+pub mod api;
 pub mod async_io;
 pub mod stream;
 mod sys;

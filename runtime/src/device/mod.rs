@@ -7,6 +7,8 @@
 //! has a host pointer and a device address (equal on the `cpu` device).
 
 pub mod cpu;
+pub mod cuda;
+pub mod user;
 
 use core::ffi::c_void;
 use core::fmt;

@@ -1,0 +1,493 @@
+//! The `cuda` device: NVIDIA GPUs through the CUDA driver API, loaded at run time.
+//!
+//! HIP on the NVIDIA platform makes `hipStream_t` a `CUstream` and device pointers
+//! `CUdeviceptr`s, so the C API's values pass straight through. Engine threads make the
+//! right device's primary context current before each call (cached per thread). Pinned
+//! staging is device-mapped and portable; copies run on per-executor non-blocking
+//! streams; completion is polled with `cuEventQuery` (never a blocking call on an
+//! executor); the release word is waited on with `cuStreamWaitValue32` (GEQ) and written
+//! with `cuStreamWriteValue32`.
+//!
+//! CUDA's error numbers are reported as the `hipError_t` value directly (HIP's enum
+//! mirrors CUDA's numbering for the errors these calls return).
+
+mod sys;
+
+use std::cell::Cell;
+use std::ffi::{CStr, c_int, c_void};
+use std::sync::{Arc, Mutex};
+
+use sys::*;
+
+use super::{
+    Device, DeviceError, DeviceKind, EventHandle, HostFn, InternalStream, MemoryType,
+    PinnedRegion, PointerInfo, StreamHandle,
+};
+
+/// Most idle events kept per device for reuse.
+const EVENT_POOL_CAP: usize = 1024;
+
+/// An internal stream and the device it belongs to (boxed; `InternalStream` holds the
+/// box's address).
+struct InternalEntry {
+    stream: CUstream,
+    ordinal: u32,
+}
+
+/// An event and its device (boxed; `EventHandle` holds the box's address).
+struct EventEntry {
+    event: CUevent,
+    ordinal: u32,
+}
+
+/// NVIDIA GPUs through the CUDA driver API.
+pub struct CudaDevice {
+    api: Api,
+    contexts: Vec<usize>,
+    memops: Vec<bool>,
+    event_pools: Vec<Mutex<Vec<Box<EventEntry>>>>,
+}
+
+impl std::fmt::Debug for CudaDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaDevice").field("devices", &self.contexts.len()).finish()
+    }
+}
+
+// SAFETY: CUDA driver handles (contexts, streams, events) may be used from any thread;
+// the pools are behind mutexes.
+unsafe impl Send for CudaDevice {}
+// SAFETY: as above.
+unsafe impl Sync for CudaDevice {}
+
+thread_local! {
+    static CURRENT_CONTEXT: Cell<usize> = const { Cell::new(0) };
+}
+
+impl CudaDevice {
+    /// Loads libcuda, initialises it and retains every device's primary context.
+    ///
+    /// # Errors
+    /// libcuda is missing (a clear message, never a panic), `cuInit` fails, or there is
+    /// no device.
+    pub fn open() -> Result<Arc<CudaDevice>, String> {
+        let api = Api::load()?;
+        // SAFETY: cuInit takes flags (0) and has no other precondition.
+        check(&api, unsafe { (api.cuInit)(0) }).map_err(|e| format!("cuInit: {e}"))?;
+        let mut count: c_int = 0;
+        // SAFETY: `count` is a valid out-pointer.
+        check(&api, unsafe { (api.cuDeviceGetCount)(&mut count) }).map_err(|e| e.to_string())?;
+        if count <= 0 {
+            return Err("the CUDA driver found no device".into());
+        }
+        let mut contexts = Vec::new();
+        let mut memops = Vec::new();
+        for ordinal in 0..count {
+            let (context, supports) = retain_primary(&api, ordinal)?;
+            contexts.push(context as usize);
+            memops.push(supports);
+        }
+        let event_pools = (0..count).map(|_| Mutex::new(Vec::new())).collect();
+        Ok(Arc::new(CudaDevice { api, contexts, memops, event_pools }))
+    }
+
+    fn error(&self, code: CUresult, what: &'static str) -> DeviceError {
+        let _ = error_name(&self.api, code);
+        DeviceError::new(code, what)
+    }
+
+    fn call(&self, code: CUresult, what: &'static str) -> Result<(), DeviceError> {
+        if code == CUDA_SUCCESS { Ok(()) } else { Err(self.error(code, what)) }
+    }
+
+    /// Makes device `ordinal`'s primary context current on this thread (cached).
+    fn make_current(&self, ordinal: u32) -> Result<(), DeviceError> {
+        let context = *self
+            .contexts
+            .get(ordinal as usize)
+            .ok_or(DeviceError::new(DeviceError::HIP_ERROR_INVALID_DEVICE, "no such device"))?;
+        if CURRENT_CONTEXT.get() == context {
+            return Ok(());
+        }
+        // SAFETY: `context` is a primary context we retained.
+        self.call(unsafe { (self.api.cuCtxSetCurrent)(context as CUcontext) }, "cuCtxSetCurrent")?;
+        CURRENT_CONTEXT.set(context);
+        Ok(())
+    }
+
+    /// Ensures some context is current (the caller's own, else device 0's primary).
+    fn ensure_any_current(&self) -> Result<(), DeviceError> {
+        let mut current: CUcontext = std::ptr::null_mut();
+        // SAFETY: `current` is a valid out-pointer.
+        self.call(unsafe { (self.api.cuCtxGetCurrent)(&mut current) }, "cuCtxGetCurrent")?;
+        if current.is_null() { self.make_current(0) } else { Ok(()) }
+    }
+
+    fn ordinal_of_context(&self, context: CUcontext) -> Result<u32, DeviceError> {
+        if let Some(index) = self.contexts.iter().position(|&c| c == context as usize) {
+            return Ok(index as u32);
+        }
+        // SAFETY: push/pop a context the user's stream belongs to, to ask its device.
+        self.call(unsafe { (self.api.cuCtxPushCurrent)(context) }, "cuCtxPushCurrent")?;
+        let mut device: CUdevice = 0;
+        // SAFETY: valid out-pointer; a context is current (just pushed).
+        let result = unsafe { (self.api.cuCtxGetDevice)(&mut device) };
+        let mut popped: CUcontext = std::ptr::null_mut();
+        // SAFETY: pops what we pushed.
+        unsafe { (self.api.cuCtxPopCurrent)(&mut popped) };
+        CURRENT_CONTEXT.set(0);
+        self.call(result, "cuCtxGetDevice")?;
+        Ok(device as u32)
+    }
+
+    fn internal(stream: InternalStream) -> &'static InternalEntry {
+        // SAFETY: InternalStream values come from `create_internal_stream`, which leaks a
+        // Box<InternalEntry>; the box lives until `destroy_internal_stream`, after which
+        // the engine never uses the handle.
+        unsafe { &*(stream.0 as *const InternalEntry) }
+    }
+
+    fn event(event: EventHandle) -> &'static EventEntry {
+        // SAFETY: as `internal`: EventHandle values are leaked Box<EventEntry> until
+        // `destroy_event`.
+        unsafe { &*(event.0 as *const EventEntry) }
+    }
+
+    /// Allocates device memory (`cuMemAlloc`) on `ordinal`.
+    ///
+    /// # Errors
+    /// Out of memory or invalid device.
+    pub fn malloc_device(&self, ordinal: u32, len_bytes: usize) -> Result<u64, DeviceError> {
+        self.make_current(ordinal)?;
+        let mut address: CUdeviceptr = 0;
+        // SAFETY: valid out-pointer.
+        self.call(unsafe { (self.api.cuMemAlloc)(&mut address, len_bytes) }, "cuMemAlloc")?;
+        Ok(address)
+    }
+
+    /// Frees device memory from [`CudaDevice::malloc_device`].
+    ///
+    /// # Safety
+    /// No enqueued work uses the memory any more.
+    pub unsafe fn free_device(&self, address: u64) -> Result<(), DeviceError> {
+        self.ensure_any_current()?;
+        // SAFETY: the caller guarantees the memory is idle.
+        self.call(unsafe { (self.api.cuMemFree)(address) }, "cuMemFree")
+    }
+
+    /// Creates a user stream (non-blocking) on `ordinal`, as an application would.
+    ///
+    /// # Errors
+    /// Invalid device or driver failure.
+    pub fn create_stream(&self, ordinal: u32) -> Result<StreamHandle, DeviceError> {
+        self.make_current(ordinal)?;
+        let mut stream: CUstream = std::ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        self.call(unsafe { (self.api.cuStreamCreate)(&mut stream, CU_STREAM_NON_BLOCKING) }, "cuStreamCreate")?;
+        Ok(StreamHandle(stream as usize))
+    }
+
+    /// Destroys a user stream (its pending work still completes).
+    ///
+    /// # Errors
+    /// Unknown stream.
+    pub fn destroy_stream(&self, stream: StreamHandle) -> Result<(), DeviceError> {
+        self.ensure_any_current()?;
+        // SAFETY: the stream came from create_stream.
+        self.call(unsafe { (self.api.cuStreamDestroy)(stream.0 as CUstream) }, "cuStreamDestroy")
+    }
+
+    /// Enqueues a device memset on a user stream.
+    ///
+    /// # Safety
+    /// `target..target+len_bytes` is device memory.
+    pub unsafe fn memset_async(&self, stream: StreamHandle, target: u64, value: u8, len_bytes: usize) -> Result<(), DeviceError> {
+        self.ensure_any_current()?;
+        // SAFETY: the caller guarantees the range.
+        self.call(unsafe { (self.api.cuMemsetD8Async)(target, value, len_bytes, stream.0 as CUstream) }, "cuMemsetD8Async")
+    }
+
+    /// Enqueues a host → device copy on a user stream.
+    ///
+    /// # Safety
+    /// `source` is readable (pinned for true asynchrony) until the copy completes.
+    pub unsafe fn copy_to_device_on(&self, stream: StreamHandle, target: u64, source: *const u8, len_bytes: usize) -> Result<(), DeviceError> {
+        self.ensure_any_current()?;
+        // SAFETY: caller's contract.
+        self.call(unsafe { (self.api.cuMemcpyHtoDAsync)(target, source.cast(), len_bytes, stream.0 as CUstream) }, "cuMemcpyHtoDAsync")
+    }
+
+    /// Enqueues a device → host copy on a user stream.
+    ///
+    /// # Safety
+    /// `target` is writable until the copy completes.
+    pub unsafe fn copy_from_device_on(&self, stream: StreamHandle, target: *mut u8, source: u64, len_bytes: usize) -> Result<(), DeviceError> {
+        self.ensure_any_current()?;
+        // SAFETY: caller's contract.
+        self.call(unsafe { (self.api.cuMemcpyDtoHAsync)(target.cast(), source, len_bytes, stream.0 as CUstream) }, "cuMemcpyDtoHAsync")
+    }
+}
+
+fn check(api: &Api, code: CUresult) -> Result<(), String> {
+    if code == CUDA_SUCCESS { Ok(()) } else { Err(format!("CUDA error {code} ({})", error_name(api, code))) }
+}
+
+fn error_name(api: &Api, code: CUresult) -> String {
+    let mut name: *const std::ffi::c_char = std::ptr::null();
+    // SAFETY: valid out-pointer; cuGetErrorName returns a static string or fails.
+    if unsafe { (api.cuGetErrorName)(code, &mut name) } != CUDA_SUCCESS || name.is_null() {
+        return "unknown".into();
+    }
+    // SAFETY: non-NULL static NUL-terminated string from the driver.
+    unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned()
+}
+
+fn retain_primary(api: &Api, ordinal: c_int) -> Result<(CUcontext, bool), String> {
+    let mut device: CUdevice = 0;
+    // SAFETY: valid out-pointer, ordinal < count.
+    check(api, unsafe { (api.cuDeviceGet)(&mut device, ordinal) })?;
+    let mut context: CUcontext = std::ptr::null_mut();
+    // SAFETY: valid out-pointer and device.
+    check(api, unsafe { (api.cuDevicePrimaryCtxRetain)(&mut context, device) })?;
+    let mut version: c_int = 0;
+    // SAFETY: valid out-pointer.
+    check(api, unsafe { (api.cuDriverGetVersion)(&mut version) })?;
+    // CUDA 12+ supports 32-bit stream memory operations on every device; older drivers
+    // report it per device.
+    let mut attribute: c_int = 0;
+    // SAFETY: valid out-pointer and device.
+    let queried = unsafe { (api.cuDeviceGetAttribute)(&mut attribute, CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1, device) };
+    let supports = version >= 12000 || (queried == CUDA_SUCCESS && attribute != 0);
+    Ok((context, supports))
+}
+
+impl Device for CudaDevice {
+    fn kind(&self) -> DeviceKind {
+        DeviceKind::Cuda
+    }
+
+    fn device_count(&self) -> u32 {
+        self.contexts.len() as u32
+    }
+
+    fn pointer_info(&self, ptr: u64) -> Result<PointerInfo, DeviceError> {
+        self.ensure_any_current()?;
+        let mut memory_type: u32 = 0;
+        let mut is_managed: u32 = 0;
+        let mut ordinal: c_int = 0;
+        let mut start: CUdeviceptr = 0;
+        let mut size: usize = 0;
+        let mut attributes = [
+            CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+            CU_POINTER_ATTRIBUTE_IS_MANAGED,
+            CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+            CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+            CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+        ];
+        let mut data: [*mut c_void; 5] = [
+            (&raw mut memory_type).cast(),
+            (&raw mut is_managed).cast(),
+            (&raw mut ordinal).cast(),
+            (&raw mut start).cast(),
+            (&raw mut size).cast(),
+        ];
+        // SAFETY: five attributes with five out-pointers of the documented sizes; the
+        // plural call returns defaults (not an error) for pointers CUDA does not know.
+        let code = unsafe { (self.api.cuPointerGetAttributes)(5, attributes.as_mut_ptr(), data.as_mut_ptr(), ptr) };
+        if code != CUDA_SUCCESS {
+            return Err(self.error(code, "cuPointerGetAttributes"));
+        }
+        let known = memory_type != 0 || is_managed != 0;
+        let memory_type = match (is_managed != 0, memory_type) {
+            (true, _) => MemoryType::Managed,
+            (false, CU_MEMORYTYPE_DEVICE) => MemoryType::Device,
+            (false, CU_MEMORYTYPE_ARRAY) => MemoryType::Array,
+            (false, CU_MEMORYTYPE_UNIFIED) => MemoryType::Managed,
+            _ => MemoryType::Host,
+        };
+        Ok(PointerInfo {
+            memory_type,
+            device_ordinal: ordinal.max(0) as u32,
+            allocation_base: if known { start } else { 0 },
+            allocation_len_bytes: if known { size as u64 } else { 0 },
+        })
+    }
+
+    fn stream_device(&self, stream: StreamHandle) -> Result<u32, DeviceError> {
+        self.ensure_any_current()?;
+        let mut context: CUcontext = std::ptr::null_mut();
+        if stream == StreamHandle::NULL {
+            // SAFETY: valid out-pointer.
+            self.call(unsafe { (self.api.cuCtxGetCurrent)(&mut context) }, "cuCtxGetCurrent")?;
+        } else {
+            // SAFETY: valid out-pointer; an invalid stream yields an error code.
+            self.call(unsafe { (self.api.cuStreamGetCtx)(stream.0 as CUstream, &mut context) }, "cuStreamGetCtx")?;
+        }
+        self.ordinal_of_context(context)
+    }
+
+    fn alloc_pinned(&self, len_bytes: usize) -> Result<PinnedRegion, DeviceError> {
+        self.make_current(0)?;
+        let mut host: *mut c_void = std::ptr::null_mut();
+        let flags = CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP;
+        // SAFETY: valid out-pointer.
+        self.call(unsafe { (self.api.cuMemHostAlloc)(&mut host, len_bytes, flags) }, "cuMemHostAlloc")?;
+        let mut device_addr: CUdeviceptr = 0;
+        // SAFETY: `host` is mapped pinned memory we just allocated.
+        let mapped = unsafe { (self.api.cuMemHostGetDevicePointer)(&mut device_addr, host, 0) };
+        if mapped != CUDA_SUCCESS {
+            // SAFETY: frees what we allocated above.
+            unsafe { (self.api.cuMemFreeHost)(host) };
+            return Err(self.error(mapped, "cuMemHostGetDevicePointer"));
+        }
+        Ok(PinnedRegion { host_ptr: host.cast(), device_addr, len_bytes })
+    }
+
+    unsafe fn free_pinned(&self, region: PinnedRegion) {
+        if self.ensure_any_current().is_ok() {
+            // SAFETY: the caller guarantees the region came from alloc_pinned and is idle.
+            unsafe { (self.api.cuMemFreeHost)(region.host_ptr.cast()) };
+        }
+    }
+
+    unsafe fn register_host(&self, host_ptr: *mut u8, len_bytes: usize) -> Result<u64, DeviceError> {
+        self.make_current(0)?;
+        let flags = CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP;
+        // SAFETY: the caller guarantees the range is valid host memory that outlives the
+        // registration.
+        self.call(unsafe { (self.api.cuMemHostRegister)(host_ptr.cast(), len_bytes, flags) }, "cuMemHostRegister")?;
+        let mut device_addr: CUdeviceptr = 0;
+        // SAFETY: registered, mapped host memory.
+        let mapped = unsafe { (self.api.cuMemHostGetDevicePointer)(&mut device_addr, host_ptr.cast(), 0) };
+        if mapped != CUDA_SUCCESS {
+            // SAFETY: undo the registration above.
+            unsafe { (self.api.cuMemHostUnregister)(host_ptr.cast()) };
+            return Err(self.error(mapped, "cuMemHostGetDevicePointer"));
+        }
+        Ok(device_addr)
+    }
+
+    unsafe fn unregister_host(&self, host_ptr: *mut u8) {
+        if self.ensure_any_current().is_ok() {
+            // SAFETY: the caller guarantees it was registered and is idle.
+            unsafe { (self.api.cuMemHostUnregister)(host_ptr.cast()) };
+        }
+    }
+
+    fn create_internal_stream(&self, device_ordinal: u32) -> Result<InternalStream, DeviceError> {
+        let handle = self.create_stream(device_ordinal)?;
+        let entry = Box::new(InternalEntry { stream: handle.0 as CUstream, ordinal: device_ordinal });
+        Ok(InternalStream(Box::into_raw(entry) as usize))
+    }
+
+    fn destroy_internal_stream(&self, stream: InternalStream) {
+        // SAFETY: the handle is a leaked Box<InternalEntry> from create_internal_stream,
+        // destroyed once.
+        let entry = unsafe { Box::from_raw(stream.0 as *mut InternalEntry) };
+        let _ = self.make_current(entry.ordinal);
+        // SAFETY: our own stream.
+        unsafe { (self.api.cuStreamDestroy)(entry.stream) };
+    }
+
+    unsafe fn copy_to_device_async(&self, stream: InternalStream, target: u64, source: *const u8, len_bytes: usize) -> Result<(), DeviceError> {
+        let entry = Self::internal(stream);
+        self.make_current(entry.ordinal)?;
+        // SAFETY: caller's contract (pinned source, valid device range).
+        self.call(unsafe { (self.api.cuMemcpyHtoDAsync)(target, source.cast(), len_bytes, entry.stream) }, "cuMemcpyHtoDAsync")
+    }
+
+    unsafe fn copy_from_device_async(&self, stream: InternalStream, target: *mut u8, source: u64, len_bytes: usize) -> Result<(), DeviceError> {
+        let entry = Self::internal(stream);
+        self.make_current(entry.ordinal)?;
+        // SAFETY: caller's contract.
+        self.call(unsafe { (self.api.cuMemcpyDtoHAsync)(target.cast(), source, len_bytes, entry.stream) }, "cuMemcpyDtoHAsync")
+    }
+
+    fn record_event(&self, stream: InternalStream) -> Result<EventHandle, DeviceError> {
+        let entry = Self::internal(stream);
+        self.make_current(entry.ordinal)?;
+        let pooled = self.event_pools[entry.ordinal as usize].lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let event = match pooled {
+            Some(event) => event,
+            None => {
+                let mut event: CUevent = std::ptr::null_mut();
+                // SAFETY: valid out-pointer.
+                self.call(unsafe { (self.api.cuEventCreate)(&mut event, CU_EVENT_DISABLE_TIMING) }, "cuEventCreate")?;
+                Box::new(EventEntry { event, ordinal: entry.ordinal })
+            }
+        };
+        // SAFETY: event and stream belong to the same (current) context.
+        if let Err(error) = self.call(unsafe { (self.api.cuEventRecord)(event.event, entry.stream) }, "cuEventRecord") {
+            self.destroy_event(EventHandle(Box::into_raw(event) as usize));
+            return Err(error);
+        }
+        Ok(EventHandle(Box::into_raw(event) as usize))
+    }
+
+    fn event_done(&self, event: EventHandle) -> Result<bool, DeviceError> {
+        let entry = Self::event(event);
+        self.make_current(entry.ordinal)?;
+        // SAFETY: a live event of ours.
+        match unsafe { (self.api.cuEventQuery)(entry.event) } {
+            CUDA_SUCCESS => Ok(true),
+            CUDA_ERROR_NOT_READY => Ok(false),
+            code => Err(self.error(code, "cuEventQuery")),
+        }
+    }
+
+    fn destroy_event(&self, event: EventHandle) {
+        // SAFETY: a leaked Box<EventEntry> from record_event, released once.
+        let entry = unsafe { Box::from_raw(event.0 as *mut EventEntry) };
+        let mut pool = self.event_pools[entry.ordinal as usize].lock().unwrap_or_else(|p| p.into_inner());
+        if pool.len() < EVENT_POOL_CAP {
+            pool.push(entry);
+        } else {
+            drop(pool);
+            let _ = self.make_current(entry.ordinal);
+            // SAFETY: our event, destroyed once (CUDA defers the release if it is pending).
+            unsafe { (self.api.cuEventDestroy)(entry.event) };
+        }
+    }
+
+    fn synchronize_internal(&self, stream: InternalStream) -> Result<(), DeviceError> {
+        let entry = Self::internal(stream);
+        self.make_current(entry.ordinal)?;
+        // SAFETY: our stream.
+        self.call(unsafe { (self.api.cuStreamSynchronize)(entry.stream) }, "cuStreamSynchronize")
+    }
+
+    unsafe fn write_value32_internal(&self, stream: InternalStream, word_device_addr: u64, value: u32) -> Result<(), DeviceError> {
+        let entry = Self::internal(stream);
+        self.make_current(entry.ordinal)?;
+        // SAFETY: caller's contract: a live pinned word.
+        self.call(unsafe { (self.api.cuStreamWriteValue32)(entry.stream, word_device_addr, value, CU_STREAM_WRITE_VALUE_DEFAULT) }, "cuStreamWriteValue32")
+    }
+
+    unsafe fn launch_host_func(&self, stream: StreamHandle, func: HostFn, user_data: *mut c_void) -> Result<(), DeviceError> {
+        self.ensure_any_current()?;
+        // SAFETY: caller's contract; HostFn has CUhostFn's ABI.
+        self.call(unsafe { (self.api.cuLaunchHostFunc)(stream.0 as CUstream, func, user_data) }, "cuLaunchHostFunc")
+    }
+
+    unsafe fn stream_wait_value32(&self, stream: StreamHandle, word_device_addr: u64, value: u32) -> Result<(), DeviceError> {
+        self.ensure_any_current()?;
+        // SAFETY: caller's contract: the word stays allocated.
+        self.call(unsafe { (self.api.cuStreamWaitValue32)(stream.0 as CUstream, word_device_addr, value, CU_STREAM_WAIT_VALUE_GEQ) }, "cuStreamWaitValue32")
+    }
+
+    unsafe fn stream_write_value32(&self, stream: StreamHandle, word_device_addr: u64, value: u32) -> Result<(), DeviceError> {
+        self.ensure_any_current()?;
+        // SAFETY: caller's contract.
+        self.call(unsafe { (self.api.cuStreamWriteValue32)(stream.0 as CUstream, word_device_addr, value, CU_STREAM_WRITE_VALUE_DEFAULT) }, "cuStreamWriteValue32")
+    }
+
+    fn supports_stream_memops(&self, device_ordinal: u32) -> bool {
+        self.memops.get(device_ordinal as usize).copied().unwrap_or(false)
+    }
+
+    fn synchronize_stream(&self, stream: StreamHandle) -> Result<(), DeviceError> {
+        self.ensure_any_current()?;
+        // SAFETY: a user stream handle; invalid ones yield an error code.
+        self.call(unsafe { (self.api.cuStreamSynchronize)(stream.0 as CUstream) }, "cuStreamSynchronize")
+    }
+}

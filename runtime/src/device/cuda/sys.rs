@@ -1,0 +1,163 @@
+//! Raw CUDA driver API: the types, constants and entry points we use, resolved from
+//! `libcuda.so.1` at run time with `dlopen`/`dlsym` (nothing CUDA is needed to build).
+//! Layer 1 of 3 (raw → `Result` calls in `mod.rs` → the `CudaDevice`).
+
+#![allow(non_camel_case_types, reason = "names follow cuda.h")]
+
+use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
+
+/// `CUresult`.
+pub type CUresult = c_int;
+/// `CUdevice`.
+pub type CUdevice = c_int;
+/// `CUdeviceptr`.
+pub type CUdeviceptr = u64;
+/// `CUcontext`.
+pub type CUcontext = *mut c_void;
+/// `CUstream`.
+pub type CUstream = *mut c_void;
+/// `CUevent`.
+pub type CUevent = *mut c_void;
+/// `CUhostFn`.
+pub type CUhostFn = unsafe extern "C" fn(*mut c_void);
+
+pub const CUDA_SUCCESS: CUresult = 0;
+pub const CUDA_ERROR_NOT_READY: CUresult = 600;
+
+pub const CU_MEMHOSTALLOC_PORTABLE: c_uint = 0x1;
+pub const CU_MEMHOSTALLOC_DEVICEMAP: c_uint = 0x2;
+pub const CU_MEMHOSTREGISTER_PORTABLE: c_uint = 0x1;
+pub const CU_MEMHOSTREGISTER_DEVICEMAP: c_uint = 0x2;
+pub const CU_STREAM_NON_BLOCKING: c_uint = 0x1;
+pub const CU_EVENT_DISABLE_TIMING: c_uint = 0x2;
+pub const CU_STREAM_WAIT_VALUE_GEQ: c_uint = 0x0;
+pub const CU_STREAM_WRITE_VALUE_DEFAULT: c_uint = 0x0;
+
+pub const CU_POINTER_ATTRIBUTE_MEMORY_TYPE: c_int = 2;
+pub const CU_POINTER_ATTRIBUTE_IS_MANAGED: c_int = 8;
+pub const CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: c_int = 9;
+pub const CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: c_int = 11;
+pub const CU_POINTER_ATTRIBUTE_RANGE_SIZE: c_int = 12;
+
+pub const CU_MEMORYTYPE_DEVICE: c_uint = 2;
+pub const CU_MEMORYTYPE_ARRAY: c_uint = 3;
+pub const CU_MEMORYTYPE_UNIFIED: c_uint = 4;
+
+pub const CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1: c_int = 92;
+
+macro_rules! driver_api {
+    ($( $field:ident : fn($($arg:ty),*) = [$($symbol:literal),+]; )*) => {
+        /// The entry points, resolved once.
+        #[allow(non_snake_case, reason = "names follow cuda.h")]
+        pub struct Api {
+            $( pub $field: unsafe extern "C" fn($($arg),*) -> CUresult, )*
+            _library: Library,
+        }
+
+        impl Api {
+            /// Loads libcuda and resolves every entry point (the first symbol name that
+            /// exists, newest ABI first).
+            pub fn load() -> Result<Api, String> {
+                let library = Library::open(&["libcuda.so.1", "libcuda.so"])?;
+                Ok(Api {
+                    $( $field: {
+                        let address = library.symbol(&[$($symbol),+])?;
+                        // SAFETY: the symbol was resolved from libcuda under a name whose C
+                        // signature is exactly this function type (cuda.h).
+                        unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn($($arg),*) -> CUresult>(address) }
+                    }, )*
+                    _library: library,
+                })
+            }
+        }
+    };
+}
+
+driver_api! {
+    cuInit: fn(c_uint) = ["cuInit"];
+    cuDriverGetVersion: fn(*mut c_int) = ["cuDriverGetVersion"];
+    cuDeviceGetCount: fn(*mut c_int) = ["cuDeviceGetCount"];
+    cuDeviceGet: fn(*mut CUdevice, c_int) = ["cuDeviceGet"];
+    cuDeviceGetAttribute: fn(*mut c_int, c_int, CUdevice) = ["cuDeviceGetAttribute"];
+    cuDevicePrimaryCtxRetain: fn(*mut CUcontext, CUdevice) = ["cuDevicePrimaryCtxRetain"];
+    cuCtxSetCurrent: fn(CUcontext) = ["cuCtxSetCurrent"];
+    cuCtxGetCurrent: fn(*mut CUcontext) = ["cuCtxGetCurrent"];
+    cuCtxGetDevice: fn(*mut CUdevice) = ["cuCtxGetDevice"];
+    cuCtxPushCurrent: fn(CUcontext) = ["cuCtxPushCurrent_v2", "cuCtxPushCurrent"];
+    cuCtxPopCurrent: fn(*mut CUcontext) = ["cuCtxPopCurrent_v2", "cuCtxPopCurrent"];
+    cuMemHostAlloc: fn(*mut *mut c_void, usize, c_uint) = ["cuMemHostAlloc"];
+    cuMemFreeHost: fn(*mut c_void) = ["cuMemFreeHost"];
+    cuMemHostGetDevicePointer: fn(*mut CUdeviceptr, *mut c_void, c_uint) = ["cuMemHostGetDevicePointer_v2", "cuMemHostGetDevicePointer"];
+    cuMemHostRegister: fn(*mut c_void, usize, c_uint) = ["cuMemHostRegister_v2", "cuMemHostRegister"];
+    cuMemHostUnregister: fn(*mut c_void) = ["cuMemHostUnregister"];
+    cuMemAlloc: fn(*mut CUdeviceptr, usize) = ["cuMemAlloc_v2", "cuMemAlloc"];
+    cuMemFree: fn(CUdeviceptr) = ["cuMemFree_v2", "cuMemFree"];
+    cuMemcpyHtoDAsync: fn(CUdeviceptr, *const c_void, usize, CUstream) = ["cuMemcpyHtoDAsync_v2", "cuMemcpyHtoDAsync"];
+    cuMemcpyDtoHAsync: fn(*mut c_void, CUdeviceptr, usize, CUstream) = ["cuMemcpyDtoHAsync_v2", "cuMemcpyDtoHAsync"];
+    cuMemsetD8Async: fn(CUdeviceptr, u8, usize, CUstream) = ["cuMemsetD8Async"];
+    cuStreamCreate: fn(*mut CUstream, c_uint) = ["cuStreamCreate"];
+    cuStreamDestroy: fn(CUstream) = ["cuStreamDestroy_v2", "cuStreamDestroy"];
+    cuStreamSynchronize: fn(CUstream) = ["cuStreamSynchronize"];
+    cuStreamGetCtx: fn(CUstream, *mut CUcontext) = ["cuStreamGetCtx"];
+    cuEventCreate: fn(*mut CUevent, c_uint) = ["cuEventCreate"];
+    cuEventRecord: fn(CUevent, CUstream) = ["cuEventRecord"];
+    cuEventQuery: fn(CUevent) = ["cuEventQuery"];
+    cuEventDestroy: fn(CUevent) = ["cuEventDestroy_v2", "cuEventDestroy"];
+    cuLaunchHostFunc: fn(CUstream, CUhostFn, *mut c_void) = ["cuLaunchHostFunc"];
+    cuStreamWaitValue32: fn(CUstream, CUdeviceptr, u32, c_uint) = ["cuStreamWaitValue32_v2", "cuStreamWaitValue32"];
+    cuStreamWriteValue32: fn(CUstream, CUdeviceptr, u32, c_uint) = ["cuStreamWriteValue32_v2", "cuStreamWriteValue32"];
+    cuPointerGetAttributes: fn(c_uint, *mut c_int, *mut *mut c_void, CUdeviceptr) = ["cuPointerGetAttributes"];
+    cuGetErrorName: fn(CUresult, *mut *const c_char) = ["cuGetErrorName"];
+}
+
+/// A `dlopen`ed library, closed on drop.
+pub struct Library(*mut c_void);
+
+// SAFETY: a dlopen handle may be used and closed from any thread.
+unsafe impl Send for Library {}
+// SAFETY: dlsym is thread-safe.
+unsafe impl Sync for Library {}
+
+impl Library {
+    fn open(names: &[&str]) -> Result<Library, String> {
+        for name in names {
+            let c_name = std::ffi::CString::new(*name).map_err(|e| e.to_string())?;
+            // SAFETY: c_name is a valid C string; dlopen has no other preconditions.
+            let handle = unsafe { libc::dlopen(c_name.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+            if !handle.is_null() {
+                return Ok(Library(handle));
+            }
+        }
+        Err(format!("cannot load the CUDA driver ({}): {}", names.join(" or "), dlerror()))
+    }
+
+    fn symbol(&self, names: &[&str]) -> Result<*mut c_void, String> {
+        for name in names {
+            let c_name = std::ffi::CString::new(*name).map_err(|e| e.to_string())?;
+            // SAFETY: the handle is open and c_name a valid C string.
+            let address = unsafe { libc::dlsym(self.0, c_name.as_ptr()) };
+            if !address.is_null() {
+                return Ok(address);
+            }
+        }
+        Err(format!("libcuda lacks {}", names.join(" / ")))
+    }
+}
+
+impl Drop for Library {
+    fn drop(&mut self) {
+        // SAFETY: the handle came from dlopen and is closed once; no resolved function is
+        // called after the Api (which owns the Library) is dropped.
+        unsafe { libc::dlclose(self.0) };
+    }
+}
+
+fn dlerror() -> String {
+    // SAFETY: dlerror returns NULL or a valid C string owned by libc.
+    let message = unsafe { libc::dlerror() };
+    if message.is_null() {
+        return "unknown error".into();
+    }
+    // SAFETY: non-NULL, NUL-terminated, valid until the next dl* call on this thread.
+    unsafe { CStr::from_ptr(message) }.to_string_lossy().into_owned()
+}
