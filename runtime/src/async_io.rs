@@ -508,7 +508,7 @@ impl AsyncOp {
     /// Posts the op's job(s): one job on the stream's executor, or, for large ops, one
     /// per part over several executors (host release once all parts finished).
     fn post(self: &Arc<Self>, engine: &Engine, io: ValidIo, gate: Option<flume::Receiver<()>>) {
-        let parts = if gate.is_some() { vec![(0, io.size_bytes())] } else { engine.parts(io.size_bytes()) };
+        let parts = if gate.is_some() { vec![(0, io.size_bytes())] } else { engine.parts(io.file_offset_bytes(), io.size_bytes()) };
         let fan_out = parts.len() > 1;
         let joiner = Arc::new(PartJoiner::new(parts.clone()));
         for (index, &(offset, len)) in parts.iter().enumerate() {

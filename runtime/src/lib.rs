@@ -10,6 +10,7 @@ pub mod driver;
 pub mod api;
 pub mod async_io;
 pub mod stream;
+pub mod capi_support;
 mod sys;
 
 pub use driver::{Driver, HandleId};

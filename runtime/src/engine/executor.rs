@@ -261,7 +261,10 @@ impl Executor {
         self.probe_device_once(file).await;
         let mut options = OpenOptions::new();
         options.read(file.can_read()).write(file.can_write());
-        let buffered = options.dma_open(proc_fd_path(file.buffered_fd())).await.map_err(io::Error::from)?;
+        let buffered = options
+            .dma_open(proc_fd_path(file.buffered_fd()))
+            .await
+            .map_err(|e| io::Error::from_raw_os_error(glommio_errno(e)))?;
         sys::clear_o_direct(buffered.as_raw_fd())?;
         let direct = match file.direct_fd() {
             Some(fd) => options.dma_open(proc_fd_path(fd)).await.ok(),
@@ -278,17 +281,17 @@ impl Executor {
 
     /// glommio 0.9 decides once per device and thread whether the poll ring works, by
     /// reading the first block of the first O_DIRECT file it opens there; an empty file
-    /// makes it answer "yes" wrongly, and every later read then fails with EOPNOTSUPP.
-    /// Before the first open on a device, when the file is empty, we let glommio probe a
-    /// non-empty anonymous file in the same directory instead.
+    /// (or a hole) makes it answer "yes" wrongly, and every later read then fails with
+    /// EOPNOTSUPP. Before the first open on a device we let glommio probe a non-empty
+    /// anonymous file in the same directory instead. If that cannot be created, reads
+    /// that io_uring refuses are redone with blocking I/O (correct, slower).
     async fn probe_device_once(&self, file: &FileHandle) {
         let device_id = file.device_id();
         if !self.probed_devices.borrow_mut().insert(device_id) {
             return;
         }
-        if file.size_bytes().map_or(true, |size| size > 0) {
-            return;
-        }
+        // Always probe a file we know has data: the user's file may be empty, start with
+        // a hole, or be growing under a parallel write, and each of those fools the probe.
         if let Some(probe) = NonEmptyTmpFile::beside(file.buffered_fd()) {
             let _ = OpenOptions::new().read(true).dma_open(proc_fd_path(probe.fd())).await;
         }
@@ -352,6 +355,14 @@ impl Executor {
                     }
                     if got > 0 {
                         let target = range.device_addr + chunk.op_offset_bytes;
+                        let staging = match self.pinned_staging(staging, got, &mut copies).await {
+                            Ok(staging) => staging,
+                            Err(error) => {
+                                failure = Some((Outcome::Library(OpError::HipDriverError), Some(error)));
+                                stop = true;
+                                continue;
+                            }
+                        };
                         match self.copy_to_device(stream, target, staging, got) {
                             Ok(copy) => copies.push_back(copy),
                             Err(error) => {
@@ -402,7 +413,7 @@ impl Executor {
             match dma.read_at_aligned(chunk.file_offset_bytes, len).await {
                 Ok(result) => return self.complete_short_read(files, file, chunk, result).await,
                 Err(error) => {
-                    let errno = os_errno(&io::Error::from(error));
+                    let errno = glommio_errno(error);
                     if errno != EOPNOTSUPP {
                         return Err(errno);
                     }
@@ -460,8 +471,33 @@ impl Executor {
         }
     }
 
-    /// Enqueues the copy of `len` staged bytes to the device, straight from the arena
-    /// when the staging lies inside it, else through a fallback chunk.
+    /// Returns staging the device may copy from: arena or fallback memory as is; other
+    /// memory (glommio's heap, when the arena is full) copied into a fallback chunk,
+    /// waiting for this job's own copies to finish when the pool is exhausted.
+    async fn pinned_staging(
+        &self,
+        staging: Staging,
+        len: usize,
+        copies: &mut VecDeque<InFlightCopy>,
+    ) -> Result<Staging, DeviceError> {
+        let source = staging_ptr(&staging);
+        let in_arena = self.arena.get().is_some_and(|a| a.contains(source as usize, len));
+        if in_arena || matches!(staging, Staging::Fallback(_)) {
+            return Ok(staging);
+        }
+        let chunk = match self.setup.fallback.try_take()? {
+            Some(chunk) => chunk,
+            None => {
+                self.reap(copies, 1).await?;
+                self.take_fallback().await?
+            }
+        };
+        // SAFETY: `staging` holds `len` readable bytes; the chunk is ours and larger.
+        unsafe { sys::copy_bytes(chunk.as_mut_ptr(), source, len) };
+        Ok(Staging::Fallback(chunk.with_valid_len(len)))
+    }
+
+    /// Enqueues the copy of `len` pinned staged bytes to the device.
     fn copy_to_device(
         &self,
         stream: InternalStream,
@@ -470,22 +506,10 @@ impl Executor {
         len: usize,
     ) -> Result<InFlightCopy, DeviceError> {
         let device = &*self.setup.device;
-        let source = staging_ptr(&staging);
-        let in_arena = self.arena.get().is_some_and(|a| a.contains(source as usize, len));
-        let staging = match staging {
-            Staging::Fallback(chunk) => Staging::Fallback(chunk),
-            other if in_arena => other,
-            other => {
-                let chunk = self.setup.fallback.try_take()?.ok_or(DeviceError::new(
-                    DeviceError::HIP_ERROR_OUT_OF_MEMORY,
-                    "pinned fallback staging exhausted",
-                ))?;
-                // SAFETY: `other` holds `len` readable bytes; the chunk is ours and larger.
-                unsafe { sys::copy_bytes(chunk.as_mut_ptr(), staging_ptr(&other), len) };
-                Staging::Fallback(chunk)
-            }
+        let counter = match staging {
+            Staging::Fallback(_) => &self.setup.stats.fallback_chunks,
+            Staging::Read(_) => &self.setup.stats.arena_chunks,
         };
-        let counter = if in_arena { &self.setup.stats.arena_chunks } else { &self.setup.stats.fallback_chunks };
         EngineStats::add(counter, 1);
         // SAFETY: the staging (arena or pinned fallback chunk) holds `len` bytes and is
         // kept alive in the returned InFlightCopy until the event completes; `target`
@@ -624,7 +648,7 @@ impl Executor {
                 // Short write (a limit or a signal): finish the rest below.
                 Ok(n) => written = n,
                 Err(error) => {
-                    let errno = os_errno(&io::Error::from(error));
+                    let errno = glommio_errno(error);
                     if errno != EOPNOTSUPP {
                         return Err(errno);
                     }
@@ -714,6 +738,16 @@ fn staging_ptr(staging: &Staging) -> *const u8 {
 
 fn proc_fd_path(fd: std::os::fd::RawFd) -> String {
     format!("/proc/self/fd/{fd}")
+}
+
+/// The errno behind a glommio error (its conversion to io::Error drops the OS code of
+/// the "enhanced" variant).
+fn glommio_errno<T>(error: glommio::GlommioError<T>) -> i32 {
+    match error {
+        glommio::GlommioError::EnhancedIoError { source, .. } => os_errno(&source),
+        glommio::GlommioError::IoError(source) => os_errno(&source),
+        other => os_errno(&io::Error::from(other)),
+    }
 }
 
 fn os_errno(error: &io::Error) -> i32 {

@@ -249,8 +249,8 @@ impl Engine {
 
     /// Splits `len_bytes` into the chunk-aligned parts a request fans out to (one part
     /// for small requests).
-    pub(crate) fn parts(&self, len_bytes: u64) -> Vec<(u64, u64)> {
-        self.split(len_bytes)
+    pub(crate) fn parts(&self, file_offset_bytes: u64, len_bytes: u64) -> Vec<(u64, u64)> {
+        self.split(file_offset_bytes, len_bytes)
     }
 
     /// Posts a job to executor `index % executor_count`. Blocks only when that executor's
@@ -273,13 +273,18 @@ impl Engine {
     /// executors (chunk-aligned parts), waits for every part, and combines the results
     /// (short at the first short part; the first failure wins).
     pub(crate) fn run_sync(&self, request: SyncRequest) -> (Outcome, Option<DeviceError>) {
-        let parts = self.split(request.len_bytes);
+        let parts = self.split(request.file_offset_bytes, request.len_bytes);
+        // Every part's guard first: once one job is posted, the request must not return
+        // before it finishes (the caller's buffer is in use until then).
+        let mut guards = Vec::with_capacity(parts.len());
+        for _ in &parts {
+            match request.file.begin_op() {
+                Ok(guard) => guards.push(guard),
+                Err(_) => return (Outcome::Library(OpError::HandleNotRegistered), None),
+            }
+        }
         let (sender, receiver) = flume::bounded(parts.len());
-        let first_executor = request.executor_hint;
-        for (i, &(offset, len)) in parts.iter().enumerate() {
-            let Ok(guard) = request.file.begin_op() else {
-                return (Outcome::Library(OpError::HandleNotRegistered), None);
-            };
+        for (i, (&(offset, len), guard)) in parts.iter().zip(guards).enumerate() {
             let sender = sender.clone();
             let job = IoJob {
                 file: Arc::clone(&request.file),
@@ -298,7 +303,7 @@ impl Engine {
                     }),
                 ),
             };
-            self.post(first_executor + i, job);
+            self.post(request.executor_hint + i, job);
         }
         drop(sender);
         let mut results: Vec<(usize, Outcome, Option<DeviceError>)> = receiver.iter().collect();
@@ -306,20 +311,24 @@ impl Engine {
         combine(&parts, &results)
     }
 
-    fn split(&self, len_bytes: u64) -> Vec<(u64, u64)> {
+    /// Splits `[file_offset, file_offset + len)` into up to `request_parallelism`
+    /// parts (offsets relative to the request) whose inner boundaries fall on multiples
+    /// of the chunk size in the *file*, so each part keeps O_DIRECT alignment.
+    fn split(&self, file_offset_bytes: u64, len_bytes: u64) -> Vec<(u64, u64)> {
         let chunk = self.chunk_bytes as u64;
         let parallel = self.request_parallelism.min(self.executors.len()) as u64;
         let wanted = len_bytes.div_ceil(chunk).min(parallel).max(1);
-        let part = len_bytes.div_ceil(wanted).div_ceil(chunk) * chunk;
+        let part = len_bytes.div_ceil(wanted);
         let mut parts = Vec::new();
         let mut offset = 0;
-        while offset < len_bytes || parts.is_empty() {
-            let len = part.min(len_bytes - offset);
+        while offset < len_bytes {
+            let file_end = (file_offset_bytes + offset + part).next_multiple_of(chunk);
+            let len = (file_end - file_offset_bytes - offset).min(len_bytes - offset);
             parts.push((offset, len));
             offset += len;
-            if len == 0 {
-                break;
-            }
+        }
+        if parts.is_empty() {
+            parts.push((0, 0));
         }
         parts
     }

@@ -1,0 +1,343 @@
+//! Engine-level properties seen through the [`Driver`] on the `cpu` device: arena
+//! staging, fallback staging under pressure and its cap, idle executors that burn no
+//! CPU, thread teardown on drop, and glommio's poll probe.
+//!
+//! The tests of this binary run one at a time ([`serial`]): two of them measure the
+//! whole process (CPU time, thread list).
+
+use std::fs::{File, OpenOptions};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier, Mutex, MutexGuard};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use hipfile_core::{Direction, RawIo};
+use hipfile_runtime::Driver;
+use hipfile_runtime::config::{Config, DeviceSelection};
+use hipfile_runtime::device::cpu::CpuDevice;
+use hipfile_runtime::file::DirectPolicy;
+
+const KIB: usize = 1 << 10;
+const MIB: usize = 1 << 20;
+const CHUNK: usize = 256 * KIB;
+
+// ----------------------------------------------------------------------------------------
+// Helpers
+// ----------------------------------------------------------------------------------------
+
+/// Serialises the tests of this binary.
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn config(cpus: &[usize]) -> Config {
+    let config = Config {
+        device: DeviceSelection::Cpu,
+        executor_cpus: cpus.to_vec(),
+        request_parallelism: cpus.len(),
+        staging_chunk_bytes: CHUNK,
+        staging_per_executor_bytes: 8 * MIB,
+        pinned_fallback_cap_bytes: 4 * MIB,
+        chunks_in_flight: 4,
+        cpu_device_count: 1,
+        direct: DirectPolicy::Auto,
+        allow_compat_mode: true,
+    };
+    config.validate().expect("test config is valid");
+    config
+}
+
+fn driver_with(config: Config) -> (Arc<Driver>, Arc<CpuDevice>) {
+    let device = CpuDevice::new(1);
+    (Driver::new(config, device.clone()), device)
+}
+
+fn ext4_dir() -> PathBuf {
+    std::env::temp_dir()
+}
+
+fn tmpfs_dir() -> PathBuf {
+    PathBuf::from("/dev/shm")
+}
+
+/// A file with a unique name, removed on drop.
+struct TempFile {
+    path: PathBuf,
+}
+
+impl TempFile {
+    fn new(dir: &Path, contents: &[u8]) -> TempFile {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let unique = NEXT.fetch_add(1, Ordering::Relaxed);
+        let path = dir.join(format!("hipfile-engine-{}-{unique}", std::process::id()));
+        std::fs::write(&path, contents).expect("create test file");
+        TempFile { path }
+    }
+
+    fn open_rw(&self) -> File {
+        OpenOptions::new().read(true).write(true).open(&self.path).expect("open test file")
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Deterministic pseudo-random bytes (xorshift64), different for each seed.
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(len + 8);
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// A copy of `len` bytes of `cpu` device memory at `addr`.
+fn device_bytes(addr: u64, len: usize) -> Vec<u8> {
+    // SAFETY: `cpu` device memory is host memory. Callers pass a range inside one live
+    // `malloc_device` allocation, and no I/O on it is in flight while we copy.
+    unsafe { std::slice::from_raw_parts(addr as *const u8, len) }.to_vec()
+}
+
+fn raw(size_bytes: usize, file_offset_bytes: usize) -> RawIo {
+    RawIo {
+        size_bytes: size_bytes as u64,
+        file_offset_bytes: file_offset_bytes as i64,
+        buffer_offset_bytes: 0,
+    }
+}
+
+/// User plus system CPU time of the whole process.
+fn process_cpu_time() -> Duration {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: `usage` is a live, writable rusage the kernel fills in.
+    let result = unsafe { libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()) };
+    assert_eq!(result, 0, "getrusage");
+    // SAFETY: rusage is plain integers, valid zeroed, and the kernel filled it.
+    let usage = unsafe { usage.assume_init() };
+    let time = |t: libc::timeval| {
+        Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
+    };
+    time(usage.ru_utime) + time(usage.ru_stime)
+}
+
+/// Number of this process's threads whose name starts with `prefix`.
+fn threads_named(prefix: &str) -> usize {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return 0 };
+    tasks
+        .flatten()
+        .filter_map(|task| std::fs::read_to_string(task.path().join("comm")).ok())
+        .filter(|comm| comm.starts_with(prefix))
+        .count()
+}
+
+/// Aborts the process unless dropped within `limit` (a hang would otherwise stall the
+/// whole test run).
+struct Watchdog {
+    done: Arc<AtomicBool>,
+}
+
+impl Watchdog {
+    fn new(what: &'static str, limit: Duration) -> Watchdog {
+        let done = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&done);
+        thread::spawn(move || {
+            let deadline = Instant::now() + limit;
+            while !flag.load(Ordering::SeqCst) {
+                if Instant::now() > deadline {
+                    eprintln!("watchdog: {what} did not finish within {limit:?}; aborting");
+                    std::process::abort();
+                }
+                thread::sleep(Duration::from_millis(10));
+            }
+        });
+        Watchdog { done }
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.done.store(true, Ordering::SeqCst);
+    }
+}
+
+// ----------------------------------------------------------------------------------------
+// Tests
+// ----------------------------------------------------------------------------------------
+
+#[test]
+fn reads_and_writes_stage_through_the_arena() {
+    let _serial = serial();
+    let data = pattern(4 * MIB, 1);
+    let file = TempFile::new(&tmpfs_dir(), &data);
+    let client = file.open_rw();
+    let (driver, device) = driver_with(config(&[0, 1]));
+    let handle = driver.handle_register(client.as_raw_fd()).unwrap();
+    let buf = device.malloc_device(0, 4 * MIB).unwrap();
+    assert_eq!(driver.io_sync(Direction::Read, handle, buf, raw(4 * MIB, 0)), Ok(4 * MIB));
+    assert!(device_bytes(buf, 4 * MIB) == data);
+    let engine = driver.engine().unwrap();
+    // A job is counted just after it reports its result.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while engine.stats().jobs < 2 && Instant::now() < deadline {
+        thread::yield_now();
+    }
+    let stats = engine.stats();
+    assert!(stats.arena_chunks >= (4 * MIB / CHUNK) as u64, "{stats:?}");
+    assert_eq!(stats.fallback_chunks, 0, "{stats:?}");
+    assert_eq!(stats.jobs, 2, "one job per executor: {stats:?}");
+    assert_eq!(driver.io_sync(Direction::Write, handle, buf, raw(2 * MIB, 0)), Ok(2 * MIB));
+    let after = engine.stats();
+    assert!(after.arena_chunks >= stats.arena_chunks + (2 * MIB / CHUNK) as u64, "{after:?}");
+    assert_eq!(engine.executor_count(), 2);
+    assert_eq!(engine.pinned_cap_bytes(), 2 * 8 * MIB + 4 * MIB);
+    driver.handle_deregister(handle);
+}
+
+/// 8 threads keep far more chunks in flight than a 1 MiB arena per executor holds: the
+/// data stays right, the fallback pool is used, and never grows past its cap.
+#[test]
+fn tiny_arena_under_parallel_reads_falls_back_correctly_within_the_cap() {
+    let _serial = serial();
+    const THREADS: usize = 8;
+    const PER_THREAD: usize = 4 * MIB;
+    let data = pattern(THREADS * PER_THREAD, 2);
+    let file = TempFile::new(&tmpfs_dir(), &data);
+    let client = file.open_rw();
+    let mut config = config(&[0, 1]);
+    config.staging_per_executor_bytes = MIB;
+    config.chunks_in_flight = 16;
+    config.pinned_fallback_cap_bytes = 2 * MIB;
+    config.validate().unwrap();
+    let cap = config.pinned_fallback_cap_bytes;
+    let (driver, device) = driver_with(config);
+    let handle = driver.handle_register(client.as_raw_fd()).unwrap();
+    let buffers: Vec<u64> =
+        (0..THREADS).map(|_| device.malloc_device(0, PER_THREAD).unwrap()).collect();
+    let barrier = Barrier::new(THREADS);
+    let results: Vec<Vec<Result<usize, _>>> = thread::scope(|scope| {
+        let workers: Vec<_> = buffers
+            .iter()
+            .enumerate()
+            .map(|(i, &buf)| {
+                let (driver, barrier, data) = (&driver, &barrier, &data);
+                scope.spawn(move || {
+                    barrier.wait();
+                    (0..3)
+                        .map(|round| {
+                            // Rotate the ranges so every round reads different data.
+                            let slot = (i + round) % THREADS;
+                            let read = raw(PER_THREAD, slot * PER_THREAD);
+                            let result = driver.io_sync(Direction::Read, handle, buf, read);
+                            let good = device_bytes(buf, PER_THREAD)
+                                == data[slot * PER_THREAD..(slot + 1) * PER_THREAD];
+                            result.map(|n| if good { n } else { usize::MAX })
+                        })
+                        .collect()
+                })
+            })
+            .collect();
+        workers.into_iter().map(|w| w.join().unwrap()).collect()
+    });
+    for (i, rounds) in results.iter().enumerate() {
+        for (round, result) in rounds.iter().enumerate() {
+            assert_eq!(*result, Ok(PER_THREAD), "thread {i} round {round} (MAX: bad data)");
+        }
+    }
+    let engine = driver.engine().unwrap();
+    let stats = engine.stats();
+    assert!(stats.fallback_chunks > 0, "the arena never ran out: {stats:?}");
+    assert!(engine.fallback_pinned_bytes() <= cap, "{} > {cap}", engine.fallback_pinned_bytes());
+    driver.handle_deregister(handle);
+}
+
+/// After the engine started and served a read, 300 ms of idleness cost the process
+/// (executors, device stream workers, everything) less than 30 ms of CPU time.
+#[test]
+fn idle_executors_and_stream_workers_park() {
+    let _serial = serial();
+    let data = pattern(2 * MIB, 3);
+    let file = TempFile::new(&tmpfs_dir(), &data);
+    let client = file.open_rw();
+    let (driver, device) = driver_with(config(&[0, 1]));
+    let handle = driver.handle_register(client.as_raw_fd()).unwrap();
+    let buf = device.malloc_device(0, 2 * MIB).unwrap();
+    assert_eq!(driver.io_sync(Direction::Read, handle, buf, raw(2 * MIB, 0)), Ok(2 * MIB));
+    assert_eq!(driver.io_sync(Direction::Write, handle, buf, raw(2 * MIB, 0)), Ok(2 * MIB));
+    thread::sleep(Duration::from_millis(50));
+    let before = process_cpu_time();
+    thread::sleep(Duration::from_millis(300));
+    let spent = process_cpu_time() - before;
+    assert!(spent < Duration::from_millis(30), "300 ms idle cost {spent:?} of CPU time");
+    driver.handle_deregister(handle);
+}
+
+/// Dropping a driver whose engine runs joins its executor threads (and the device's
+/// stream workers) without hanging.
+///
+/// Thread names cannot tell an executor from the blocking-I/O helper thread glommio
+/// starts for it (an unnamed thread inherits its creator's name); glommio does not join
+/// the helpers but they exit once their executor is gone, so the check allows them a
+/// moment.
+#[test]
+fn dropping_a_driver_joins_its_threads() {
+    let _serial = serial();
+    let _watchdog = Watchdog::new("dropping a driver", Duration::from_secs(20));
+    let data = pattern(2 * MIB, 4);
+    let file = TempFile::new(&tmpfs_dir(), &data);
+    let client = file.open_rw();
+    let (driver, device) = driver_with(config(&[0, 1]));
+    let handle = driver.handle_register(client.as_raw_fd()).unwrap();
+    let buf = device.malloc_device(0, 2 * MIB).unwrap();
+    assert_eq!(driver.io_sync(Direction::Read, handle, buf, raw(2 * MIB, 0)), Ok(2 * MIB));
+    assert!(threads_named("hipfile-io-") >= 2, "one thread per executor at least");
+    assert!(threads_named("hfcpu-s") >= 2, "one internal stream per executor");
+    // Still registered and open: the drop has to clean that up too.
+    drop(device);
+    drop(driver);
+    assert_eq!(threads_named("hfcpu-s"), 0, "stream workers left after the drop");
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while threads_named("hipfile-io-") > 0 && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(threads_named("hipfile-io-"), 0, "executor threads left after the drop");
+}
+
+/// glommio 0.9 decides whether the poll ring works on a device by reading the first
+/// block of the first O_DIRECT file it opens there. A file whose first block is a hole
+/// is answered without touching the device, so the probe wrongly says "yes" and every
+/// later read on the device fails with EOPNOTSUPP (which the engine then redoes with
+/// blocking I/O). The first file this driver opens is such a sparse file.
+#[test]
+fn poll_probe_is_not_fooled_by_a_sparse_first_file() {
+    let _serial = serial();
+    let file = TempFile::new(&ext4_dir(), &[]);
+    let client = file.open_rw();
+    client.set_len(2 * MIB as u64).unwrap();
+    let data = pattern(MIB, 5);
+    client.write_all_at(&data, MIB as u64).unwrap();
+    client.sync_all().unwrap();
+    let (driver, device) = driver_with(config(&[0]));
+    let handle = driver.handle_register(client.as_raw_fd()).unwrap();
+    if driver.file(handle).unwrap().direct_fd().is_none() {
+        eprintln!("skipped: {} has no O_DIRECT path", ext4_dir().display());
+        return;
+    }
+    let buf = device.malloc_device(0, MIB).unwrap();
+    assert_eq!(driver.io_sync(Direction::Read, handle, buf, raw(MIB, MIB)), Ok(MIB));
+    assert!(device_bytes(buf, MIB) == data);
+    let stats = driver.engine().unwrap().stats();
+    assert_eq!(stats.sync_retry_chunks, 0, "io_uring refused the reads: {stats:?}");
+    driver.handle_deregister(handle);
+}

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Runs the GPU suite of hipfile-rs on an NVIDIA machine in one command and prints a
+# summary. The machine needs the NVIDIA driver (libcuda), and for the C checks a C
+# compiler and CUDA headers; it needs no Rust toolchain: build the bundle elsewhere with
+#   tests/gpu/make-bundle.sh            (writes target/gpu-bundle)
+# then copy the repository (with target/gpu-bundle) over and run
+#   tests/gpu/run-gpu-suite.sh [bundle-dir]
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+bundle=${1:-$here/../../target/gpu-bundle}
+export HIPFILE_DEVICE=cuda
+export TMPDIR=${TMPDIR:-/tmp}
+results=()
+run() {
+  local name=$1; shift
+  echo "== $name"
+  if "$@"; then results+=("PASS $name"); else results+=("FAIL $name (exit $?)"); fi
+}
+cuda_inc=${CUDA_HOME:-/usr/local/cuda}/include
+if command -v gcc >/dev/null && [ -f "$cuda_inc/cuda.h" ]; then
+  run "cuda constants match cuda.h" bash -c "gcc -std=c11 -I'$cuda_inc' '$here/cuda_constants.c' -o /tmp/hf-cuda-constants -L${CUDA_HOME:-/usr/local/cuda}/lib64/stubs -lcuda && /tmp/hf-cuda-constants"
+else
+  results+=("SKIP cuda constants (no gcc or cuda.h)")
+fi
+per_test_timeout=${HIPFILE_GPU_TEST_TIMEOUT:-60}
+for test in "$bundle"/tests/*; do
+  [ -x "$test" ] || continue
+  for name in $("$test" --list 2>/dev/null | sed -n 's/: test$//p'); do
+    run "$(basename "$test")::$name" timeout "$per_test_timeout" "$test" --exact "$name" --nocapture
+  done
+done
+echo
+echo "== GPU suite summary"
+printf '%s\n' "${results[@]}"
+pass=$(printf '%s\n' "${results[@]}" | grep -c '^PASS'); fail=$(printf '%s\n' "${results[@]}" | grep -c '^FAIL')
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
