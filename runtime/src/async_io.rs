@@ -238,7 +238,9 @@ impl Driver {
     ) -> Result<(), Error> {
         let args = params.args();
         // SAFETY: the pointers point into `params`, which the op keeps alive.
-        unsafe { self.submit(direction, handle, buffer_base, args, Some(Arc::clone(params)), stream) }
+        unsafe {
+            self.submit(direction, handle, buffer_base, args, Some(Arc::clone(params)), stream)
+        }
     }
 
     /// # Safety
@@ -352,7 +354,9 @@ impl Driver {
     fn may_prefetch(&self, file: &Arc<FileHandle>, range: FileRange) -> bool {
         match self.hazards().get(&(Arc::as_ptr(file) as usize)) {
             None => true,
-            Some(entry) => entry.overflowed == 0 && entry.writes.may_prefetch(&range) == PrefetchVerdict::Clear,
+            Some(entry) => {
+                entry.overflowed == 0 && entry.writes.may_prefetch(&range) == PrefetchVerdict::Clear
+            }
         }
     }
 
@@ -399,7 +403,12 @@ struct EnqueueError {
 }
 
 impl AsyncOp {
-    fn new(driver: &Arc<Driver>, parts: OpParts, state: &Arc<StreamState>, buffer: &ResolvedBuffer) -> Arc<AsyncOp> {
+    fn new(
+        driver: &Arc<Driver>,
+        parts: OpParts,
+        state: &Arc<StreamState>,
+        buffer: &ResolvedBuffer,
+    ) -> Arc<AsyncOp> {
         let range = file_range(&parts.io);
         let prefetch = parts.direction == Direction::Read
             && state.flags.all_fixed()
@@ -449,7 +458,9 @@ impl AsyncOp {
         let word = self.stream.word();
         // SAFETY: the word lives in the driver's word pool as long as the driver, which
         // outlives every op (ops hold an Arc of it).
-        if let Err(error) = unsafe { device.stream_wait_value32(handle, word.device_addr, self.sequence) } {
+        if let Err(error) =
+            unsafe { device.stream_wait_value32(handle, word.device_addr, self.sequence) }
+        {
             // The arm will run and find the op abandoned; it still releases the word.
             self.abandon();
             return Err(EnqueueError { error: Error::device(error), nothing_queued: false });
@@ -508,7 +519,11 @@ impl AsyncOp {
     /// Posts the op's job(s): one job on the stream's executor, or, for large ops, one
     /// per part over several executors (host release once all parts finished).
     fn post(self: &Arc<Self>, engine: &Engine, io: ValidIo, gate: Option<flume::Receiver<()>>) {
-        let parts = if gate.is_some() { vec![(0, io.size_bytes())] } else { engine.parts(io.file_offset_bytes(), io.size_bytes()) };
+        let parts = if gate.is_some() {
+            vec![(0, io.size_bytes())]
+        } else {
+            engine.parts(io.file_offset_bytes(), io.size_bytes())
+        };
         let fan_out = parts.len() > 1;
         let joiner = Arc::new(PartJoiner::new(parts.clone()));
         for (index, &(offset, len)) in parts.iter().enumerate() {
@@ -521,7 +536,9 @@ impl AsyncOp {
             let done: crate::engine::JobDone = Box::new(move |end: JobEnd<'_>| {
                 if !fan_out {
                     op.finish(end);
-                } else if let Some((outcome, error)) = joiner.part_done(index, end.outcome, end.device_error) {
+                } else if let Some((outcome, error)) =
+                    joiner.part_done(index, end.outcome, end.device_error)
+                {
                     op.publish(outcome, error);
                 }
             });
@@ -548,7 +565,8 @@ impl AsyncOp {
     }
 
     fn releases_device_side(&self) -> bool {
-        self.direction == Direction::Read && self.driver.device().supports_stream_memops(self.device_ordinal)
+        self.direction == Direction::Read
+            && self.driver.device().supports_stream_memops(self.device_ordinal)
     }
 
     /// The single job of the op ended: publish, releasing device-side after the copies
@@ -560,7 +578,9 @@ impl AsyncOp {
         if let (Some(stream), true) = (end.stream, self.releases_device_side()) {
             let word = self.stream.word();
             // SAFETY: the word lives as long as the driver (see enqueue).
-            let queued = unsafe { end.device.write_value32_internal(stream, word.device_addr, self.sequence) };
+            let queued = unsafe {
+                end.device.write_value32_internal(stream, word.device_addr, self.sequence)
+            };
             if queued.is_ok() {
                 self.driver.async_stats().device_releases.fetch_add(1, Ordering::Relaxed);
                 return;
@@ -629,10 +649,13 @@ unsafe extern "C" fn arm_host_fn(user_data: *mut c_void) {
     let _ = catch_unwind(AssertUnwindSafe(move || op.arm()));
 }
 
+/// One part's result.
+type PartResult = (Outcome, Option<DeviceError>);
+
 /// Joins the parts of an op split over several executors.
 struct PartJoiner {
     parts: Vec<(u64, u64)>,
-    results: Mutex<Vec<Option<(Outcome, Option<DeviceError>)>>>,
+    results: Mutex<Vec<Option<PartResult>>>,
 }
 
 impl PartJoiner {

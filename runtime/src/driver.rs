@@ -21,11 +21,11 @@ use hipfile_core::{BufferSpan, Direction, OpError, Outcome, RawIo, StreamFlags, 
 
 use crate::async_io::{AsyncStats, FileHazards};
 use crate::config::Config;
-use crate::stream::StreamTable;
 use crate::device::{Device, MemoryType};
 use crate::engine::{Engine, SyncRequest};
 use crate::error::{Error, IoError};
 use crate::file::FileHandle;
+use crate::stream::StreamTable;
 
 /// The value a C caller holds as `hipFileHandle_t`: never 0 for a registered handle.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -136,7 +136,10 @@ impl Driver {
     /// The device selected by `HIPFILE_DEVICE` is unavailable.
     pub fn global() -> Result<&'static Arc<Driver>, Error> {
         static GLOBAL: OnceLock<Result<Arc<Driver>, Error>> = OnceLock::new();
-        GLOBAL.get_or_init(|| Driver::from_config(Config::global().clone())).as_ref().map_err(|e| *e)
+        GLOBAL
+            .get_or_init(|| Driver::from_config(Config::global().clone()))
+            .as_ref()
+            .map_err(|e| *e)
     }
 
     /// The device.

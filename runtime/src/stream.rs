@@ -143,7 +143,12 @@ impl StreamTable {
 
     /// `hipFileStreamRegister`: already registered → 5022 (checked first), unknown flag
     /// bits → 5022, device lookup failure → 5011.
-    pub(crate) fn register(&self, device: &dyn Device, handle: StreamHandle, bits: u32) -> Result<(), Error> {
+    pub(crate) fn register(
+        &self,
+        device: &dyn Device,
+        handle: StreamHandle,
+        bits: u32,
+    ) -> Result<(), Error> {
         if read(&self.registered).contains_key(&handle) {
             return Err(Error::new(OpError::InvalidValue));
         }
@@ -165,22 +170,33 @@ impl StreamTable {
 
     /// The state for an op on `handle`: the registered one, else the cached unregistered
     /// one (rebuilt when the stream now reports another device).
-    pub(crate) fn lookup(&self, device: &dyn Device, handle: StreamHandle) -> Result<Arc<StreamState>, Error> {
+    pub(crate) fn lookup(
+        &self,
+        device: &dyn Device,
+        handle: StreamHandle,
+    ) -> Result<Arc<StreamState>, Error> {
         if let Some(state) = read(&self.registered).get(&handle) {
             return Ok(Arc::clone(state));
         }
         let device_ordinal = device.stream_device(handle).map_err(Error::device)?;
-        if let Some(state) = read(&self.seen).get(&handle) {
-            if state.device_ordinal == device_ordinal {
-                return Ok(Arc::clone(state));
-            }
+        if let Some(state) = read(&self.seen).get(&handle)
+            && state.device_ordinal == device_ordinal
+        {
+            return Ok(Arc::clone(state));
         }
-        let state = Arc::new(self.new_state(handle, StreamFlags::empty(), device_ordinal, false)?);
+        let state =
+            Arc::new(self.new_state(handle, StreamFlags::empty(), device_ordinal, false)?);
         write(&self.seen).insert(handle, Arc::clone(&state));
         Ok(state)
     }
 
-    fn new_state(&self, handle: StreamHandle, flags: StreamFlags, device_ordinal: u32, registered: bool) -> Result<StreamState, Error> {
+    fn new_state(
+        &self,
+        handle: StreamHandle,
+        flags: StreamFlags,
+        device_ordinal: u32,
+        registered: bool,
+    ) -> Result<StreamState, Error> {
         let executor = {
             let mut next = self.next_executor.lock().unwrap_or_else(|p| p.into_inner());
             *next += 1;

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use hipfile_core::{Direction, OpError};
 use hipfile_runtime::config::{Config, DeviceSelection};
 use hipfile_runtime::device::user::{StreamGate, UserDevice, open_device};
-use hipfile_runtime::device::{Device, MemoryType, StreamHandle};
+use hipfile_runtime::device::{Device, MemoryType};
 use hipfile_runtime::{AsyncParams, Driver, HandleId};
 
 fn selection() -> DeviceSelection {
@@ -44,6 +44,7 @@ impl Pinned {
         Pinned { device: Arc::clone(device), region: device.alloc_pinned(len.max(1)).unwrap() }
     }
 
+    #[allow(clippy::mut_from_ref, reason = "device-visible memory: the test synchronizes access")]
     fn bytes(&self) -> &mut [u8] {
         // SAFETY: the region is live pinned memory of len_bytes, used by one test thread
         // at a time between synchronizations.
@@ -164,7 +165,10 @@ fn contract_pointer_info_classifies_memory() {
     assert_eq!(info.allocation_base, addr);
     assert!(info.allocation_len_bytes >= 1 << 20);
     let pinned = Pinned::new(&device, 4096);
-    assert_eq!(device.pointer_info(pinned.region.host_ptr as u64).unwrap().memory_type, MemoryType::Host);
+    assert_eq!(
+        device.pointer_info(pinned.region.host_ptr as u64).unwrap().memory_type,
+        MemoryType::Host
+    );
     let plain = vec![0u8; 4096];
     let info = device.pointer_info(plain.as_ptr() as u64).unwrap();
     assert_eq!((info.memory_type, info.allocation_len_bytes), (MemoryType::Host, 0));
@@ -181,7 +185,9 @@ fn contract_copies_events_and_internal_streams() {
     let source = Pinned::new(&device, data.len());
     source.bytes().copy_from_slice(&data);
     // SAFETY: pinned source and device target of the right length, synchronized below.
-    unsafe { device.copy_to_device_async(stream, addr, source.region.host_ptr, data.len()).unwrap() };
+    unsafe {
+        device.copy_to_device_async(stream, addr, source.region.host_ptr, data.len()).unwrap()
+    };
     let event = device.record_event(stream).unwrap();
     while !device.event_done(event).unwrap() {
         std::hint::spin_loop();
@@ -189,7 +195,9 @@ fn contract_copies_events_and_internal_streams() {
     device.destroy_event(event);
     let target = Pinned::new(&device, data.len());
     // SAFETY: as above.
-    unsafe { device.copy_from_device_async(stream, target.region.host_ptr, addr, data.len()).unwrap() };
+    unsafe {
+        device.copy_from_device_async(stream, target.region.host_ptr, addr, data.len()).unwrap()
+    };
     device.synchronize_internal(stream).unwrap();
     assert!(target.bytes() == &data[..]);
     device.destroy_internal_stream(stream);
@@ -241,7 +249,9 @@ fn library_sync_read_write_round_trip() {
     let file = TempFile::new("sync", &data);
     let handle = driver.handle_register(file.file.as_raw_fd()).unwrap();
     let addr = device.alloc_device(0, 16 << 20).unwrap();
-    for (file_offset, buffer_offset, size) in [(0, 0, data.len()), (1, 3, 5 << 20), (4096, 0, 1 << 20)] {
+    for (file_offset, buffer_offset, size) in
+        [(0, 0, data.len()), (1, 3, 5 << 20), (4096, 0, 1 << 20)]
+    {
         let raw = hipfile_core::RawIo {
             size_bytes: size as u64,
             file_offset_bytes: file_offset as i64,
@@ -251,11 +261,18 @@ fn library_sync_read_write_round_trip() {
         let expected = size.min(data.len() - file_offset);
         assert_eq!(n, expected);
         let got = download(&device, addr + buffer_offset as u64, n);
-        assert!(got == data[file_offset..file_offset + n], "read {file_offset}/{buffer_offset}/{size}");
+        assert!(
+            got == data[file_offset..file_offset + n],
+            "read {file_offset}/{buffer_offset}/{size}"
+        );
     }
     let fresh = pattern(2 << 20, 3);
     upload(&device, addr, &fresh);
-    let raw = hipfile_core::RawIo { size_bytes: fresh.len() as u64, file_offset_bytes: 12345, buffer_offset_bytes: 0 };
+    let raw = hipfile_core::RawIo {
+        size_bytes: fresh.len() as u64,
+        file_offset_bytes: 12345,
+        buffer_offset_bytes: 0,
+    };
     assert_eq!(driver.io_sync(Direction::Write, handle, addr, raw).unwrap(), fresh.len());
     let back = std::fs::read(&file.path).unwrap();
     assert!(back[12345..12345 + fresh.len()] == fresh[..]);
@@ -306,22 +323,19 @@ fn library_async_fifo_and_later_stream_work_sees_the_result() {
     let handle = register(&driver, &file.file);
     let addr = device.alloc_device(0, 2 << 20).unwrap();
     let stream = device.create_user_stream(0).unwrap();
+    // The gate opens from another thread after a while: CUDA blocks an enqueue once a
+    // blocked stream holds ~100 commands (measured on the H200: the 56th op's host
+    // function + wait), so a test that holds the gate while it submits 64 ops would
+    // deadlock itself. Submission may wait for the stream to drain; it must not hang.
     let gate = StreamGate::pause(&device, stream).unwrap();
+    let opener = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        gate.release();
+    });
     let ops: Vec<_> = (0..64).map(|i| AsyncParams::new(32 << 10, i * (32 << 10))).collect();
-    for (i, params) in ops.iter().enumerate() {
-        params.buffer_offset_bytes.store((i * (32 << 10)) as i64, Ordering::SeqCst);
-        driver.submit_async(Direction::Read, handle, addr, params, stream).unwrap();
-    }
-    let seen = Arc::new(AtomicUsize::new(usize::MAX));
-    let last = Arc::clone(&ops[63]);
-    let observed = Arc::clone(&seen);
-    device
-        .launch_closure(stream, Box::new(move || {
-            observed.store(last.bytes_done.load(Ordering::SeqCst) as usize, Ordering::SeqCst)
-        }))
-        .unwrap();
-    gate.release();
-    let watched = ops.clone();
+    let submitted = Arc::new(AtomicUsize::new(0));
+    let released = Arc::new(AtomicUsize::new(0));
+    let (watched, count, gate_open) = (ops.clone(), Arc::clone(&submitted), Arc::clone(&released));
     let stats_driver = Arc::clone(&driver);
     let _watchdog = Watchdog::start(20, move || {
         let pending: Vec<_> = watched
@@ -331,11 +345,32 @@ fn library_async_fifo_and_later_stream_work_sees_the_result() {
             .map(|(i, p)| (i, p.bytes_done.load(Ordering::SeqCst)))
             .collect();
         format!(
-            "ops not done (index, bytes): {pending:?}; async {:?}; engine {:?}",
+            "submitted {} of 64, gate released {}; ops not done (index, bytes): {pending:?}; \
+             async {:?}; engine {:?}",
+            count.load(Ordering::SeqCst),
+            gate_open.load(Ordering::SeqCst),
             stats_driver.async_stats(),
             stats_driver.engine().map(|e| e.stats())
         )
     });
+    for (i, params) in ops.iter().enumerate() {
+        params.buffer_offset_bytes.store((i * (32 << 10)) as i64, Ordering::SeqCst);
+        driver.submit_async(Direction::Read, handle, addr, params, stream).unwrap();
+        submitted.fetch_add(1, Ordering::SeqCst);
+    }
+    let seen = Arc::new(AtomicUsize::new(usize::MAX));
+    let last = Arc::clone(&ops[63]);
+    let observed = Arc::clone(&seen);
+    device
+        .launch_closure(
+            stream,
+            Box::new(move || {
+                observed.store(last.bytes_done.load(Ordering::SeqCst) as usize, Ordering::SeqCst)
+            }),
+        )
+        .unwrap();
+    opener.join().unwrap();
+    released.store(1, Ordering::SeqCst);
     device.synchronize_stream(stream).unwrap();
     assert_eq!(seen.load(Ordering::SeqCst), 32 << 10, "a later host function saw an unfinished op");
     for params in &ops {

@@ -49,7 +49,13 @@ pub trait UserDevice: Device {
     /// # Safety
     /// `source` (pinned) stays readable until the copy has run; the target range is
     /// device memory.
-    unsafe fn copy_to_device_on(&self, stream: StreamHandle, target: u64, source: *const u8, len_bytes: usize) -> Result<(), DeviceError>;
+    unsafe fn copy_to_device_on(
+        &self,
+        stream: StreamHandle,
+        target: u64,
+        source: *const u8,
+        len_bytes: usize,
+    ) -> Result<(), DeviceError>;
 
     /// Enqueues a device → host copy on a user stream.
     ///
@@ -58,7 +64,13 @@ pub trait UserDevice: Device {
     ///
     /// # Safety
     /// `target` (pinned) stays writable until the copy has run.
-    unsafe fn copy_from_device_on(&self, stream: StreamHandle, target: *mut u8, source: u64, len_bytes: usize) -> Result<(), DeviceError>;
+    unsafe fn copy_from_device_on(
+        &self,
+        stream: StreamHandle,
+        target: *mut u8,
+        source: u64,
+        len_bytes: usize,
+    ) -> Result<(), DeviceError>;
 
     /// Enqueues a memset of device memory on a user stream.
     ///
@@ -67,13 +79,23 @@ pub trait UserDevice: Device {
     ///
     /// # Safety
     /// The target range is device memory.
-    unsafe fn memset_on(&self, stream: StreamHandle, target: u64, value: u8, len_bytes: usize) -> Result<(), DeviceError>;
+    unsafe fn memset_on(
+        &self,
+        stream: StreamHandle,
+        target: u64,
+        value: u8,
+        len_bytes: usize,
+    ) -> Result<(), DeviceError>;
 
     /// Enqueues a Rust closure as a host function (panics are caught).
     ///
     /// # Errors
     /// Unknown stream.
-    fn launch_closure(&self, stream: StreamHandle, closure: Box<dyn FnOnce() + Send>) -> Result<(), DeviceError> {
+    fn launch_closure(
+        &self,
+        stream: StreamHandle,
+        closure: Box<dyn FnOnce() + Send>,
+    ) -> Result<(), DeviceError> {
         let raw = Box::into_raw(Box::new(closure)).cast::<c_void>();
         // SAFETY: `raw` is taken back exactly once by `run_closure`, which catches panics.
         let launched = unsafe { self.launch_host_func(stream, run_closure, raw) };
@@ -92,7 +114,7 @@ pub trait UserDevice: Device {
 unsafe extern "C" fn run_closure(user_data: *mut c_void) {
     // SAFETY: see the function's contract.
     let closure = unsafe { Box::from_raw(user_data.cast::<Box<dyn FnOnce() + Send>>()) };
-    let _ = catch_unwind(AssertUnwindSafe(move || closure()));
+    let _ = catch_unwind(AssertUnwindSafe(closure));
 }
 
 /// A stream paused at a point: later work waits until [`StreamGate::release`] (or drop).
@@ -107,7 +129,10 @@ impl StreamGate {
     ///
     /// # Errors
     /// Pinned allocation or the wait enqueue failed.
-    pub fn pause(device: &Arc<dyn UserDevice>, stream: StreamHandle) -> Result<StreamGate, DeviceError> {
+    pub fn pause(
+        device: &Arc<dyn UserDevice>,
+        stream: StreamHandle,
+    ) -> Result<StreamGate, DeviceError> {
         let word = device.alloc_pinned(4096)?;
         // SAFETY: a fresh pinned allocation of 4096 bytes, aligned, not yet shared.
         unsafe { word.host_ptr.cast::<u32>().write_volatile(0) };
@@ -161,17 +186,35 @@ impl UserDevice for CpuDevice {
         self.destroy_stream(stream)
     }
 
-    unsafe fn copy_to_device_on(&self, stream: StreamHandle, target: u64, source: *const u8, len_bytes: usize) -> Result<(), DeviceError> {
+    unsafe fn copy_to_device_on(
+        &self,
+        stream: StreamHandle,
+        target: u64,
+        source: *const u8,
+        len_bytes: usize,
+    ) -> Result<(), DeviceError> {
         // SAFETY: forwarded contract.
         unsafe { self.memcpy_async(stream, target, source as u64, len_bytes) }
     }
 
-    unsafe fn copy_from_device_on(&self, stream: StreamHandle, target: *mut u8, source: u64, len_bytes: usize) -> Result<(), DeviceError> {
+    unsafe fn copy_from_device_on(
+        &self,
+        stream: StreamHandle,
+        target: *mut u8,
+        source: u64,
+        len_bytes: usize,
+    ) -> Result<(), DeviceError> {
         // SAFETY: forwarded contract.
         unsafe { self.memcpy_async(stream, target as u64, source, len_bytes) }
     }
 
-    unsafe fn memset_on(&self, stream: StreamHandle, target: u64, value: u8, len_bytes: usize) -> Result<(), DeviceError> {
+    unsafe fn memset_on(
+        &self,
+        stream: StreamHandle,
+        target: u64,
+        value: u8,
+        len_bytes: usize,
+    ) -> Result<(), DeviceError> {
         // SAFETY: forwarded contract.
         unsafe { self.memset_async(stream, target, value, len_bytes) }
     }
@@ -195,17 +238,35 @@ impl UserDevice for CudaDevice {
         self.destroy_stream(stream)
     }
 
-    unsafe fn copy_to_device_on(&self, stream: StreamHandle, target: u64, source: *const u8, len_bytes: usize) -> Result<(), DeviceError> {
+    unsafe fn copy_to_device_on(
+        &self,
+        stream: StreamHandle,
+        target: u64,
+        source: *const u8,
+        len_bytes: usize,
+    ) -> Result<(), DeviceError> {
         // SAFETY: forwarded contract.
         unsafe { CudaDevice::copy_to_device_on(self, stream, target, source, len_bytes) }
     }
 
-    unsafe fn copy_from_device_on(&self, stream: StreamHandle, target: *mut u8, source: u64, len_bytes: usize) -> Result<(), DeviceError> {
+    unsafe fn copy_from_device_on(
+        &self,
+        stream: StreamHandle,
+        target: *mut u8,
+        source: u64,
+        len_bytes: usize,
+    ) -> Result<(), DeviceError> {
         // SAFETY: forwarded contract.
         unsafe { CudaDevice::copy_from_device_on(self, stream, target, source, len_bytes) }
     }
 
-    unsafe fn memset_on(&self, stream: StreamHandle, target: u64, value: u8, len_bytes: usize) -> Result<(), DeviceError> {
+    unsafe fn memset_on(
+        &self,
+        stream: StreamHandle,
+        target: u64,
+        value: u8,
+        len_bytes: usize,
+    ) -> Result<(), DeviceError> {
         // SAFETY: forwarded contract.
         unsafe { self.memset_async(stream, target, value, len_bytes) }
     }
@@ -216,7 +277,10 @@ impl UserDevice for CudaDevice {
 ///
 /// # Errors
 /// An explicitly selected backend is unavailable (the message says why).
-pub fn open_device(selection: DeviceSelection, cpu_device_count: u32) -> Result<Arc<dyn UserDevice>, String> {
+pub fn open_device(
+    selection: DeviceSelection,
+    cpu_device_count: u32,
+) -> Result<Arc<dyn UserDevice>, String> {
     match selection {
         DeviceSelection::Cpu => Ok(CpuDevice::new(cpu_device_count)),
         DeviceSelection::Cuda => CudaDevice::open().map(|d| d as Arc<dyn UserDevice>),

@@ -43,7 +43,6 @@ pub(super) fn spawn(setup: Setup) -> glommio::Result<glommio::ExecutorJoinHandle
         .spawn(move || async move { Executor::new(setup).run().await })
 }
 
-
 /// What a chunk's bytes sit in while the device copies them.
 enum Staging {
     /// A glommio read result, inside the registered arena.
@@ -123,7 +122,8 @@ impl Executor {
     /// Opens an anonymous file on tmpfs (no O_DIRECT, so glommio runs no poll probe) to
     /// allocate DMA buffers from, and finds and registers the arena with it.
     async fn open_utility_file(&self) {
-        let opened = OpenOptions::new().read(true).write(true).tmpfile(true).dma_open("/dev/shm").await;
+        let opened =
+            OpenOptions::new().read(true).write(true).tmpfile(true).dma_open("/dev/shm").await;
         if let Ok(file) = opened {
             self.discover_arena(&file);
             *self.utility.borrow_mut() = Some(file);
@@ -150,7 +150,8 @@ impl Executor {
         // SAFETY: the arena is glommio's io_memory allocation for this executor, which
         // lives as long as the executor; we unregister it in `teardown` after every copy
         // using it has completed.
-        let registered = unsafe { self.setup.device.register_host(base_addr as *mut u8, len_bytes) };
+        let registered =
+            unsafe { self.setup.device.register_host(base_addr as *mut u8, len_bytes) };
         if registered.is_ok() {
             self.arena.set(Some(arena));
         }
@@ -253,10 +254,10 @@ impl Executor {
 
     async fn open_files(&self, file: &Arc<FileHandle>) -> io::Result<Rc<OpenFiles>> {
         let key = Arc::as_ptr(file) as usize;
-        if let Some(entry) = self.files.borrow().get(&key) {
-            if entry.handle.upgrade().is_some_and(|live| Arc::ptr_eq(&live, file)) {
-                return Ok(Rc::clone(&entry.files));
-            }
+        if let Some(entry) = self.files.borrow().get(&key)
+            && entry.handle.upgrade().is_some_and(|live| Arc::ptr_eq(&live, file))
+        {
+            return Ok(Rc::clone(&entry.files));
         }
         self.probe_device_once(file).await;
         let mut options = OpenOptions::new();
@@ -297,15 +298,25 @@ impl Executor {
         }
     }
 
-    fn plan(&self, files: &OpenFiles, file: &FileHandle, range: JobRange) -> Result<PlanIter, OpError> {
+    fn plan(
+        &self,
+        files: &OpenFiles,
+        file: &FileHandle,
+        range: JobRange,
+    ) -> Result<PlanIter, OpError> {
         let buffer = BufferSpan { base_addr: range.device_addr, len_bytes: range.len_bytes.max(1) };
         let raw = RawIo {
             size_bytes: range.len_bytes,
-            file_offset_bytes: i64::try_from(range.file_offset_bytes).map_err(|_| OpError::InvalidValue)?,
+            file_offset_bytes: i64::try_from(range.file_offset_bytes)
+                .map_err(|_| OpError::InvalidValue)?,
             buffer_offset_bytes: 0,
         };
         let io = validate(raw, buffer, StreamFlags::empty(), 4096)?;
-        let dio = if files.direct.is_some() && !files.uring_refused.get() { file.dio_alignment() } else { None };
+        let dio = if files.direct.is_some() && !files.uring_refused.get() {
+            file.dio_alignment()
+        } else {
+            None
+        };
         let config = PlanConfig::new(self.setup.chunk_bytes as u64, dio, 4096)?;
         Ok(config.plan(&io))
     }
@@ -346,19 +357,20 @@ impl Executor {
                 Ok(staging) => {
                     let got = staging_len(&staging).min(chunk.len_bytes as usize);
                     file.record_bytes(Direction::Read, chunk.mode, got as u64);
-                    if let Some(gate) = arm_gate.take() {
-                        if gate.recv_async().await.is_err() {
-                            failure = Some((Outcome::Library(OpError::InternalError), None));
-                            stop = true;
-                            continue;
-                        }
+                    if let Some(gate) = arm_gate.take()
+                        && gate.recv_async().await.is_err()
+                    {
+                        failure = Some((Outcome::Library(OpError::InternalError), None));
+                        stop = true;
+                        continue;
                     }
                     if got > 0 {
                         let target = range.device_addr + chunk.op_offset_bytes;
                         let staging = match self.pinned_staging(staging, got, &mut copies).await {
                             Ok(staging) => staging,
                             Err(error) => {
-                                failure = Some((Outcome::Library(OpError::HipDriverError), Some(error)));
+                                failure =
+                                    Some((Outcome::Library(OpError::HipDriverError), Some(error)));
                                 stop = true;
                                 continue;
                             }
@@ -366,7 +378,8 @@ impl Executor {
                         match self.copy_to_device(stream, target, staging, got) {
                             Ok(copy) => copies.push_back(copy),
                             Err(error) => {
-                                failure = Some((Outcome::Library(OpError::HipDriverError), Some(error)));
+                                failure =
+                                    Some((Outcome::Library(OpError::HipDriverError), Some(error)));
                                 stop = true;
                                 continue;
                             }
@@ -403,7 +416,12 @@ impl Executor {
         glommio::spawn_local(async move { me.read_chunk(&files, &file, chunk).await })
     }
 
-    async fn read_chunk(&self, files: &OpenFiles, file: &FileHandle, chunk: Chunk) -> Result<Staging, i32> {
+    async fn read_chunk(
+        &self,
+        files: &OpenFiles,
+        file: &FileHandle,
+        chunk: Chunk,
+    ) -> Result<Staging, i32> {
         let len = chunk.len_bytes as usize;
         if !files.uring_refused.get() {
             let dma = match (chunk.mode, &files.direct) {
@@ -538,9 +556,19 @@ impl Executor {
         loop {
             while failure.is_none() && staged.len() < depth {
                 let Some(chunk) = chunks.pop_front() else { break };
-                match self.stage_from_device(files, stream, range.device_addr + chunk.op_offset_bytes, chunk).await {
+                match self
+                    .stage_from_device(
+                        files,
+                        stream,
+                        range.device_addr + chunk.op_offset_bytes,
+                        chunk,
+                    )
+                    .await
+                {
                     Ok((event, staging)) => staged.push_back((chunk, event, staging)),
-                    Err(error) => failure = Some((Outcome::Library(OpError::HipDriverError), Some(error))),
+                    Err(error) => {
+                        failure = Some((Outcome::Library(OpError::HipDriverError), Some(error)))
+                    }
                 }
             }
             if let Some((chunk, event, staging)) = staged.pop_front() {
@@ -599,7 +627,12 @@ impl Executor {
             // SAFETY: the fallback chunk is pinned, ours, and >= len bytes; kept alive in
             // the returned staging until the copy's event is waited for.
             unsafe {
-                self.setup.device.copy_from_device_async(stream, chunk_memory.as_mut_ptr(), source, len)?
+                self.setup.device.copy_from_device_async(
+                    stream,
+                    chunk_memory.as_mut_ptr(),
+                    source,
+                    len,
+                )?
             };
             WriteStaging::Fallback(buffer, chunk_memory)
         };
@@ -633,7 +666,9 @@ impl Executor {
             WriteStaging::Fallback(mut buffer, memory) => {
                 // SAFETY: the copy into `memory` completed (its event was waited for);
                 // both hold at least `len` bytes and do not overlap.
-                unsafe { sys::copy_bytes(buffer.as_bytes_mut().as_mut_ptr(), memory.as_mut_ptr(), len) };
+                unsafe {
+                    sys::copy_bytes(buffer.as_bytes_mut().as_mut_ptr(), memory.as_mut_ptr(), len)
+                };
                 buffer
             }
         });
@@ -663,7 +698,11 @@ impl Executor {
     }
 
     /// Drops staging of completed copies; waits for the oldest while `depth` are in flight.
-    async fn reap(&self, copies: &mut VecDeque<InFlightCopy>, depth: usize) -> Result<(), DeviceError> {
+    async fn reap(
+        &self,
+        copies: &mut VecDeque<InFlightCopy>,
+        depth: usize,
+    ) -> Result<(), DeviceError> {
         while let Some(front) = copies.front() {
             let done = self.setup.device.event_done(front.event)?;
             if !done && copies.len() < depth {

@@ -201,8 +201,9 @@ impl Engine {
                 chunks_in_flight: config.chunks_in_flight,
                 receiver,
             };
-            let thread = executor::spawn(setup)
-                .map_err(|e| EngineError { what: format!("starting executor {index} on CPU {cpu}: {e}") })?;
+            let thread = executor::spawn(setup).map_err(|e| EngineError {
+                what: format!("starting executor {index} on CPU {cpu}: {e}"),
+            })?;
             executors.push(ExecutorLink { sender, thread: Some(thread) });
         }
         Ok(Engine {

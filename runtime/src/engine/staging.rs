@@ -96,7 +96,9 @@ impl FallbackPool {
         state.allocated_chunks += 1;
         drop(state);
         match self.device.alloc_pinned(self.chunk_bytes) {
-            Ok(region) => Ok(Some(FallbackChunk { pool: Arc::clone(self), region, valid_len_bytes: 0 })),
+            Ok(region) => {
+                Ok(Some(FallbackChunk { pool: Arc::clone(self), region, valid_len_bytes: 0 }))
+            }
             Err(error) => {
                 self.lock().allocated_chunks -= 1;
                 Err(error)

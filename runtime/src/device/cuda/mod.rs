@@ -20,8 +20,8 @@ use std::sync::{Arc, Mutex};
 use sys::*;
 
 use super::{
-    Device, DeviceError, DeviceKind, EventHandle, HostFn, InternalStream, MemoryType,
-    PinnedRegion, PointerInfo, StreamHandle,
+    Device, DeviceError, DeviceKind, EventHandle, HostFn, InternalStream, MemoryType, PinnedRegion,
+    PointerInfo, StreamHandle,
 };
 
 /// Most idle events kept per device for reuse.
@@ -45,6 +45,10 @@ pub struct CudaDevice {
     api: Api,
     contexts: Vec<usize>,
     memops: Vec<bool>,
+    #[allow(
+        clippy::vec_box,
+        reason = "EventHandle values are the boxes' addresses, which must not move"
+    )]
     event_pools: Vec<Mutex<Vec<Box<EventEntry>>>>,
 }
 
@@ -183,7 +187,10 @@ impl CudaDevice {
         self.make_current(ordinal)?;
         let mut stream: CUstream = std::ptr::null_mut();
         // SAFETY: valid out-pointer.
-        self.call(unsafe { (self.api.cuStreamCreate)(&mut stream, CU_STREAM_NON_BLOCKING) }, "cuStreamCreate")?;
+        self.call(
+            unsafe { (self.api.cuStreamCreate)(&mut stream, CU_STREAM_NON_BLOCKING) },
+            "cuStreamCreate",
+        )?;
         Ok(StreamHandle(stream as usize))
     }
 
@@ -201,35 +208,70 @@ impl CudaDevice {
     ///
     /// # Safety
     /// `target..target+len_bytes` is device memory.
-    pub unsafe fn memset_async(&self, stream: StreamHandle, target: u64, value: u8, len_bytes: usize) -> Result<(), DeviceError> {
+    pub unsafe fn memset_async(
+        &self,
+        stream: StreamHandle,
+        target: u64,
+        value: u8,
+        len_bytes: usize,
+    ) -> Result<(), DeviceError> {
         self.ensure_any_current()?;
         // SAFETY: the caller guarantees the range.
-        self.call(unsafe { (self.api.cuMemsetD8Async)(target, value, len_bytes, stream.0 as CUstream) }, "cuMemsetD8Async")
+        self.call(
+            unsafe { (self.api.cuMemsetD8Async)(target, value, len_bytes, stream.0 as CUstream) },
+            "cuMemsetD8Async",
+        )
     }
 
     /// Enqueues a host → device copy on a user stream.
     ///
     /// # Safety
     /// `source` is readable (pinned for true asynchrony) until the copy completes.
-    pub unsafe fn copy_to_device_on(&self, stream: StreamHandle, target: u64, source: *const u8, len_bytes: usize) -> Result<(), DeviceError> {
+    pub unsafe fn copy_to_device_on(
+        &self,
+        stream: StreamHandle,
+        target: u64,
+        source: *const u8,
+        len_bytes: usize,
+    ) -> Result<(), DeviceError> {
         self.ensure_any_current()?;
         // SAFETY: caller's contract.
-        self.call(unsafe { (self.api.cuMemcpyHtoDAsync)(target, source.cast(), len_bytes, stream.0 as CUstream) }, "cuMemcpyHtoDAsync")
+        self.call(
+            unsafe {
+                (self.api.cuMemcpyHtoDAsync)(target, source.cast(), len_bytes, stream.0 as CUstream)
+            },
+            "cuMemcpyHtoDAsync",
+        )
     }
 
     /// Enqueues a device → host copy on a user stream.
     ///
     /// # Safety
     /// `target` is writable until the copy completes.
-    pub unsafe fn copy_from_device_on(&self, stream: StreamHandle, target: *mut u8, source: u64, len_bytes: usize) -> Result<(), DeviceError> {
+    pub unsafe fn copy_from_device_on(
+        &self,
+        stream: StreamHandle,
+        target: *mut u8,
+        source: u64,
+        len_bytes: usize,
+    ) -> Result<(), DeviceError> {
         self.ensure_any_current()?;
         // SAFETY: caller's contract.
-        self.call(unsafe { (self.api.cuMemcpyDtoHAsync)(target.cast(), source, len_bytes, stream.0 as CUstream) }, "cuMemcpyDtoHAsync")
+        self.call(
+            unsafe {
+                (self.api.cuMemcpyDtoHAsync)(target.cast(), source, len_bytes, stream.0 as CUstream)
+            },
+            "cuMemcpyDtoHAsync",
+        )
     }
 }
 
 fn check(api: &Api, code: CUresult) -> Result<(), String> {
-    if code == CUDA_SUCCESS { Ok(()) } else { Err(format!("CUDA error {code} ({})", error_name(api, code))) }
+    if code == CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(format!("CUDA error {code} ({})", error_name(api, code)))
+    }
 }
 
 fn error_name(api: &Api, code: CUresult) -> String {
@@ -256,7 +298,13 @@ fn retain_primary(api: &Api, ordinal: c_int) -> Result<(CUcontext, bool), String
     // report it per device.
     let mut attribute: c_int = 0;
     // SAFETY: valid out-pointer and device.
-    let queried = unsafe { (api.cuDeviceGetAttribute)(&mut attribute, CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1, device) };
+    let queried = unsafe {
+        (api.cuDeviceGetAttribute)(
+            &mut attribute,
+            CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1,
+            device,
+        )
+    };
     let supports = version >= 12000 || (queried == CUDA_SUCCESS && attribute != 0);
     Ok((context, supports))
 }
@@ -293,7 +341,9 @@ impl Device for CudaDevice {
         ];
         // SAFETY: five attributes with five out-pointers of the documented sizes; the
         // plural call returns defaults (not an error) for pointers CUDA does not know.
-        let code = unsafe { (self.api.cuPointerGetAttributes)(5, attributes.as_mut_ptr(), data.as_mut_ptr(), ptr) };
+        let code = unsafe {
+            (self.api.cuPointerGetAttributes)(5, attributes.as_mut_ptr(), data.as_mut_ptr(), ptr)
+        };
         if code != CUDA_SUCCESS {
             return Err(self.error(code, "cuPointerGetAttributes"));
         }
@@ -321,7 +371,10 @@ impl Device for CudaDevice {
             self.call(unsafe { (self.api.cuCtxGetCurrent)(&mut context) }, "cuCtxGetCurrent")?;
         } else {
             // SAFETY: valid out-pointer; an invalid stream yields an error code.
-            self.call(unsafe { (self.api.cuStreamGetCtx)(stream.0 as CUstream, &mut context) }, "cuStreamGetCtx")?;
+            self.call(
+                unsafe { (self.api.cuStreamGetCtx)(stream.0 as CUstream, &mut context) },
+                "cuStreamGetCtx",
+            )?;
         }
         self.ordinal_of_context(context)
     }
@@ -331,7 +384,10 @@ impl Device for CudaDevice {
         let mut host: *mut c_void = std::ptr::null_mut();
         let flags = CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP;
         // SAFETY: valid out-pointer.
-        self.call(unsafe { (self.api.cuMemHostAlloc)(&mut host, len_bytes, flags) }, "cuMemHostAlloc")?;
+        self.call(
+            unsafe { (self.api.cuMemHostAlloc)(&mut host, len_bytes, flags) },
+            "cuMemHostAlloc",
+        )?;
         let mut device_addr: CUdeviceptr = 0;
         // SAFETY: `host` is mapped pinned memory we just allocated.
         let mapped = unsafe { (self.api.cuMemHostGetDevicePointer)(&mut device_addr, host, 0) };
@@ -350,15 +406,23 @@ impl Device for CudaDevice {
         }
     }
 
-    unsafe fn register_host(&self, host_ptr: *mut u8, len_bytes: usize) -> Result<u64, DeviceError> {
+    unsafe fn register_host(
+        &self,
+        host_ptr: *mut u8,
+        len_bytes: usize,
+    ) -> Result<u64, DeviceError> {
         self.make_current(0)?;
         let flags = CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP;
         // SAFETY: the caller guarantees the range is valid host memory that outlives the
         // registration.
-        self.call(unsafe { (self.api.cuMemHostRegister)(host_ptr.cast(), len_bytes, flags) }, "cuMemHostRegister")?;
+        self.call(
+            unsafe { (self.api.cuMemHostRegister)(host_ptr.cast(), len_bytes, flags) },
+            "cuMemHostRegister",
+        )?;
         let mut device_addr: CUdeviceptr = 0;
         // SAFETY: registered, mapped host memory.
-        let mapped = unsafe { (self.api.cuMemHostGetDevicePointer)(&mut device_addr, host_ptr.cast(), 0) };
+        let mapped =
+            unsafe { (self.api.cuMemHostGetDevicePointer)(&mut device_addr, host_ptr.cast(), 0) };
         if mapped != CUDA_SUCCESS {
             // SAFETY: undo the registration above.
             unsafe { (self.api.cuMemHostUnregister)(host_ptr.cast()) };
@@ -376,7 +440,8 @@ impl Device for CudaDevice {
 
     fn create_internal_stream(&self, device_ordinal: u32) -> Result<InternalStream, DeviceError> {
         let handle = self.create_stream(device_ordinal)?;
-        let entry = Box::new(InternalEntry { stream: handle.0 as CUstream, ordinal: device_ordinal });
+        let entry =
+            Box::new(InternalEntry { stream: handle.0 as CUstream, ordinal: device_ordinal });
         Ok(InternalStream(Box::into_raw(entry) as usize))
     }
 
@@ -389,35 +454,61 @@ impl Device for CudaDevice {
         unsafe { (self.api.cuStreamDestroy)(entry.stream) };
     }
 
-    unsafe fn copy_to_device_async(&self, stream: InternalStream, target: u64, source: *const u8, len_bytes: usize) -> Result<(), DeviceError> {
+    unsafe fn copy_to_device_async(
+        &self,
+        stream: InternalStream,
+        target: u64,
+        source: *const u8,
+        len_bytes: usize,
+    ) -> Result<(), DeviceError> {
         let entry = Self::internal(stream);
         self.make_current(entry.ordinal)?;
         // SAFETY: caller's contract (pinned source, valid device range).
-        self.call(unsafe { (self.api.cuMemcpyHtoDAsync)(target, source.cast(), len_bytes, entry.stream) }, "cuMemcpyHtoDAsync")
+        self.call(
+            unsafe { (self.api.cuMemcpyHtoDAsync)(target, source.cast(), len_bytes, entry.stream) },
+            "cuMemcpyHtoDAsync",
+        )
     }
 
-    unsafe fn copy_from_device_async(&self, stream: InternalStream, target: *mut u8, source: u64, len_bytes: usize) -> Result<(), DeviceError> {
+    unsafe fn copy_from_device_async(
+        &self,
+        stream: InternalStream,
+        target: *mut u8,
+        source: u64,
+        len_bytes: usize,
+    ) -> Result<(), DeviceError> {
         let entry = Self::internal(stream);
         self.make_current(entry.ordinal)?;
         // SAFETY: caller's contract.
-        self.call(unsafe { (self.api.cuMemcpyDtoHAsync)(target.cast(), source, len_bytes, entry.stream) }, "cuMemcpyDtoHAsync")
+        self.call(
+            unsafe { (self.api.cuMemcpyDtoHAsync)(target.cast(), source, len_bytes, entry.stream) },
+            "cuMemcpyDtoHAsync",
+        )
     }
 
     fn record_event(&self, stream: InternalStream) -> Result<EventHandle, DeviceError> {
         let entry = Self::internal(stream);
         self.make_current(entry.ordinal)?;
-        let pooled = self.event_pools[entry.ordinal as usize].lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let pooled = self.event_pools[entry.ordinal as usize]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop();
         let event = match pooled {
             Some(event) => event,
             None => {
                 let mut event: CUevent = std::ptr::null_mut();
                 // SAFETY: valid out-pointer.
-                self.call(unsafe { (self.api.cuEventCreate)(&mut event, CU_EVENT_DISABLE_TIMING) }, "cuEventCreate")?;
+                self.call(
+                    unsafe { (self.api.cuEventCreate)(&mut event, CU_EVENT_DISABLE_TIMING) },
+                    "cuEventCreate",
+                )?;
                 Box::new(EventEntry { event, ordinal: entry.ordinal })
             }
         };
         // SAFETY: event and stream belong to the same (current) context.
-        if let Err(error) = self.call(unsafe { (self.api.cuEventRecord)(event.event, entry.stream) }, "cuEventRecord") {
+        if let Err(error) = self
+            .call(unsafe { (self.api.cuEventRecord)(event.event, entry.stream) }, "cuEventRecord")
+        {
             self.destroy_event(EventHandle(Box::into_raw(event) as usize));
             return Err(error);
         }
@@ -438,7 +529,8 @@ impl Device for CudaDevice {
     fn destroy_event(&self, event: EventHandle) {
         // SAFETY: a leaked Box<EventEntry> from record_event, released once.
         let entry = unsafe { Box::from_raw(event.0 as *mut EventEntry) };
-        let mut pool = self.event_pools[entry.ordinal as usize].lock().unwrap_or_else(|p| p.into_inner());
+        let mut pool =
+            self.event_pools[entry.ordinal as usize].lock().unwrap_or_else(|p| p.into_inner());
         if pool.len() < EVENT_POOL_CAP {
             pool.push(entry);
         } else {
@@ -456,29 +548,82 @@ impl Device for CudaDevice {
         self.call(unsafe { (self.api.cuStreamSynchronize)(entry.stream) }, "cuStreamSynchronize")
     }
 
-    unsafe fn write_value32_internal(&self, stream: InternalStream, word_device_addr: u64, value: u32) -> Result<(), DeviceError> {
+    unsafe fn write_value32_internal(
+        &self,
+        stream: InternalStream,
+        word_device_addr: u64,
+        value: u32,
+    ) -> Result<(), DeviceError> {
         let entry = Self::internal(stream);
         self.make_current(entry.ordinal)?;
         // SAFETY: caller's contract: a live pinned word.
-        self.call(unsafe { (self.api.cuStreamWriteValue32)(entry.stream, word_device_addr, value, CU_STREAM_WRITE_VALUE_DEFAULT) }, "cuStreamWriteValue32")
+        self.call(
+            unsafe {
+                (self.api.cuStreamWriteValue32)(
+                    entry.stream,
+                    word_device_addr,
+                    value,
+                    CU_STREAM_WRITE_VALUE_DEFAULT,
+                )
+            },
+            "cuStreamWriteValue32",
+        )
     }
 
-    unsafe fn launch_host_func(&self, stream: StreamHandle, func: HostFn, user_data: *mut c_void) -> Result<(), DeviceError> {
+    unsafe fn launch_host_func(
+        &self,
+        stream: StreamHandle,
+        func: HostFn,
+        user_data: *mut c_void,
+    ) -> Result<(), DeviceError> {
         self.ensure_any_current()?;
         // SAFETY: caller's contract; HostFn has CUhostFn's ABI.
-        self.call(unsafe { (self.api.cuLaunchHostFunc)(stream.0 as CUstream, func, user_data) }, "cuLaunchHostFunc")
+        self.call(
+            unsafe { (self.api.cuLaunchHostFunc)(stream.0 as CUstream, func, user_data) },
+            "cuLaunchHostFunc",
+        )
     }
 
-    unsafe fn stream_wait_value32(&self, stream: StreamHandle, word_device_addr: u64, value: u32) -> Result<(), DeviceError> {
+    unsafe fn stream_wait_value32(
+        &self,
+        stream: StreamHandle,
+        word_device_addr: u64,
+        value: u32,
+    ) -> Result<(), DeviceError> {
         self.ensure_any_current()?;
         // SAFETY: caller's contract: the word stays allocated.
-        self.call(unsafe { (self.api.cuStreamWaitValue32)(stream.0 as CUstream, word_device_addr, value, CU_STREAM_WAIT_VALUE_GEQ) }, "cuStreamWaitValue32")
+        self.call(
+            unsafe {
+                (self.api.cuStreamWaitValue32)(
+                    stream.0 as CUstream,
+                    word_device_addr,
+                    value,
+                    CU_STREAM_WAIT_VALUE_GEQ,
+                )
+            },
+            "cuStreamWaitValue32",
+        )
     }
 
-    unsafe fn stream_write_value32(&self, stream: StreamHandle, word_device_addr: u64, value: u32) -> Result<(), DeviceError> {
+    unsafe fn stream_write_value32(
+        &self,
+        stream: StreamHandle,
+        word_device_addr: u64,
+        value: u32,
+    ) -> Result<(), DeviceError> {
         self.ensure_any_current()?;
         // SAFETY: caller's contract.
-        self.call(unsafe { (self.api.cuStreamWriteValue32)(stream.0 as CUstream, word_device_addr, value, CU_STREAM_WRITE_VALUE_DEFAULT) }, "cuStreamWriteValue32")
+        self.call(
+            unsafe {
+                (self.api.cuStreamWriteValue32)(
+                    stream.0 as CUstream,
+                    word_device_addr,
+                    value,
+                    CU_STREAM_WRITE_VALUE_DEFAULT,
+                )
+            },
+            "cuStreamWriteValue32",
+        )
     }
 
     fn supports_stream_memops(&self, device_ordinal: u32) -> bool {
@@ -488,6 +633,9 @@ impl Device for CudaDevice {
     fn synchronize_stream(&self, stream: StreamHandle) -> Result<(), DeviceError> {
         self.ensure_any_current()?;
         // SAFETY: a user stream handle; invalid ones yield an error code.
-        self.call(unsafe { (self.api.cuStreamSynchronize)(stream.0 as CUstream) }, "cuStreamSynchronize")
+        self.call(
+            unsafe { (self.api.cuStreamSynchronize)(stream.0 as CUstream) },
+            "cuStreamSynchronize",
+        )
     }
 }

@@ -123,7 +123,8 @@ impl Library {
         for name in names {
             let c_name = std::ffi::CString::new(*name).map_err(|e| e.to_string())?;
             // SAFETY: c_name is a valid C string; dlopen has no other preconditions.
-            let handle = unsafe { libc::dlopen(c_name.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+            let handle =
+                unsafe { libc::dlopen(c_name.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
             if !handle.is_null() {
                 return Ok(Library(handle));
             }
