@@ -1,3 +1,35 @@
-//! hipfile-capi will own the C API: `libhipfile.so.0` / `libhipfile.a` exporting every
-//! hipFile symbol, `include/hipfile.h` and `hipfile.pc`. It is the only crate with
-//! `extern "C"` exports. Not built yet: see the open issues.
+//! hipfile-capi: `libhipfile`, the hipFile C API of hipfile-rs.
+//!
+//! It owns the C boundary of the project — the only `extern "C"` exports:
+//! - every function of hipFile's `hipfile.h` ([`api`], [`batch`]), declared in
+//!   `include/hipfile.h` with hipFile's signatures, enum values and struct layouts;
+//! - the `hipfileCpu*` extension API of `include/hipfile_cpu.h` ([`cpu_ext`]), through
+//!   which `libhipfile_hip_cpu.so` (the cpu HIP runtime, `capi/hip-cpu`) reaches the
+//!   in-process cpu device the driver uses.
+//!
+//! Built as `libhipfile.so` (soname `libhipfile.so.0`) and `libhipfile.a`; `hipfile.pc.in`
+//! and `install.sh` install both with the headers and a pkg-config file.
+//!
+//! Every export is declared through [`boundary::ffi_fn!`]: `#[unsafe(no_mangle)] pub
+//! unsafe extern "C" fn`, body under a guard that turns a panic into
+//! `hipFileInternalError`. The exports use one process-wide driver
+//! (`hipfile_runtime::capi_support::global`), configured from `HIPFILE_*`.
+//!
+//! # Example
+//!
+//! The exports are ordinary Rust functions too:
+//!
+//! ```
+//! use hipfile::api::hipFileGetVersion;
+//!
+//! let (mut major, mut minor) = (9, 9);
+//! // SAFETY: valid pointers; NULL is allowed for `patch`.
+//! let status = unsafe { hipFileGetVersion(&mut major, &mut minor, std::ptr::null_mut()) };
+//! assert_eq!((status.err, major, minor), (0, 0, 2));
+//! ```
+
+pub mod api;
+pub mod batch;
+pub mod boundary;
+pub mod cpu_ext;
+pub mod types;

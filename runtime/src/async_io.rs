@@ -458,9 +458,8 @@ impl AsyncOp {
         let word = self.stream.word();
         // SAFETY: the word lives in the driver's word pool as long as the driver, which
         // outlives every op (ops hold an Arc of it).
-        if let Err(error) =
-            unsafe { device.stream_wait_value32(handle, word.device_addr, self.sequence) }
-        {
+        let waited = unsafe { device.stream_wait_value32(handle, word.device_addr, self.sequence) };
+        if let Err(error) = waited {
             // The arm will run and find the op abandoned; it still releases the word.
             self.abandon();
             return Err(EnqueueError { error: Error::device(error), nothing_queued: false });

@@ -8,6 +8,13 @@
 #include <hipfile.h>
 #include <hipfile_cpu.h>
 
+#if defined(HIPFILE_EXPECT_FALLBACK) && defined(HIPFILE_HAVE_HIP_RUNTIME_API)
+#error "the HIP runtime header was found: the fallback declarations were not tested"
+#endif
+#if !defined(HIPFILE_EXPECT_FALLBACK) && !defined(HIPFILE_HAVE_HIP_RUNTIME_API)
+#error "the HIP runtime header was not found"
+#endif
+
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>

@@ -3,7 +3,7 @@
  * through the C ABI in one fresh process (the driver starts closed; the order of the
  * checks matters because some rows need the use count at 0):
  *   error strings and IS_HIPFILE_ERR / HIPFILE_ERRSTR for every code and unknown values,
- *   D27, D28, D3, D8, D9, D19, S5, S6, S7, D29-D34, A14, A15, A16, A2, sync I/O (D20-D23),
+ *   D27, D28, D3, D7, D8, D9, D19, S5, S6, S7, D29-D34, A14, A15, A16, A2, sync I/O (D20-D23),
  *   hipFileError_t filling (hip_drv_err only with 5011), buffer rows D10-D13, D16, D18.
  */
 #define _GNU_SOURCE
@@ -161,6 +161,15 @@ static void handles_driver_closed(int fd) {
     EXPECT_ERR(hipFileHandleRegister(&fh, &descr), hipFileIONotSupported);
     descr.type = (hipFileFileHandleType_t)42;
     EXPECT_ERR(hipFileHandleRegister(&fh, &descr), hipFileIONotSupported);
+    /* D7: a bad descriptor (negative, or not open): an error (5030, as hipFile's failing
+     * statx), the handle untouched and the count still 0. */
+    descr.type = hipFileHandleTypeOpaqueFD;
+    descr.handle.fd = -1;
+    EXPECT_ERR(hipFileHandleRegister(&fh, &descr), hipFileInternalError);
+    descr.handle.fd = 1000000;
+    EXPECT_ERR(hipFileHandleRegister(&fh, &descr), hipFileInternalError);
+    EXPECT(fh == (hipFileHandle_t)0x1234);
+    EXPECT(hipFileUseCount() == 0);
     /* D9: deregistering NULL, garbage, with the driver closed: no crash, count unchanged. */
     hipFileHandleDeregister(NULL);
     hipFileHandleDeregister((hipFileHandle_t)0xdeadbeef);

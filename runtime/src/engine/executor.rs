@@ -728,24 +728,28 @@ impl Executor {
         first_error
     }
 
-    /// Polls an event without blocking the executor: a few yields first (copies of small
-    /// chunks finish in microseconds), then timer sleeps with backoff.
+    /// Polls an event without blocking the executor: yields for up to
+    /// [`EVENT_SPIN`] (copies of small chunks finish in microseconds, and a timer sleep
+    /// costs ~50 µs of wake-up), then timer sleeps with backoff.
     async fn wait_event(&self, event: EventHandle) -> Result<(), DeviceError> {
-        let mut attempt = 0u32;
+        let started = std::time::Instant::now();
+        let mut sleep_us = 10;
         loop {
             if self.setup.device.event_done(event)? {
                 return Ok(());
             }
-            attempt += 1;
-            if attempt < 32 {
+            if started.elapsed() < EVENT_SPIN {
                 glommio::executor().yield_task_queue_now().await;
             } else {
-                let sleep_us = u64::from((attempt - 31).min(20)) * 10;
                 glommio::timer::sleep(Duration::from_micros(sleep_us)).await;
+                sleep_us = (sleep_us * 2).min(200);
             }
         }
     }
 }
+
+/// How long [`Executor::wait_event`] polls by yielding before it sleeps.
+const EVENT_SPIN: Duration = Duration::from_micros(200);
 
 type PlanIter = hipfile_core::ChunkPlan;
 

@@ -187,10 +187,8 @@ impl CudaDevice {
         self.make_current(ordinal)?;
         let mut stream: CUstream = std::ptr::null_mut();
         // SAFETY: valid out-pointer.
-        self.call(
-            unsafe { (self.api.cuStreamCreate)(&mut stream, CU_STREAM_NON_BLOCKING) },
-            "cuStreamCreate",
-        )?;
+        let code = unsafe { (self.api.cuStreamCreate)(&mut stream, CU_STREAM_NON_BLOCKING) };
+        self.call(code, "cuStreamCreate")?;
         Ok(StreamHandle(stream as usize))
     }
 
@@ -371,10 +369,8 @@ impl Device for CudaDevice {
             self.call(unsafe { (self.api.cuCtxGetCurrent)(&mut context) }, "cuCtxGetCurrent")?;
         } else {
             // SAFETY: valid out-pointer; an invalid stream yields an error code.
-            self.call(
-                unsafe { (self.api.cuStreamGetCtx)(stream.0 as CUstream, &mut context) },
-                "cuStreamGetCtx",
-            )?;
+            let code = unsafe { (self.api.cuStreamGetCtx)(stream.0 as CUstream, &mut context) };
+            self.call(code, "cuStreamGetCtx")?;
         }
         self.ordinal_of_context(context)
     }
@@ -384,10 +380,8 @@ impl Device for CudaDevice {
         let mut host: *mut c_void = std::ptr::null_mut();
         let flags = CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP;
         // SAFETY: valid out-pointer.
-        self.call(
-            unsafe { (self.api.cuMemHostAlloc)(&mut host, len_bytes, flags) },
-            "cuMemHostAlloc",
-        )?;
+        let code = unsafe { (self.api.cuMemHostAlloc)(&mut host, len_bytes, flags) };
+        self.call(code, "cuMemHostAlloc")?;
         let mut device_addr: CUdeviceptr = 0;
         // SAFETY: `host` is mapped pinned memory we just allocated.
         let mapped = unsafe { (self.api.cuMemHostGetDevicePointer)(&mut device_addr, host, 0) };
@@ -415,10 +409,8 @@ impl Device for CudaDevice {
         let flags = CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP;
         // SAFETY: the caller guarantees the range is valid host memory that outlives the
         // registration.
-        self.call(
-            unsafe { (self.api.cuMemHostRegister)(host_ptr.cast(), len_bytes, flags) },
-            "cuMemHostRegister",
-        )?;
+        let code = unsafe { (self.api.cuMemHostRegister)(host_ptr.cast(), len_bytes, flags) };
+        self.call(code, "cuMemHostRegister")?;
         let mut device_addr: CUdeviceptr = 0;
         // SAFETY: registered, mapped host memory.
         let mapped =
@@ -498,17 +490,14 @@ impl Device for CudaDevice {
             None => {
                 let mut event: CUevent = std::ptr::null_mut();
                 // SAFETY: valid out-pointer.
-                self.call(
-                    unsafe { (self.api.cuEventCreate)(&mut event, CU_EVENT_DISABLE_TIMING) },
-                    "cuEventCreate",
-                )?;
+                let code = unsafe { (self.api.cuEventCreate)(&mut event, CU_EVENT_DISABLE_TIMING) };
+                self.call(code, "cuEventCreate")?;
                 Box::new(EventEntry { event, ordinal: entry.ordinal })
             }
         };
         // SAFETY: event and stream belong to the same (current) context.
-        if let Err(error) = self
-            .call(unsafe { (self.api.cuEventRecord)(event.event, entry.stream) }, "cuEventRecord")
-        {
+        let code = unsafe { (self.api.cuEventRecord)(event.event, entry.stream) };
+        if let Err(error) = self.call(code, "cuEventRecord") {
             self.destroy_event(EventHandle(Box::into_raw(event) as usize));
             return Err(error);
         }
