@@ -11,4 +11,13 @@ for suite in "${suites[@]}"; do
         | grep -o '"executable":"[^"]*"' | tail -1 | cut -d'"' -f4)
   cp "$exe" "$out/tests/$suite"
 done
-ls -la "$out/tests"
+# The C library and what the C programs need on a machine without Debian's HIP package:
+# our headers, the C sources, and a copy of HIP's headers (their NVIDIA platform part).
+cargo build --release -p hipfile-capi >/dev/null
+mkdir -p "$out/lib" "$out/include" "$out/c"
+cp target/release/libhipfile.so "$out/lib/libhipfile.so.0"
+ln -sf libhipfile.so.0 "$out/lib/libhipfile.so"
+cp capi/include/*.h "$out/include/"
+cp tests/c/abi.c tests/c/hip_async.c "$out/c/"
+if [ -d /usr/include/hip ]; then cp -r /usr/include/hip "$out/include/hip"; fi
+ls -la "$out/tests" "$out/lib"
