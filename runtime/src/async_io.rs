@@ -135,11 +135,18 @@ pub struct AsyncStats {
     pub device_releases: AtomicU64,
     /// Ops released host-side.
     pub host_releases: AtomicU64,
+    /// Prefetched reads read again at arm because a write to their file was submitted
+    /// after the prefetch started.
+    pub prefetches_redone: AtomicU64,
 }
 
 /// One op in flight.
 struct AsyncOp {
     driver: Arc<Driver>,
+    /// Set when the op is dropped on an executor thread holding the last driver
+    /// reference: the driver is then dropped on a helper thread (an executor must not
+    /// join itself).
+    _driver_guard: DriverDropGuard,
     direction: Direction,
     args: AsyncArgs,
     _keepalive: Option<Arc<AsyncParams>>,
@@ -151,7 +158,9 @@ struct AsyncOp {
     file: Arc<FileHandle>,
     resources: Mutex<Option<(OpGuard, BufferUse)>>,
     machine: Mutex<OpMachine>,
-    gate: Mutex<Option<flume::Sender<()>>>,
+    gate: Mutex<Option<flume::Sender<bool>>>,
+    prefetch_generation: AtomicU64,
+    prefetch_cancelled: AtomicBool,
     hazard: Hazard,
     abandoned: AtomicBool,
     published: AtomicBool,
@@ -165,6 +174,16 @@ unsafe impl Send for AsyncOp {}
 unsafe impl Sync for AsyncOp {}
 
 static NEXT_HAZARD_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Buckets of per-file write counts (see [`Driver::note_write`]).
+const WRITE_GENERATION_BUCKETS: usize = 256;
+static WRITE_GENERATIONS: [AtomicU64; WRITE_GENERATION_BUCKETS] =
+    [const { AtomicU64::new(0) }; WRITE_GENERATION_BUCKETS];
+
+fn write_generation_bucket(file: &Arc<FileHandle>) -> &'static AtomicU64 {
+    let address = Arc::as_ptr(file) as usize;
+    &WRITE_GENERATIONS[(address >> 6) % WRITE_GENERATION_BUCKETS]
+}
 
 impl Driver {
     /// `hipFileStreamRegister`: see [`crate::stream`]. Needs no open driver.
@@ -351,6 +370,18 @@ impl Driver {
         }
     }
 
+    /// Counts a write submitted to `file` (async or sync): prefetched reads compare the
+    /// count at arm with the count when they started.
+    pub(crate) fn note_write(&self, file: &Arc<FileHandle>) {
+        write_generation_bucket(file).fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// The write count of `file` (shared by files hashing to the same bucket, which
+    /// only makes a prefetch redo more often, never less).
+    pub(crate) fn write_generation(&self, file: &Arc<FileHandle>) -> u64 {
+        write_generation_bucket(file).load(Ordering::SeqCst)
+    }
+
     fn may_prefetch(&self, file: &Arc<FileHandle>, range: FileRange) -> bool {
         match self.hazards().get(&(Arc::as_ptr(file) as usize)) {
             None => true,
@@ -414,11 +445,15 @@ impl AsyncOp {
             && state.flags.all_fixed()
             && driver.may_prefetch(&parts.file, range);
         let hazard = match parts.direction {
-            Direction::Write => driver.add_write_hazard(&parts.file, range),
+            Direction::Write => {
+                driver.note_write(&parts.file);
+                driver.add_write_hazard(&parts.file, range)
+            }
             Direction::Read => Hazard::None,
         };
         Arc::new(AsyncOp {
             driver: Arc::clone(driver),
+            _driver_guard: DriverDropGuard(Some(Arc::clone(driver))),
             direction: parts.direction,
             args: parts.args,
             _keepalive: parts.keepalive,
@@ -431,6 +466,8 @@ impl AsyncOp {
             resources: Mutex::new(Some((parts.guard, buffer.begin_use()))),
             machine: Mutex::new(OpMachine::new(parts.io.size_bytes(), prefetch)),
             gate: Mutex::new(None),
+            prefetch_generation: AtomicU64::new(0),
+            prefetch_cancelled: AtomicBool::new(false),
             hazard,
             abandoned: AtomicBool::new(false),
             published: AtomicBool::new(false),
@@ -444,6 +481,18 @@ impl AsyncOp {
     /// Enqueues arm + wait-value on the user's stream (the caller holds the stream's
     /// submit lock) and starts a prefetch when allowed.
     fn enqueue(self: &Arc<Self>, engine: &Engine) -> Result<(), EnqueueError> {
+        // The prefetch gate goes in place before the arm is enqueued (the arm may run at
+        // any moment and must find it); the prefetch job is posted once the enqueue
+        // succeeded (a gate opened early is buffered in the channel).
+        let prefetch_gate = if self.machine().apply(OpEvent::Prefetch).is_ok() {
+            let generation = self.driver.write_generation(&self.file);
+            self.prefetch_generation.store(generation, Ordering::SeqCst);
+            let (sender, receiver) = flume::bounded(1);
+            *self.gate.lock().unwrap_or_else(|p| p.into_inner()) = Some(sender);
+            Some(receiver)
+        } else {
+            None
+        };
         let device = self.driver.device();
         let handle = self.stream.handle;
         let raw = Arc::into_raw(Arc::clone(self)).cast_mut().cast::<c_void>();
@@ -465,10 +514,8 @@ impl AsyncOp {
             return Err(EnqueueError { error: Error::device(error), nothing_queued: false });
         }
         self.driver.async_stats().submitted.fetch_add(1, Ordering::Relaxed);
-        if self.machine().apply(OpEvent::Prefetch).is_ok() {
+        if let Some(receiver) = prefetch_gate {
             self.driver.async_stats().prefetched.fetch_add(1, Ordering::Relaxed);
-            let (sender, receiver) = flume::bounded(1);
-            *self.gate.lock().unwrap_or_else(|p| p.into_inner()) = Some(sender);
             self.post(engine, self.submitted, Some(receiver));
         }
         Ok(())
@@ -477,6 +524,8 @@ impl AsyncOp {
     /// Marks the op as not submitted: it publishes nothing and only cleans up.
     fn abandon(&self) {
         self.abandoned.store(true, Ordering::SeqCst);
+        // A prefetch job in flight sees its gate disconnect and ends without copying.
+        self.gate.lock().unwrap_or_else(|p| p.into_inner()).take();
         self.driver.remove_write_hazard(&self.file, self.hazard);
         self.resources.lock().unwrap_or_else(|p| p.into_inner()).take();
     }
@@ -491,7 +540,21 @@ impl AsyncOp {
         let gate = self.gate.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(gate) = gate {
             let _ = self.machine().apply(OpEvent::Arm);
-            let _ = gate.send(());
+            let fresh = self.driver.write_generation(&self.file)
+                == self.prefetch_generation.load(Ordering::SeqCst);
+            if fresh {
+                let _ = gate.send(true);
+                return;
+            }
+            // A write to the file was submitted after the prefetch started: what it staged
+            // may be stale. Drop it and read again, now in stream order.
+            self.prefetch_cancelled.store(true, Ordering::SeqCst);
+            let _ = gate.send(false);
+            self.driver.async_stats().prefetches_redone.fetch_add(1, Ordering::Relaxed);
+            match self.driver.engine() {
+                Ok(engine) => self.post(engine, self.submitted, None),
+                Err(error) => self.publish(Outcome::Library(error.code), None),
+            }
             return;
         }
         // SAFETY: hipFile's contract: unfixed parameter pointers are valid until the op
@@ -517,7 +580,7 @@ impl AsyncOp {
 
     /// Posts the op's job(s): one job on the stream's executor, or, for large ops, one
     /// per part over several executors (host release once all parts finished).
-    fn post(self: &Arc<Self>, engine: &Engine, io: ValidIo, gate: Option<flume::Receiver<()>>) {
+    fn post(self: &Arc<Self>, engine: &Engine, io: ValidIo, gate: Option<flume::Receiver<bool>>) {
         let parts = if gate.is_some() {
             vec![(0, io.size_bytes())]
         } else {
@@ -532,8 +595,11 @@ impl AsyncOp {
             };
             let op = Arc::clone(self);
             let joiner = Arc::clone(&joiner);
+            let prefetch_job = gate.is_some();
             let done: crate::engine::JobDone = Box::new(move |end: JobEnd<'_>| {
-                if !fan_out {
+                if prefetch_job && op.prefetch_cancelled.load(Ordering::SeqCst) {
+                    // Superseded by the job posted at arm.
+                } else if !fan_out {
                     op.finish(end);
                 } else if let Some((outcome, error)) =
                     joiner.part_done(index, end.outcome, end.device_error)
@@ -633,6 +699,25 @@ impl Drop for AsyncOp {
     fn drop(&mut self) {
         if !self.published.load(Ordering::SeqCst) && !self.abandoned.load(Ordering::SeqCst) {
             self.publish(Outcome::Library(OpError::InternalError), None);
+        }
+    }
+}
+
+/// Holds a driver reference and, when it is the last one and the op is dropped on an
+/// executor thread, drops it on a helper thread: dropping the driver stops the engine,
+/// which joins the executors, and an executor cannot join itself.
+struct DriverDropGuard(Option<Arc<Driver>>);
+
+impl Drop for DriverDropGuard {
+    fn drop(&mut self) {
+        let Some(driver) = self.0.take() else { return };
+        let on_executor = std::thread::current()
+            .name()
+            .is_some_and(|name| name.starts_with(crate::engine::EXECUTOR_THREAD_PREFIX));
+        if on_executor && Arc::strong_count(&driver) == 1 {
+            let _ = std::thread::Builder::new()
+                .name("hipfile-driver-drop".into())
+                .spawn(move || drop(driver));
         }
     }
 }

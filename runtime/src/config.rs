@@ -66,7 +66,9 @@ const REASON_STAGING: &str = "must be a positive integer number of MiB that fits
 const REASON_STAGING_CHUNKS: &str = "must hold at least 2 chunks of HIPFILE_CHUNK_KB";
 const REASON_PINNED_OVERFLOW: &str =
     "executor count x staging + pinned fallback overflows usize bytes";
-const REASON_FALLBACK: &str = "must be an integer number of MiB (0 = none) that fits in usize";
+const REASON_FALLBACK: &str = "must be an integer number of MiB that fits in usize";
+const REASON_FALLBACK_CHUNK: &str =
+    "must hold at least one chunk of HIPFILE_CHUNK_KB (the engine's backpressure needs one)";
 const REASON_PARALLELISM: &str = "must be an integer between 1 and the executor count";
 const REASON_QUEUE_DEPTH: &str = "must be an integer between 1 and 64";
 const REASON_CPU_DEVICES: &str = "must be an integer between 1 and 16";
@@ -84,7 +86,8 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     (STAGING_MB, "pinned staging arena per executor in MiB, at least 2 chunks (default 32)"),
     (
         PINNED_FALLBACK_MB,
-        "extra pinned staging in MiB used when an arena is exhausted, 0 = none (default 16)",
+        "extra pinned staging in MiB used when an arena is exhausted, at least one chunk \
+         (default 16, or one chunk if larger)",
     ),
     (ODIRECT, "O_DIRECT policy: auto, on or off (default auto)"),
     (
@@ -219,10 +222,13 @@ impl Config {
         config.staging_chunk_bytes = parse_chunk_bytes(get(CHUNK_KB))?;
         config.staging_per_executor_bytes =
             parse_mib(STAGING_MB, get(STAGING_MB), DEFAULT_STAGING_MB, 1, REASON_STAGING)?;
+        // Unset: 16 MiB, or one chunk when chunks are larger.
+        let default_fallback_mb =
+            DEFAULT_PINNED_FALLBACK_MB.max(config.staging_chunk_bytes.div_ceil(MIB));
         config.pinned_fallback_cap_bytes = parse_mib(
             PINNED_FALLBACK_MB,
             get(PINNED_FALLBACK_MB),
-            DEFAULT_PINNED_FALLBACK_MB,
+            default_fallback_mb,
             0,
             REASON_FALLBACK,
         )?;
@@ -285,6 +291,10 @@ impl Config {
         })?;
         check(STAGING_MB, in_unit(staging_bytes, MIB), REASON_PINNED_OVERFLOW, || {
             self.checked_pinned_cap_bytes().is_some()
+        })?;
+        let fallback_bytes = self.pinned_fallback_cap_bytes;
+        check(PINNED_FALLBACK_MB, in_unit(fallback_bytes, MIB), REASON_FALLBACK_CHUNK, || {
+            fallback_bytes >= chunk_bytes
         })?;
         let parallelism = self.request_parallelism;
         check(REQUEST_PARALLELISM, parallelism.to_string(), REASON_PARALLELISM, || {

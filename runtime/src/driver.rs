@@ -406,6 +406,9 @@ impl Driver {
         }
         let engine = self.engine()?;
         let _buffer_use = buffer.begin_use();
+        if direction == Direction::Write {
+            self.note_write(&file);
+        }
         let request = SyncRequest {
             file,
             direction,

@@ -188,10 +188,13 @@ fn each_variable_is_parsed() {
     let config = parse_ok(&[("HIPFILE_CHUNK_KB", "65536"), ("HIPFILE_STAGING_MB", "128")]);
     assert_eq!(config.staging_chunk_bytes, 64 * MIB);
     assert_eq!(config.staging_per_executor_bytes, 128 * MIB);
-    let config = parse_ok(&[("HIPFILE_STAGING_MB", "2"), ("HIPFILE_PINNED_FALLBACK_MB", "0")]);
+    let config = parse_ok(&[("HIPFILE_STAGING_MB", "2"), ("HIPFILE_PINNED_FALLBACK_MB", "1")]);
     assert_eq!(config.staging_per_executor_bytes, 2 * MIB);
-    assert_eq!(config.pinned_fallback_cap_bytes, 0);
-    assert_eq!(config.pinned_cap_bytes(), 4 * 2 * MIB);
+    assert_eq!(config.pinned_fallback_cap_bytes, MIB);
+    assert_eq!(config.pinned_cap_bytes(), 4 * 2 * MIB + MIB);
+    let error =
+        rejected(&[("HIPFILE_PINNED_FALLBACK_MB", "0")], &cpus(4), "HIPFILE_PINNED_FALLBACK_MB");
+    assert!(error.reason.contains("at least one chunk"), "{error}");
     let config = parse_ok(&[("HIPFILE_PINNED_FALLBACK_MB", "100")]);
     assert_eq!(config.pinned_fallback_cap_bytes, 100 * MIB);
     assert_eq!(parse_ok(&[("HIPFILE_REQUEST_PARALLELISM", "2")]).request_parallelism, 2);
@@ -250,8 +253,8 @@ fn mib_sizes_overflowing_usize_are_rejected() {
 fn pinned_cap_overflow_is_rejected() {
     // 2^43 MiB = 2^63 bytes per executor fits; two executors do not.
     let staging = (1u64 << 43).to_string();
-    let one = parse(&[("HIPFILE_STAGING_MB", &staging), ("HIPFILE_PINNED_FALLBACK_MB", "0")], &[0]);
-    assert_eq!(one.expect("one executor").pinned_cap_bytes(), 1 << 63);
+    let one = parse(&[("HIPFILE_STAGING_MB", &staging), ("HIPFILE_PINNED_FALLBACK_MB", "1")], &[0]);
+    assert_eq!(one.expect("one executor").pinned_cap_bytes(), (1 << 63) + MIB);
     let error = rejected(&[("HIPFILE_STAGING_MB", &staging)], &cpus(2), "HIPFILE_STAGING_MB");
     assert!(error.reason.contains("overflow"), "{error}");
 }

@@ -12,8 +12,8 @@ use std::time::Duration;
 use glommio::io::{DmaBuffer, DmaFile, OpenOptions, ReadResult};
 use glommio::{LocalExecutorBuilder, Placement, Task};
 use hipfile_core::{
-    BufferSpan, Chunk, ChunkMode, Direction, OpError, Outcome, PlanConfig, RawIo, StreamFlags,
-    validate,
+    BufferSpan, Chunk, ChunkMode, DioAlignment, Direction, OpError, Outcome, PlanConfig, RawIo,
+    StreamFlags, validate,
 };
 
 use super::staging::{Arena, FallbackChunk, FallbackPool};
@@ -32,13 +32,14 @@ pub(super) struct Setup {
     pub chunk_bytes: usize,
     pub arena_bytes: usize,
     pub chunks_in_flight: usize,
+    pub page_bytes: u64,
     pub receiver: flume::Receiver<Request>,
 }
 
 /// Spawns the executor thread.
 pub(super) fn spawn(setup: Setup) -> glommio::Result<glommio::ExecutorJoinHandle<()>, ()> {
     LocalExecutorBuilder::new(Placement::Fixed(setup.cpu))
-        .name(&format!("hipfile-io-{}", setup.index))
+        .name(&format!("{}{}", super::EXECUTOR_THREAD_PREFIX, setup.index))
         .io_memory(setup.arena_bytes)
         .spawn(move || async move { Executor::new(setup).run().await })
 }
@@ -312,8 +313,15 @@ impl Executor {
             buffer_offset_bytes: 0,
         };
         let io = validate(raw, buffer, StreamFlags::empty(), 4096)?;
+        // Direct and buffered chunks never share a page: a page the buffered path dirties
+        // next to an O_DIRECT write makes the kernel fail its page-cache invalidation
+        // (and the next fsync of the file report EIO).
+        let page_bytes = self.setup.page_bytes;
         let dio = if files.direct.is_some() && !files.uring_refused.get() {
-            file.dio_alignment()
+            file.dio_alignment().map(|d| DioAlignment {
+                offset_bytes: d.offset_bytes.max(page_bytes),
+                memory_bytes: d.memory_bytes,
+            })
         } else {
             None
         };
@@ -327,7 +335,7 @@ impl Executor {
         files: &Rc<OpenFiles>,
         stream: InternalStream,
         range: JobRange,
-        mut arm_gate: Option<&flume::Receiver<()>>,
+        mut arm_gate: Option<&flume::Receiver<bool>>,
     ) -> (Outcome, Option<DeviceError>, VecDeque<InFlightCopy>) {
         let mut copies = VecDeque::new();
         let mut chunks = match self.plan(files, file, range) {
@@ -358,7 +366,7 @@ impl Executor {
                     let got = staging_len(&staging).min(chunk.len_bytes as usize);
                     file.record_bytes(Direction::Read, chunk.mode, got as u64);
                     if let Some(gate) = arm_gate.take()
-                        && gate.recv_async().await.is_err()
+                        && gate.recv_async().await != Ok(true)
                     {
                         failure = Some((Outcome::Library(OpError::InternalError), None));
                         stop = true;
@@ -544,8 +552,15 @@ impl Executor {
         stream: InternalStream,
         range: JobRange,
     ) -> (Outcome, Option<DeviceError>, VecDeque<InFlightCopy>) {
+        // Direct chunks first, buffered head and tail after them and never at the same
+        // time (see `plan`): the page cache then never holds dirty pages of a range an
+        // O_DIRECT write of this op is about to invalidate.
         let mut chunks = match self.plan(files, file, range) {
-            Ok(plan) => plan.collect::<VecDeque<_>>(),
+            Ok(plan) => {
+                let (direct, buffered): (VecDeque<_>, VecDeque<_>) =
+                    plan.partition(|c| c.mode == ChunkMode::Direct);
+                direct.into_iter().chain(buffered).collect::<VecDeque<_>>()
+            }
             Err(code) => return (Outcome::Library(code), None, VecDeque::new()),
         };
         let depth = self.setup.chunks_in_flight.max(1);
@@ -576,21 +591,17 @@ impl Executor {
                 if let (Err(error), None) = (waited, &failure) {
                     failure = Some((Outcome::Library(OpError::HipDriverError), Some(error)));
                 }
+                let mode_switch = writes.back().is_some_and(|(c, _)| c.mode != chunk.mode);
+                if mode_switch {
+                    self.drain_writes(file, &mut writes, &mut total_bytes, &mut failure).await;
+                }
                 if failure.is_none() {
                     writes.push_back((chunk, self.spawn_chunk_write(files, file, chunk, staging)));
                 }
             }
             if writes.len() >= depth || (staged.is_empty() && !writes.is_empty()) {
                 let (chunk, task) = writes.pop_front().expect("checked non-empty");
-                match task.await {
-                    Ok(n) => {
-                        file.record_bytes(Direction::Write, chunk.mode, n as u64);
-                        total_bytes += n as u64;
-                    }
-                    Err(errno) => {
-                        failure.get_or_insert((Outcome::OsError(errno), None));
-                    }
-                }
+                record_write(file, chunk, task.await, &mut total_bytes, &mut failure);
             }
             if staged.is_empty() && writes.is_empty() && (chunks.is_empty() || failure.is_some()) {
                 break;
@@ -599,6 +610,18 @@ impl Executor {
         match failure {
             Some((outcome, device_error)) => (outcome, device_error, VecDeque::new()),
             None => (Outcome::Bytes(total_bytes), None, VecDeque::new()),
+        }
+    }
+
+    async fn drain_writes(
+        &self,
+        file: &FileHandle,
+        writes: &mut VecDeque<(Chunk, Task<Result<usize, i32>>)>,
+        total_bytes: &mut u64,
+        failure: &mut Option<(Outcome, Option<DeviceError>)>,
+    ) {
+        while let Some((chunk, task)) = writes.pop_front() {
+            record_write(file, chunk, task.await, total_bytes, failure);
         }
     }
 
@@ -752,6 +775,24 @@ impl Executor {
 const EVENT_SPIN: Duration = Duration::from_micros(200);
 
 type PlanIter = hipfile_core::ChunkPlan;
+
+fn record_write(
+    file: &FileHandle,
+    chunk: Chunk,
+    result: Result<usize, i32>,
+    total_bytes: &mut u64,
+    failure: &mut Option<(Outcome, Option<DeviceError>)>,
+) {
+    match result {
+        Ok(n) => {
+            file.record_bytes(Direction::Write, chunk.mode, n as u64);
+            *total_bytes += n as u64;
+        }
+        Err(errno) => {
+            failure.get_or_insert((Outcome::OsError(errno), None));
+        }
+    }
+}
 
 #[derive(Clone, Copy)]
 struct JobRange {

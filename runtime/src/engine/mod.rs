@@ -22,6 +22,9 @@ use crate::file::{FileHandle, OpGuard};
 
 pub(crate) use staging::FallbackPool;
 
+/// Executor threads are named with this prefix and their index.
+pub const EXECUTOR_THREAD_PREFIX: &str = "hipfile-io-";
+
 /// Capacity of each executor's job channel: senders block (backpressure) beyond it.
 pub const JOB_QUEUE_CAPACITY: usize = 1024;
 
@@ -97,10 +100,11 @@ pub(crate) struct IoJob {
     /// `false`: for reads, `done` runs once every copy is *enqueued*, so it can release a
     /// stream device-side after them; staging is recycled when the copies complete.
     pub wait_for_copies: bool,
-    /// For a prefetching read: copies to the device wait until this receives (the stream
-    /// reached the op) — disk reads start at once. A disconnected gate (the op was
-    /// abandoned) fails the job without touching device memory.
-    pub arm_gate: Option<flume::Receiver<()>>,
+    /// For a prefetching read: copies to the device wait until this receives `true` (the
+    /// stream reached the op) — disk reads start at once. `false` (the staged data may be
+    /// stale) or a disconnected gate (the op was abandoned) ends the job without touching
+    /// device memory.
+    pub arm_gate: Option<flume::Receiver<bool>>,
     /// Called once with the result.
     pub done: Completion,
 }
@@ -199,6 +203,7 @@ impl Engine {
                 chunk_bytes: config.staging_chunk_bytes,
                 arena_bytes: config.staging_per_executor_bytes,
                 chunks_in_flight: config.chunks_in_flight,
+                page_bytes: crate::sys::page_size_bytes(),
                 receiver,
             };
             let thread = executor::spawn(setup).map_err(|e| EngineError {

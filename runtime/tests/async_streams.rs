@@ -1,0 +1,496 @@
+//! Stream order and concurrency: FIFO execution on one stream (behaviour.md §5.2 A9),
+//! other stream work (host functions, copies, memsets) ordered around our ops, several
+//! streams into one buffer (DESIGN.md "Decided behaviour": correct data, always),
+//! registration while ops are in flight, and large ops fanned out over executors.
+
+mod async_support;
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use async_support::*;
+use hipfile_core::Direction;
+use hipfile_runtime::device::StreamHandle;
+use hipfile_runtime::{AsyncArgs, AsyncParams, HandleId};
+
+const OPS: usize = 127;
+const OP_BYTES: usize = 16 * KIB;
+const STEP: usize = 8 * KIB;
+
+/// One A9 op: its own offsets and result, sharing `size` with the others.
+fn a9_args(size: &AsyncParams, own: &AsyncParams) -> AsyncArgs {
+    AsyncArgs { size_p: size.size_bytes.as_ptr(), ..args_of(own) }
+}
+
+/// Submits the 127 A9 ops on a held `stream` (raw form), releases it, waits, and
+/// checks every `*bytes_p`.
+fn a9_run(
+    rig: &Rig,
+    direction: Direction,
+    handle: HandleId,
+    buffer: u64,
+    stream: StreamHandle,
+    offsets: &[(i64, i64)],
+) {
+    let size = AsyncParams::new(OP_BYTES, 0);
+    let ops: Vec<Arc<AsyncParams>> = offsets
+        .iter()
+        .map(|&(file, buffer)| {
+            let p = AsyncParams::new(0, file);
+            p.buffer_offset_bytes.store(buffer, Ordering::SeqCst);
+            p
+        })
+        .collect();
+    let gate = rig.device.pause_stream(stream).expect("pause");
+    for op in &ops {
+        let args = a9_args(&size, op);
+        // SAFETY: `size` and `ops` outlive the ops (the stream is synchronized below,
+        // and `ops` is never resized); the buffer lives as long as the device.
+        let result = unsafe {
+            match direction {
+                Direction::Read => rig.driver.read_async(handle, buffer, args, stream),
+                Direction::Write => rig.driver.write_async(handle, buffer, args, stream),
+            }
+        };
+        result.expect("A9 op accepted");
+    }
+    gate.release();
+    rig.sync(stream);
+    for (i, op) in ops.iter().enumerate() {
+        assert_eq!(bytes(op), OP_BYTES as isize, "A9 {direction:?} op {i}");
+    }
+}
+
+#[test]
+fn a9_fifo_reads_at_overlapping_buffer_offsets() {
+    // Op i reads file[16K·i..+16K] into buffer[8K·i..+16K]: each op overwrites the second
+    // half of the previous one, so only FIFO execution leaves buffer chunk j = the first
+    // half of op j's data.
+    for flags in [Some(0), None, Some(3)] {
+        let rig = Rig::new();
+        let data = pattern(21, OPS * OP_BYTES);
+        let file = TempFile::new("a9r", &data);
+        let fd = file.open_rw();
+        let handle = rig.register(&fd);
+        let buffer_len = (OPS + 1) * STEP;
+        let buffer = rig.alloc(buffer_len);
+        let stream = rig.stream_with(flags);
+        let offsets: Vec<(i64, i64)> =
+            (0..OPS).map(|i| ((i * OP_BYTES) as i64, (i * STEP) as i64)).collect();
+        a9_run(&rig, Direction::Read, handle, buffer, stream, &offsets);
+        let mut want = Vec::with_capacity(buffer_len);
+        for j in 0..OPS {
+            want.extend_from_slice(&data[j * OP_BYTES..j * OP_BYTES + STEP]);
+        }
+        want.extend_from_slice(&data[(OPS - 1) * OP_BYTES + STEP..OPS * OP_BYTES]);
+        assert_bytes(&rig.dev_bytes(buffer, buffer_len), &want, &format!("A9 reads {flags:?}"));
+    }
+}
+
+#[test]
+fn a9_fifo_writes_at_overlapping_file_offsets() {
+    // Op i writes buffer[16K·i..+16K] to file[8K·i..+16K].
+    for flags in [Some(0), None, Some(3)] {
+        let rig = Rig::new();
+        let file_len = (OPS + 1) * STEP;
+        let file = TempFile::new("a9w", &vec![0; file_len]);
+        let fd = file.open_rw();
+        let handle = rig.register(&fd);
+        let source = pattern(22, OPS * OP_BYTES);
+        let buffer = rig.alloc(OPS * OP_BYTES);
+        rig.set_dev_bytes(buffer, &source);
+        let stream = rig.stream_with(flags);
+        let offsets: Vec<(i64, i64)> =
+            (0..OPS).map(|i| ((i * STEP) as i64, (i * OP_BYTES) as i64)).collect();
+        a9_run(&rig, Direction::Write, handle, buffer, stream, &offsets);
+        let mut want = Vec::with_capacity(file_len);
+        for j in 0..OPS {
+            want.extend_from_slice(&source[j * OP_BYTES..j * OP_BYTES + STEP]);
+        }
+        want.extend_from_slice(&source[(OPS - 1) * OP_BYTES + STEP..OPS * OP_BYTES]);
+        assert_bytes(&file.contents(), &want, &format!("A9 writes {flags:?}"));
+    }
+}
+
+#[test]
+fn a9_shared_size_changed_while_held_applies_to_every_unfixed_op() {
+    // The 127 ops share one size variable: shrinking it while the stream is held changes
+    // every op (flags 0), none (FIXED_FILE_SIZE).
+    for (flags, want) in [(0u32, 12 * KIB), (4, OP_BYTES)] {
+        let rig = Rig::new();
+        let data = pattern(23, OPS * OP_BYTES);
+        let file = TempFile::new("a9s", &data);
+        let fd = file.open_rw();
+        let handle = rig.register(&fd);
+        let buffer = rig.alloc(OPS * OP_BYTES);
+        let stream = rig.registered_stream(flags);
+        let size = AsyncParams::new(OP_BYTES, 0);
+        let ops: Vec<Arc<AsyncParams>> = (0..OPS)
+            .map(|i| {
+                let p = AsyncParams::new(0, (i * OP_BYTES) as i64);
+                p.buffer_offset_bytes.store((i * OP_BYTES) as i64, Ordering::SeqCst);
+                p
+            })
+            .collect();
+        let gate = rig.device.pause_stream(stream).expect("pause");
+        for op in &ops {
+            // SAFETY: as in `a9_run`.
+            unsafe { rig.driver.read_async(handle, buffer, a9_args(&size, op), stream) }
+                .expect("accepted");
+        }
+        size.size_bytes.store(12 * KIB, Ordering::SeqCst);
+        gate.release();
+        rig.sync(stream);
+        let got = rig.dev_bytes(buffer, OPS * OP_BYTES);
+        for (i, op) in ops.iter().enumerate() {
+            assert_eq!(bytes(op), want as isize, "flags {flags} op {i}");
+            let at = i * OP_BYTES;
+            assert_bytes(&got[at..at + want], &data[at..at + want], "op data");
+            assert_all(&got[at + want..at + OP_BYTES], 0, "beyond the bound size");
+        }
+    }
+}
+
+/// What a host function saw: `*bytes_p` and the bytes it read.
+type Seen = Arc<Mutex<Option<(isize, Vec<u8>)>>>;
+
+#[test]
+fn host_function_after_an_op_sees_its_result() {
+    for flags in [None, Some(0), Some(7), Some(15)] {
+        let rig = Rig::new();
+        let data = pattern(24, MIB);
+        let file = TempFile::new("hostfn", &data);
+        let fd = file.open_rw();
+        let handle = rig.register(&fd);
+        let buffer = rig.alloc(MIB);
+        let stream = rig.stream_with(flags);
+        let gate = rig.device.pause_stream(stream).expect("pause");
+        let read = params(512 * KIB, 4096, 0);
+        rig.read(handle, buffer, &read, stream);
+        let seen: Seen = Arc::default();
+        {
+            let (read, seen, device) =
+                (Arc::clone(&read), Arc::clone(&seen), Arc::clone(&rig.device));
+            let observe = move || {
+                let got = read_device(&device, buffer, 512 * KIB);
+                *seen.lock().expect("lock") = Some((bytes(&read), got));
+            };
+            rig.device.launch_host_closure(stream, observe).expect("host closure");
+        }
+        // A write, then a host function that reads the file.
+        let source = rig.alloc(256 * KIB);
+        let written = pattern(25, 256 * KIB);
+        rig.set_dev_bytes(source, &written);
+        let write = params(256 * KIB, (MIB - 256 * KIB) as i64, 0);
+        rig.write(handle, source, &write, stream);
+        let file_seen: Seen = Arc::default();
+        {
+            let (write, file_seen, path) =
+                (Arc::clone(&write), Arc::clone(&file_seen), file.path.clone());
+            let observe = move || {
+                let contents = std::fs::read(&path).expect("read file");
+                *file_seen.lock().expect("lock") = Some((bytes(&write), contents));
+            };
+            rig.device.launch_host_closure(stream, observe).expect("host closure");
+        }
+        assert!(seen.lock().expect("lock").is_none(), "host function ran before the gate");
+        gate.release();
+        rig.sync(stream);
+        let (n, got) = seen.lock().expect("lock").take().expect("host function ran");
+        assert_eq!(n, (512 * KIB) as isize, "flags {flags:?}: final bytes seen by the host fn");
+        assert_bytes(&got, &data[4096..4096 + 512 * KIB], "data seen by the host function");
+        let (n, contents) = file_seen.lock().expect("lock").take().expect("ran");
+        assert_eq!(n, (256 * KIB) as isize, "flags {flags:?}: write bytes seen");
+        assert_bytes(&contents[MIB - 256 * KIB..], &written, "file seen by the host function");
+    }
+}
+
+#[test]
+fn copy_after_a_read_copies_the_read_data() {
+    for flags in [None, Some(0), Some(7)] {
+        let rig = Rig::new();
+        let data = pattern(26, MIB);
+        let file = TempFile::new("memcpy", &data);
+        let fd = file.open_rw();
+        let handle = rig.register(&fd);
+        let buffer = rig.alloc(MIB);
+        let copy = rig.alloc(MIB);
+        let host = rig.device.malloc_host(MIB).expect("malloc_host");
+        let stream = rig.stream_with(flags);
+        let gate = rig.device.pause_stream(stream).expect("pause");
+        let p = params(MIB - 1, 1, 0);
+        rig.read(handle, buffer, &p, stream);
+        // SAFETY: `copy` and `host` are the test's, untouched by anything else until the
+        // stream is synchronized; `buffer` is only written by the read before them.
+        unsafe {
+            rig.device.memcpy_async(stream, copy, buffer, MIB).expect("memcpy d2d");
+            rig.device.memcpy_async(stream, host.device_addr, buffer, MIB).expect("memcpy d2h");
+        }
+        gate.release();
+        rig.sync(stream);
+        assert_eq!(bytes(&p), (MIB - 1) as isize);
+        let got = rig.dev_bytes(copy, MIB - 1);
+        assert_bytes(&got, &data[1..], &format!("device copy after the read, flags {flags:?}"));
+        // SAFETY: pinned host memory of the test; the stream that wrote it is synchronized.
+        let host_bytes = unsafe { std::slice::from_raw_parts(host.host_ptr, MIB - 1) }.to_vec();
+        assert_bytes(&host_bytes, &data[1..], "host copy after the read");
+        // SAFETY: nothing uses `host` any more.
+        unsafe { rig.device.free_host(host) }.expect("free_host");
+    }
+}
+
+#[test]
+fn write_after_a_memset_writes_the_memset_bytes() {
+    for flags in [None, Some(0), Some(7)] {
+        let rig = Rig::new();
+        let file = TempFile::new("memset", &vec![0; MIB]);
+        let fd = file.open_rw();
+        let handle = rig.register(&fd);
+        let buffer = rig.alloc(MIB);
+        rig.set_dev_bytes(buffer, &pattern(27, MIB));
+        let stream = rig.stream_with(flags);
+        let gate = rig.device.pause_stream(stream).expect("pause");
+        // SAFETY: `buffer` is the test's; the memset and the write are ordered on `stream`.
+        unsafe { rig.device.memset_async(stream, buffer, 0xa5, MIB) }.expect("memset");
+        let p = params(MIB, 0, 0);
+        rig.write(handle, buffer, &p, stream);
+        // And a memset after the write must not leak into it.
+        // SAFETY: as above.
+        unsafe { rig.device.memset_async(stream, buffer, 0x11, MIB) }.expect("memset");
+        gate.release();
+        rig.sync(stream);
+        assert_eq!(bytes(&p), MIB as isize);
+        assert_all(&file.contents(), 0xa5, &format!("write ordered between memsets, {flags:?}"));
+    }
+}
+
+/// Stream `k` of `n` moves its own slice: buffer slice `k` ⇄ file slice `n-1-k`. Flags
+/// cycle through unregistered, 0, 7 and 15; streams without PAGE_ALIGNED use unaligned
+/// op boundaries and leave a few bytes of their slice untouched.
+fn many_streams_one_buffer(n: usize, direction: Direction) {
+    const TOTAL: usize = 4 * MIB;
+    // Writes with unaligned boundaries use buffered I/O only for now (see
+    // `unaligned_write_config`); reads keep O_DIRECT.
+    let rig = match direction {
+        Direction::Read => Rig::new(),
+        Direction::Write => Rig::with(1, unaligned_write_config()),
+    };
+    let slice = TOTAL / n;
+    let data = pattern(30 + n as u64, TOTAL);
+    let (file_init, buffer_init) = match direction {
+        Direction::Read => (data.clone(), vec![0; TOTAL]),
+        Direction::Write => (vec![0; TOTAL], data.clone()),
+    };
+    let file = TempFile::new("streams", &file_init);
+    let fd = file.open_rw();
+    let handle = rig.register(&fd);
+    let buffer = rig.alloc(TOTAL);
+    rig.set_dev_bytes(buffer, &buffer_init);
+    let flag_cycle = [None, Some(0), Some(7), Some(15)];
+    let mut streams = Vec::new();
+    let mut ops = Vec::new();
+    let mut want = match direction {
+        Direction::Read => vec![0; TOTAL],
+        Direction::Write => vec![0; TOTAL],
+    };
+    for k in 0..n {
+        let flags = flag_cycle[k % flag_cycle.len()];
+        let stream = rig.stream_with(flags);
+        let gate = rig.device.pause_stream(stream).expect("pause");
+        let aligned = flags.is_some_and(|f| f & 8 != 0);
+        let (buffer_start, file_start) = (k * slice, (n - 1 - k) * slice);
+        let cuts = if aligned { [0, slice / 2, slice] } else { [1, slice / 2 + 3, slice - 5] };
+        for pair in cuts.windows(2) {
+            let (from, to) = (pair[0], pair[1]);
+            let p = params(to - from, (file_start + from) as i64, (buffer_start + from) as i64);
+            rig.submit(direction, handle, buffer, &p, stream).expect("accepted");
+            let (target, source) = match direction {
+                Direction::Read => (buffer_start, file_start),
+                Direction::Write => (file_start, buffer_start),
+            };
+            want[target + from..target + to].copy_from_slice(&data[source + from..source + to]);
+            ops.push((k, p, to - from));
+        }
+        streams.push((stream, gate));
+    }
+    let streams: Vec<StreamHandle> = streams
+        .into_iter()
+        .map(|(stream, gate)| {
+            gate.release();
+            stream
+        })
+        .collect();
+    for &stream in &streams {
+        rig.sync(stream);
+    }
+    for (k, p, n_bytes) in &ops {
+        assert_eq!(bytes(p), *n_bytes as isize, "{n} streams, stream {k}");
+    }
+    let got = match direction {
+        Direction::Read => rig.dev_bytes(buffer, TOTAL),
+        Direction::Write => file.contents(),
+    };
+    assert_bytes(&got, &want, &format!("{n} streams, {direction:?}"));
+}
+
+#[test]
+fn one_stream_into_one_buffer() {
+    many_streams_one_buffer(1, Direction::Read);
+    many_streams_one_buffer(1, Direction::Write);
+}
+
+#[test]
+fn two_streams_into_one_buffer() {
+    many_streams_one_buffer(2, Direction::Read);
+    many_streams_one_buffer(2, Direction::Write);
+}
+
+#[test]
+fn eight_streams_into_one_buffer() {
+    many_streams_one_buffer(8, Direction::Read);
+    many_streams_one_buffer(8, Direction::Write);
+}
+
+#[test]
+fn sixteen_streams_into_one_buffer() {
+    many_streams_one_buffer(16, Direction::Read);
+    many_streams_one_buffer(16, Direction::Write);
+}
+
+#[test]
+fn deregister_a_stream_with_ops_in_flight() {
+    // hipFile: deregistration only removes the map entry; ops in flight complete.
+    for flags in [0u32, 7, 15] {
+        let rig = Rig::new();
+        let data = pattern(40, MIB);
+        let file = TempFile::new("dereg-stream", &data);
+        let fd = file.open_rw();
+        let handle = rig.register(&fd);
+        let buffer = rig.alloc(MIB);
+        let stream = rig.registered_stream(flags);
+        let gate = rig.device.pause_stream(stream).expect("pause");
+        let ops: Vec<_> = (0..4)
+            .map(|i| params(256 * KIB, (i * 256 * KIB) as i64, (i * 256 * KIB) as i64))
+            .collect();
+        for p in &ops {
+            rig.read(handle, buffer, p, stream);
+        }
+        rig.driver.stream_deregister(stream).expect("deregister with ops queued");
+        // The stream is unregistered now: registering it again works, and a second
+        // deregistration fails.
+        assert_eq!(code(rig.driver.stream_deregister(stream)), hipfile_core::OpError::InvalidValue);
+        gate.release();
+        rig.sync(stream);
+        for (i, p) in ops.iter().enumerate() {
+            assert_eq!(bytes(p), (256 * KIB) as isize, "flags {flags} op {i}");
+        }
+        assert_bytes(&rig.dev_bytes(buffer, MIB), &data, "data after deregistration");
+        // Reused unregistered, then registered again: both work and stay in order with
+        // the earlier ops.
+        let after = params(4096, 0, 0);
+        rig.write(handle, buffer + (MIB - 4096) as u64, &after, stream);
+        rig.driver.stream_register(stream, flags).expect("register again");
+        let again = params(4096, 0, 0);
+        rig.read(handle, buffer, &again, stream);
+        rig.sync(stream);
+        assert_eq!((bytes(&after), bytes(&again)), (4096, 4096));
+        let contents = file.contents();
+        assert_bytes(&contents[..4096], &data[MIB - 4096..], "write after deregistration");
+        assert_bytes(&rig.dev_bytes(buffer, 4096), &data[MIB - 4096..], "read after re-register");
+    }
+}
+
+#[test]
+fn ops_from_several_threads_on_one_stream_keep_submission_order() {
+    // Four threads submit to one stream, each op recording (in a host
+    // function right after it) a ticket: the tickets must come in the order the ops were
+    // enqueued, and each op must be complete when its host function runs.
+    let rig = Arc::new(Rig::new());
+    let data = pattern(41, MIB);
+    let file = TempFile::new("threads", &data);
+    let fd = file.open_rw();
+    let handle = rig.register(&fd);
+    let buffer = rig.alloc(MIB);
+    let stream = rig.registered_stream(0);
+    let order: Arc<Mutex<Vec<(usize, isize)>>> = Arc::default();
+    let submit_lock = Arc::new(Mutex::new(0usize));
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            let (rig, order, submit_lock) =
+                (Arc::clone(&rig), Arc::clone(&order), Arc::clone(&submit_lock));
+            std::thread::spawn(move || {
+                for i in 0..16 {
+                    let slot = t * 16 + i;
+                    let p = params(16 * KIB, (slot * 16 * KIB) as i64, (slot * 16 * KIB) as i64);
+                    // The lock makes "op then its host function" atomic against the other
+                    // threads, so the expected order is the order of lock acquisition.
+                    let mut seq = submit_lock.lock().expect("lock");
+                    let ticket = *seq;
+                    *seq += 1;
+                    rig.read(handle, buffer, &p, stream);
+                    let order = Arc::clone(&order);
+                    rig.device
+                        .launch_host_closure(stream, move || {
+                            order.lock().expect("lock").push((ticket, bytes(&p)));
+                        })
+                        .expect("closure");
+                    drop(seq);
+                }
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().expect("submitter");
+    }
+    rig.sync(stream);
+    let order = order.lock().expect("lock");
+    assert_eq!(order.len(), 64);
+    for (i, &(ticket, n)) in order.iter().enumerate() {
+        assert_eq!(ticket, i, "host functions ran in enqueue order");
+        assert_eq!(n, (16 * KIB) as isize, "op {ticket} complete before its host function");
+    }
+    assert_bytes(&rig.dev_bytes(buffer, MIB), &data, "all slots read");
+}
+
+/// 32 MiB in 256 KiB chunks over 2 executors (request_parallelism 2).
+#[test]
+fn large_ops_fan_out_and_are_verified() {
+    const LARGE: usize = 32 * MIB;
+    let rig = Rig::new();
+    assert_eq!(rig.driver.config().request_parallelism, 2);
+    let data = pattern(50, LARGE + 4096);
+    let file = TempFile::new("large", &data);
+    let fd = file.open_rw();
+    let handle = rig.register(&fd);
+    let buffer = rig.alloc(LARGE);
+    let jobs = |rig: &Rig| rig.driver.engine().expect("engine").stats().jobs;
+    for flags in [0u32, 7] {
+        let stream = rig.registered_stream(flags);
+        rig.set_dev_bytes(buffer, &vec![0; LARGE]);
+        let before = jobs(&rig);
+        let want = file.contents();
+        let p = params(LARGE, 4096, 0);
+        rig.read(handle, buffer, &p, stream);
+        rig.sync(stream);
+        assert_eq!(bytes(&p), LARGE as isize, "flags {flags}");
+        assert_bytes(&rig.dev_bytes(buffer, LARGE), &want[4096..], &format!("read, flags {flags}"));
+        // A prefetching read (flags 7) is one job on the stream's executor; otherwise the
+        // op is split in two parts, one per executor.
+        let parts = if flags == 7 { 1 } else { 2 };
+        wait_until("the read's jobs to finish", || jobs(&rig) - before >= parts);
+        assert_eq!(jobs(&rig) - before, parts, "flags {flags}: jobs of the read");
+
+        let source = pattern(51 + u64::from(flags), LARGE);
+        rig.set_dev_bytes(buffer, &source);
+        let before = jobs(&rig);
+        let p = params(LARGE, 0, 0);
+        rig.write(handle, buffer, &p, stream);
+        rig.sync(stream);
+        assert_eq!(bytes(&p), LARGE as isize, "write flags {flags}");
+        let contents = file.contents();
+        assert_bytes(&contents[..LARGE], &source, &format!("write, flags {flags}"));
+        assert_bytes(&contents[LARGE..], &data[LARGE..], "past the write");
+        wait_until("the write's jobs to finish", || jobs(&rig) - before >= 2);
+        assert_eq!(jobs(&rig) - before, 2, "flags {flags}: the write fans out");
+    }
+}

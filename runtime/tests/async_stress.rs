@@ -1,0 +1,345 @@
+//! Stress of the async path: 10 000 ops over 16 streams submitted from 4 threads, random
+//! sizes (1 B..256 KiB, log-uniform so most are small: the whole run stays within ~20 s
+//! of a debug build on 2 cores), random offsets, random flags per stream (unregistered,
+//! or any of 0..=15), reads and writes, each stream owning a disjoint 1 MiB region of one
+//! file and one device buffer.
+//!
+//! Every op is checked in stream order by a host function enqueued right after it:
+//! `*bytes_p` is final and the bytes it moved match a model of the stream's region (for a
+//! read, device memory; for a write, the file). At the end both regions must equal the
+//! model, and the pinned fallback staging sampled during the run must never exceed its
+//! configured cap.
+//!
+//! Offsets and sizes are unaligned for reads and writes (except on PAGE_ALIGNED streams).
+
+mod async_support;
+
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use async_support::*;
+use hipfile_core::{Direction, OpError};
+use hipfile_runtime::HandleId;
+use hipfile_runtime::device::StreamHandle;
+
+const STREAMS: usize = 16;
+const THREADS: usize = 4;
+const OPS: usize = 10_000;
+const REGION: usize = MIB;
+const MAX_OP: usize = 256 * KIB;
+const MAX_OUTSTANDING: usize = 48;
+
+/// SplitMix64.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+
+    /// Log-uniform in 1..=max.
+    fn size(&mut self, max: usize) -> usize {
+        let bits = self.below(max.ilog2() as usize + 1);
+        let low = 1usize << bits;
+        (low + self.below(low)).min(max)
+    }
+}
+
+/// One stream, its region and its model.
+struct Lane {
+    stream: StreamHandle,
+    flags: Option<u32>,
+    /// First byte of the stream's region, in the file and in the buffer.
+    base: usize,
+    file: Vec<u8>,
+    buffer: Vec<u8>,
+    outstanding: Arc<AtomicUsize>,
+}
+
+struct Shared {
+    rig: Rig,
+    handle: HandleId,
+    buffer: u64,
+    file: std::fs::File,
+    failures: Mutex<Vec<String>>,
+    accepted: AtomicUsize,
+}
+
+impl Shared {
+    fn fail(&self, message: String) {
+        let mut failures = self.failures.lock().expect("lock");
+        if failures.len() < 20 {
+            failures.push(message);
+        }
+    }
+}
+
+/// One op: what it moves, or `None` when it must be refused (unaligned on a PAGE_ALIGNED
+/// stream).
+fn plan_op(rng: &mut Rng, lane: &Lane) -> (Direction, usize, usize, usize, bool) {
+    let direction = if rng.below(2) == 0 { Direction::Read } else { Direction::Write };
+    let page_aligned = lane.flags.is_some_and(|f| f & 8 != 0);
+    let mut size = if rng.below(100) == 0 { 0 } else { rng.size(MAX_OP) };
+    let mut file_offset = rng.below(REGION - size + 1);
+    let mut buffer_offset = rng.below(REGION - size + 1);
+    let mut refused = false;
+    let align = |v: usize| v / 4096 * 4096;
+    if page_aligned {
+        size = align(size).max(if size == 0 { 0 } else { 4096 });
+        file_offset = align(file_offset).min(REGION - size);
+    }
+    buffer_offset = buffer_offset.min(REGION - size);
+    if page_aligned {
+        buffer_offset = align(buffer_offset).min(REGION - size);
+        if size > 0 && rng.below(50) == 0 {
+            // Deliberately unaligned: refused at submission (decided behaviour).
+            buffer_offset += 1 + rng.below(4095);
+            buffer_offset = buffer_offset.min(REGION - size);
+            refused = !buffer_offset.is_multiple_of(4096);
+        }
+    }
+    (direction, size, file_offset, buffer_offset, refused)
+}
+
+/// Submits one op on `lane` and, after it, the host function that checks it.
+fn run_op(shared: &Arc<Shared>, rng: &mut Rng, lane: &mut Lane, id: usize) {
+    let (direction, size, f, b, refused) = plan_op(rng, lane);
+    let rig = &shared.rig;
+    let p = params(size, (lane.base + f) as i64, (lane.base + b) as i64);
+    let result = rig.submit(direction, shared.handle, shared.buffer, &p, lane.stream);
+    if refused {
+        if code(result) != OpError::InvalidValue {
+            shared.fail(format!("op {id}: unaligned op on PAGE_ALIGNED stream was accepted"));
+        }
+        return;
+    }
+    if let Err(error) = result {
+        shared.fail(format!("op {id}: {direction:?} {size} refused: {error}"));
+        return;
+    }
+    if size == 0 {
+        if bytes(&p) != 0 {
+            shared.fail(format!("op {id}: size 0 published {}", bytes(&p)));
+        }
+        return;
+    }
+    shared.accepted.fetch_add(1, Ordering::Relaxed);
+    let expected = match direction {
+        Direction::Read => {
+            let data = lane.file[f..f + size].to_vec();
+            lane.buffer[b..b + size].copy_from_slice(&data);
+            data
+        }
+        Direction::Write => {
+            let data = lane.buffer[b..b + size].to_vec();
+            lane.file[f..f + size].copy_from_slice(&data);
+            data
+        }
+    };
+    let (check_shared, outstanding) = (Arc::clone(shared), Arc::clone(&lane.outstanding));
+    let (file_at, buffer_at) = (lane.base + f, lane.base + b);
+    let stream = lane.stream;
+    lane.outstanding.fetch_add(1, Ordering::SeqCst);
+    let check = move || {
+        let s = &check_shared;
+        let n = bytes(&p);
+        let what = format!(
+            "op {id} {direction:?} {size} B file {file_at} buffer {buffer_at} on {stream:?}"
+        );
+        if n != size as isize {
+            s.fail(format!("{what}: *bytes_p = {n}"));
+        } else {
+            let got = match direction {
+                Direction::Read => read_device(&s.rig.device, s.buffer + buffer_at as u64, size),
+                Direction::Write => {
+                    let mut got = vec![0; size];
+                    s.file.read_exact_at(&mut got, file_at as u64).expect("pread");
+                    got
+                }
+            };
+            if let Some(i) = got.iter().zip(&expected).position(|(g, e)| g != e) {
+                s.fail(format!("{what}: data differs at byte {i}"));
+            }
+        }
+        outstanding.fetch_sub(1, Ordering::SeqCst);
+    };
+    rig.device.launch_host_closure(lane.stream, check).expect("host closure");
+}
+
+fn submitter(shared: Arc<Shared>, mut lanes: Vec<Lane>, seed: u64) -> Vec<Lane> {
+    let mut rng = Rng(seed);
+    let per_thread = OPS / THREADS;
+    for i in 0..per_thread {
+        let lane = rng.below(lanes.len());
+        let lane = &mut lanes[lane];
+        let outstanding = Arc::clone(&lane.outstanding);
+        wait_until("a stream to drain below its outstanding limit", || {
+            outstanding.load(Ordering::SeqCst) < MAX_OUTSTANDING
+        });
+        run_op(&shared, &mut rng, lane, seed as usize * per_thread + i);
+    }
+    for lane in &lanes {
+        shared.rig.sync(lane.stream);
+    }
+    lanes
+}
+
+#[test]
+fn stress_10k_ops_16_streams_4_threads() {
+    let rig = Rig::new();
+    let cap = rig.driver.config().pinned_fallback_cap_bytes;
+    let initial_file = pattern(90, STREAMS * REGION);
+    let initial_buffer = pattern(91, STREAMS * REGION);
+    let file = TempFile::new("stress", &initial_file);
+    let fd = file.open_rw();
+    let handle = rig.register(&fd);
+    let buffer = rig.alloc(STREAMS * REGION);
+    rig.set_dev_bytes(buffer, &initial_buffer);
+    let mut rng = Rng(7);
+    let mut lanes: Vec<Lane> = (0..STREAMS)
+        .map(|k| {
+            let choice = rng.below(17);
+            let flags = (choice < 16).then_some(choice as u32);
+            let base = k * REGION;
+            Lane {
+                stream: rig.stream_with(flags),
+                flags,
+                base,
+                file: initial_file[base..base + REGION].to_vec(),
+                buffer: initial_buffer[base..base + REGION].to_vec(),
+                outstanding: Arc::default(),
+            }
+        })
+        .collect();
+    let reader = fd.try_clone().expect("dup");
+    let shared = Arc::new(Shared {
+        rig,
+        handle,
+        buffer,
+        file: reader,
+        failures: Mutex::default(),
+        accepted: AtomicUsize::new(0),
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let (shared, stop) = (Arc::clone(&shared), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            let mut max = 0;
+            while !stop.load(Ordering::SeqCst) {
+                if let Ok(engine) = shared.rig.driver.engine() {
+                    max = max.max(engine.fallback_pinned_bytes());
+                }
+                std::thread::sleep(std::time::Duration::from_micros(500));
+            }
+            max
+        })
+    };
+    let per_thread = STREAMS / THREADS;
+    let threads: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let mine: Vec<Lane> = lanes.drain(..per_thread).collect();
+            let shared = Arc::clone(&shared);
+            std::thread::spawn(move || submitter(shared, mine, t as u64))
+        })
+        .collect();
+    let lanes: Vec<Lane> =
+        threads.into_iter().flat_map(|t| t.join().expect("submitter thread")).collect();
+    stop.store(true, Ordering::SeqCst);
+    let max_fallback = sampler.join().expect("sampler");
+
+    let failures = shared.failures.lock().expect("lock").clone();
+    assert!(failures.is_empty(), "failures:\n{}", failures.join("\n"));
+    let accepted = shared.accepted.load(Ordering::SeqCst);
+    let submitted = shared.rig.driver.async_stats().submitted.load(Ordering::SeqCst);
+    assert_eq!(submitted as usize, accepted, "async_stats().submitted");
+    assert!(accepted > OPS * 9 / 10, "most ops run: {accepted}");
+    let engine = shared.rig.driver.engine().expect("engine");
+    println!(
+        "accepted {accepted}, max fallback {max_fallback} B, engine {:?}, async {:?}",
+        engine.stats(),
+        shared.rig.driver.async_stats()
+    );
+    assert!(max_fallback <= cap, "fallback pinned {max_fallback} > cap {cap}");
+    assert!(engine.fallback_pinned_bytes() <= cap);
+    let contents = file.contents();
+    let device = shared.rig.dev_bytes(buffer, STREAMS * REGION);
+    for lane in &lanes {
+        let range = lane.base..lane.base + REGION;
+        let what = format!("stream {:?} flags {:?}", lane.stream, lane.flags);
+        assert_bytes(&contents[range.clone()], &lane.file, &format!("final file, {what}"));
+        assert_bytes(&device[range], &lane.buffer, &format!("final buffer, {what}"));
+    }
+}
+
+/// More reads in flight than the staging arenas hold (16 streams × 2 MiB ops, 2 × 8 MiB
+/// arenas, 4 chunks of 256 KiB in flight per op), with a pinned fallback pool of only
+/// `cap` bytes: ops must wait for staging (backpressure),
+/// never fail, and the pool must stay within its cap. Prefetching streams (FIXED-all)
+/// hold their staged chunks while the stream is held, which adds to the pressure.
+fn staging_pressure(cap: usize) {
+    let mut config = small_config();
+    config.pinned_fallback_cap_bytes = cap;
+    config.validate().expect("config");
+    let rig = Rig::with(1, config);
+    let cap = rig.driver.config().pinned_fallback_cap_bytes;
+    const OP: usize = 2 * MIB;
+    const PER_STREAM: usize = 2;
+    let data = pattern(92, STREAMS * PER_STREAM * OP);
+    let file = TempFile::new("pressure", &data);
+    let fd = file.open_rw();
+    let handle = rig.register(&fd);
+    let buffer = rig.alloc(data.len());
+    let mut gates = Vec::new();
+    let mut ops = Vec::new();
+    let mut streams = Vec::new();
+    for k in 0..STREAMS {
+        let stream = rig.stream_with(if k % 2 == 0 { Some(7) } else { None });
+        gates.push(rig.device.pause_stream(stream).expect("pause"));
+        for i in 0..PER_STREAM {
+            let at = (k * PER_STREAM + i) * OP;
+            let p = params(OP, at as i64, at as i64);
+            rig.read(handle, buffer, &p, stream);
+            ops.push(p);
+        }
+        streams.push(stream);
+    }
+    let engine = rig.driver.engine().expect("engine");
+    let mut max_fallback = engine.fallback_pinned_bytes();
+    for gate in gates {
+        gate.release();
+    }
+    let done = || ops.iter().all(|p| bytes(p) != 0);
+    wait_until("every op to publish", || {
+        max_fallback = max_fallback.max(engine.fallback_pinned_bytes());
+        done()
+    });
+    for &stream in &streams {
+        rig.sync(stream);
+    }
+    let failed: Vec<isize> = ops.iter().map(|p| bytes(p)).filter(|&n| n != OP as isize).collect();
+    assert!(failed.is_empty(), "ops that did not move {OP} bytes published {failed:?}");
+    assert!(max_fallback <= cap, "fallback pinned {max_fallback} > cap {cap}");
+    println!("max fallback {max_fallback} B, engine {:?}", engine.stats());
+    assert_bytes(&rig.dev_bytes(buffer, data.len()), &data, "every byte");
+}
+
+#[test]
+fn staging_pressure_with_a_1_mib_fallback_cap() {
+    staging_pressure(MIB);
+}
+
+#[test]
+fn staging_pressure_with_the_smallest_fallback() {
+    // The smallest cap the configuration accepts: one staging chunk
+    // (HIPFILE_PINNED_FALLBACK_MB=0 is rejected: the engine's backpressure needs one).
+    staging_pressure(256 << 10);
+}
