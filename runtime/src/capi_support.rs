@@ -8,10 +8,9 @@
 //! against. [`Driver::device`] only gives an `Arc<dyn Device>`, which cannot be
 //! downcast, so [`global`] builds the C API's driver itself and keeps both handles.
 //!
-//! Device selection is [`Driver::global`]'s: `HIPFILE_DEVICE` through [`Config::global`];
-//! `auto` tries cuda, then falls back to cpu. The C API's driver is distinct from the one
-//! [`Driver::global`] returns (a Rust program using both the Rust API's `from_env` and
-//! the C API in one process gets two drivers).
+//! Device selection: `HIPFILE_DEVICE` through [`Config::global`]; `auto` tries cuda,
+//! then falls back to cpu. [`Driver::global`] returns this same driver, so the Rust and
+//! C APIs share one process-wide state.
 
 use std::sync::{Arc, OnceLock};
 

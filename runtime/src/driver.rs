@@ -130,16 +130,14 @@ impl Driver {
         Ok(Driver::new(config, device))
     }
 
-    /// The process-wide driver the C API uses, built from the environment on first use.
+    /// The process-wide driver, built from the environment on first use. It is the
+    /// same driver the C API uses (`crate::capi_support::global`), so a program that
+    /// mixes the Rust and C APIs sees one set of registrations.
     ///
     /// # Errors
     /// The device selected by `HIPFILE_DEVICE` is unavailable.
     pub fn global() -> Result<&'static Arc<Driver>, Error> {
-        static GLOBAL: OnceLock<Result<Arc<Driver>, Error>> = OnceLock::new();
-        GLOBAL
-            .get_or_init(|| Driver::from_config(Config::global().clone()))
-            .as_ref()
-            .map_err(|e| *e)
+        crate::capi_support::global().map(|runtime| &runtime.driver)
     }
 
     /// The device.
