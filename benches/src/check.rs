@@ -1,0 +1,167 @@
+//! `hipfile-bench check`: what this machine supports, like gdscheck.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use hipfile_runtime::Driver;
+use hipfile_runtime::config::{Config, DeviceSelection, ENV_VARS};
+use hipfile_runtime::device::Device;
+use hipfile_runtime::device::user::{UserDevice, backend_name, open_device};
+
+use crate::cli::{CheckArgs, DeviceArg};
+use crate::cufile;
+use crate::error::{Context, Result};
+use crate::sys;
+
+fn section(title: &str) {
+    println!("\n ==== {title} ====");
+}
+
+fn item(label: &str, value: impl std::fmt::Display) {
+    println!(" {label:<34} : {value}");
+}
+
+fn mib(bytes: usize) -> String {
+    format!("{} MiB", bytes >> 20)
+}
+
+fn yes_no(result: std::result::Result<(), impl std::fmt::Display>) -> String {
+    match result {
+        Ok(()) => "yes".into(),
+        Err(e) => format!("no ({e})"),
+    }
+}
+
+/// Runs the check; errors only for an invalid `HIPFILE_*` environment.
+pub fn run(args: &CheckArgs) -> Result<bool> {
+    println!("hipfile-bench check {} (hipfile-rs platform check)", env!("CARGO_PKG_VERSION"));
+    let config = Config::from_env().ctx("invalid HIPFILE_* environment")?;
+    kernel();
+    filesystem(args.file.as_deref());
+    let device = devices(args.device, &config);
+    limits(&config);
+    engine(&config, device);
+    cufile_library(args.cufile.as_deref());
+    environment();
+    Ok(true)
+}
+
+fn kernel() {
+    section("KERNEL");
+    // SAFETY: an all-zero utsname is a valid value of the plain C struct.
+    let mut uts: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: `uts` is a valid, writable utsname.
+    if unsafe { libc::uname(&mut uts) } == 0 {
+        // SAFETY: uname fills NUL-terminated strings.
+        let release = unsafe { std::ffi::CStr::from_ptr(uts.release.as_ptr()) };
+        item("kernel", release.to_string_lossy());
+    }
+    item("io_uring_setup (1 entry)", yes_no(sys::probe_io_uring()));
+    item("usable CPUs", format!("{:?}", hipfile_runtime::config::usable_cpus()));
+}
+
+fn filesystem(file: Option<&Path>) {
+    section("FILESYSTEM");
+    let target = file.map_or_else(std::env::temp_dir, Path::to_path_buf);
+    let dir: PathBuf = if target.is_dir() {
+        target.clone()
+    } else {
+        target.parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+    };
+    item("path", target.display());
+    item("filesystem", sys::fs_type(&target));
+    let (direct, probed) = sys::probe_dir(&dir);
+    item("O_DIRECT open", yes_no(direct));
+    let dio_of = if target.is_file() { sys::dio_alignment(&target) } else { probed };
+    let dio = match dio_of {
+        Ok(Some((mem, offset))) => format!("memory {mem} B, offset {offset} B"),
+        Ok(None) => "not reported (kernel < 6.1, or no O_DIRECT on this filesystem)".into(),
+        Err(e) => format!("statx failed: {e}"),
+    };
+    item("DIO alignment (statx DIOALIGN)", dio);
+    item("drop_caches writable", yes_no(sys::can_drop_system_caches()));
+}
+
+fn devices(arg: Option<DeviceArg>, config: &Config) -> Option<Arc<dyn UserDevice>> {
+    section("DEVICES");
+    let selection = match arg {
+        Some(DeviceArg::Auto) => DeviceSelection::Auto,
+        Some(DeviceArg::Cpu) => DeviceSelection::Cpu,
+        Some(DeviceArg::Cuda) => DeviceSelection::Cuda,
+        None => config.device,
+    };
+    match open_device(DeviceSelection::Cuda, 1) {
+        Ok(cuda) => item("cuda backend", format!("{} device(s)", cuda.device_count())),
+        Err(reason) => item("cuda backend", format!("not available ({reason})")),
+    }
+    item("rocm backend", "not built (cargo feature `rocm`)");
+    item(
+        "cpu backend",
+        format!("always available ({} device(s) configured)", config.cpu_device_count),
+    );
+    let device = match open_device(selection, config.cpu_device_count) {
+        Ok(device) => device,
+        Err(reason) => {
+            item(&format!("selected ({selection:?})"), format!("unavailable: {reason}"));
+            return None;
+        }
+    };
+    item(&format!("selected ({selection:?})"), backend_name(&*device));
+    for ordinal in 0..device.device_count() {
+        let memops = if device.supports_stream_memops(ordinal) { "yes" } else { "NO" };
+        item(&format!("device {ordinal} stream memory ops"), memops);
+    }
+    Some(device)
+}
+
+fn limits(config: &Config) {
+    section("MEMORY LIMITS");
+    let show = |v: Option<u64>| v.map_or("unlimited".into(), |b| format!("{} KiB", b >> 10));
+    match sys::memlock_limit() {
+        Ok((soft, hard)) => {
+            item("RLIMIT_MEMLOCK soft / hard", format!("{} / {}", show(soft), show(hard)))
+        }
+        Err(e) => item("RLIMIT_MEMLOCK", format!("getrlimit failed: {e}")),
+    }
+    item("pinned staging cap (config)", mib(config.pinned_cap_bytes()));
+    item(
+        "  executors x staging",
+        format!("{} x {}", config.executor_count(), mib(config.staging_per_executor_bytes)),
+    );
+    item("  fallback cap", mib(config.pinned_fallback_cap_bytes));
+}
+
+fn engine(config: &Config, device: Option<Arc<dyn UserDevice>>) {
+    section("ENGINE");
+    let Some(device) = device else {
+        item("engine start", "skipped (no device)");
+        return;
+    };
+    let driver = Driver::new(config.clone(), device as Arc<dyn Device>);
+    match driver.engine() {
+        Ok(engine) => {
+            item("engine start", format!("ok, {} executor(s)", engine.executor_count()));
+            item("engine pinned cap", mib(engine.pinned_cap_bytes()));
+        }
+        Err(e) => item("engine start", format!("FAILED ({e}; reason above)")),
+    }
+    item("executor CPUs", format!("{:?}", config.executor_cpus));
+    item("staging chunk", format!("{} KiB", config.staging_chunk_bytes >> 10));
+    item("O_DIRECT policy", format!("{:?}", config.direct));
+}
+
+fn cufile_library(explicit: Option<&Path>) {
+    section("cuFILE (baseline)");
+    match cufile::load_library(explicit) {
+        Ok((_, path)) => item("libcufile", format!("loadable: {}", path.display())),
+        Err(reason) => item("libcufile", format!("not available ({reason})")),
+    }
+}
+
+fn environment() {
+    section("CONFIGURATION (HIPFILE_* in effect)");
+    for (name, description) in ENV_VARS {
+        let value = std::env::var(name).unwrap_or_else(|_| "(unset)".into());
+        println!(" {name:<28} = {value:<10} {description}");
+    }
+}

@@ -1,0 +1,515 @@
+//! The benchmark run: resolve options, set up, run every case, report.
+
+use std::io::IsTerminal;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use serde::Serialize;
+
+use crate::bench::{Bench, Env, RunError, Sample, default_file_path, open_env};
+use crate::cli::{Mode, RunArgs, format_size};
+use crate::cufile::CuFile;
+use crate::error::{Result, fail};
+use crate::latency::{self, LatencyReport};
+use crate::report::{self, Case, Row};
+use crate::workload::{self, Xfer, plan};
+use crate::{baselines, cufile, svg, sys};
+
+const MIB: u64 = 1 << 20;
+const PAGE: u64 = 4096;
+
+/// Everything the JSON report holds.
+#[derive(Serialize)]
+struct JsonReport {
+    tool: String,
+    command_line: Vec<String>,
+    device: DeviceInfo,
+    config: ConfigInfo,
+    file: FileInfo,
+    cufile: String,
+    results: Vec<Row>,
+    latency: Option<LatencyReport>,
+    stats: Option<StatsInfo>,
+}
+
+#[derive(Serialize)]
+struct DeviceInfo {
+    backend: &'static str,
+    count: u32,
+    stream_memops: bool,
+}
+
+#[derive(Serialize)]
+struct ConfigInfo {
+    executor_cpus: Vec<usize>,
+    staging_chunk_bytes: usize,
+    staging_per_executor_bytes: usize,
+    pinned_fallback_cap_bytes: usize,
+    pinned_cap_bytes: usize,
+    request_parallelism: usize,
+    chunks_in_flight: usize,
+    direct_policy: String,
+    direct_effective: bool,
+    stream_flags: u32,
+    reps: u32,
+    verify: bool,
+    cold: Option<String>,
+}
+
+#[derive(Serialize)]
+struct FileInfo {
+    path: String,
+    size_bytes: u64,
+    filesystem: String,
+    cache: &'static str,
+}
+
+#[derive(Serialize)]
+struct StatsInfo {
+    engine_jobs: u64,
+    arena_chunks: u64,
+    fallback_chunks: u64,
+    sync_retry_chunks: u64,
+    async_submitted: u64,
+    async_prefetched: u64,
+    device_releases: u64,
+    host_releases: u64,
+    direct_read_bytes: u64,
+    buffered_read_bytes: u64,
+    direct_written_bytes: u64,
+    buffered_written_bytes: u64,
+}
+
+/// Default streams: usable CPUs, at most 8.
+fn default_streams() -> Vec<u32> {
+    vec![hipfile_runtime::config::usable_cpus().len().clamp(1, 8) as u32]
+}
+
+/// The file size: given, else 256 MiB on the cpu device and 2 GiB on a GPU; whole pages.
+fn file_size(args: &RunArgs, env: &Env) -> u64 {
+    let default = if env.backend == "cpu" { 256 * MIB } else { 2048 * MIB };
+    args.file_size.unwrap_or(default).div_ceil(PAGE) * PAGE
+}
+
+fn check_args(args: &RunArgs) -> Result<()> {
+    if let Some(bad) = args.io_size.iter().find(|&&s| !s.is_multiple_of(PAGE)) {
+        return fail(format!(
+            "--io-size {bad} is not a multiple of 4K (O_DIRECT and PAGE_ALIGNED need it)"
+        ));
+    }
+    if let Some(bad) = args.io_size.iter().find(|&&s| s > 1 << 30) {
+        return fail(format!("--io-size {} is above 1G", format_size(*bad)));
+    }
+    if let Some(path) = &args.plot
+        && path.extension().is_none_or(|e| e != "svg")
+    {
+        return fail(format!("--plot {}: the chart is SVG; name the file *.svg", path.display()));
+    }
+    Ok(())
+}
+
+/// Host memory the buffers need: pinned memory of the file's size, plus the device
+/// buffer itself on the cpu device (its memory is host memory).
+fn check_memory(env: &Env, size: u64) -> Result<()> {
+    let copies = if env.backend == "cpu" { 2 } else { 1 };
+    let need = size * copies + env.config.pinned_cap_bytes() as u64;
+    match sys::mem_available_bytes() {
+        Some(available) if need > available / 10 * 9 => fail(format!(
+            "--file-size {}: the buffers need about {} MiB of host memory, {} MiB are available",
+            format_size(size),
+            need / MIB,
+            available / MIB
+        )),
+        _ => Ok(()),
+    }
+}
+
+fn describe_env(env: &Env, path: &Path, size: u64, args: &RunArgs) {
+    let c = &env.config;
+    let memops = env.device.supports_stream_memops(0);
+    println!(
+        "hipfile-bench {}: device {} ({} device(s), stream memops {}), {} executor(s) on CPUs {:?}",
+        env!("CARGO_PKG_VERSION"),
+        env.backend,
+        env.device.device_count(),
+        if memops { "yes" } else { "no" },
+        c.executor_count(),
+        c.executor_cpus
+    );
+    println!(
+        "config: chunk {} KiB, staging {} MiB/executor, queue depth {}, request parallelism {}, pinned cap {} MiB, O_DIRECT policy {:?}",
+        c.staging_chunk_bytes >> 10,
+        c.staging_per_executor_bytes >> 20,
+        c.chunks_in_flight,
+        c.request_parallelism,
+        c.pinned_cap_bytes() >> 20,
+        c.direct
+    );
+    println!(
+        "file: {} ({} MiB, {}), {}{}",
+        path.display(),
+        size / MIB,
+        sys::fs_type(path.parent().unwrap_or(Path::new("/"))),
+        env.direct.label(),
+        if args.cold { ", cold reads (--cold)" } else { ", hot reads" }
+    );
+    if let Some(note) = &env.direct.note {
+        println!("warning: {note}");
+    }
+}
+
+fn file_path(args: &RunArgs) -> (PathBuf, bool) {
+    match &args.file {
+        Some(path) => (path.clone(), true),
+        None => (default_file_path(), false),
+    }
+}
+
+/// Opens cuFile on the cuda device; `(driver, status line)`.
+fn open_cufile(b: &Bench, args: &RunArgs) -> (Option<CuFile>, String) {
+    if args.no_baselines {
+        return (None, "cuFile: skipped (--no-baselines)".into());
+    }
+    if b.env.backend != "cuda" {
+        return (None, format!("cuFile: not available (device is {}, not cuda)", b.env.backend));
+    }
+    let opened = CuFile::open(args.cufile.as_deref()).and_then(|mut cf| {
+        cf.register_file(b.file.io.as_raw_fd())?;
+        cf.register_buffer(b.dev.addr, b.dev.len)?;
+        Ok(cf)
+    });
+    match opened {
+        Ok(cf) => {
+            let version = cf.version.map_or(String::new(), |v| format!(" version {v}"));
+            let line = format!(
+                "cuFile: {}{version}, compat mode (CUFILE_EXPERIMENTAL_FS=1), streams registered with flags {}",
+                cf.path.display(),
+                cufile::CUFILE_STREAM_FLAGS
+            );
+            (Some(cf), line)
+        }
+        Err(reason) => (None, format!("cuFile: not available ({reason})")),
+    }
+}
+
+fn xfers(mode: Mode, baselines: bool, cufile: bool) -> Vec<Xfer> {
+    let mut list = vec![Xfer::Async, Xfer::Sync];
+    if baselines {
+        list.extend([Xfer::CpuOnly, Xfer::CpuGpu]);
+        if !mode.is_random() {
+            list.push(Xfer::GpuCopy);
+        }
+        if cufile {
+            list.extend([Xfer::CufileAsync, Xfer::CufileSync]);
+        }
+    }
+    list
+}
+
+fn cases(args: &RunArgs, cufile: bool) -> Vec<Case> {
+    let streams = if args.streams.is_empty() { default_streams() } else { args.streams.clone() };
+    let mut modes = args.mode.clone();
+    modes.dedup();
+    let mut list = Vec::new();
+    for &mode in &modes {
+        for &io_size in &args.io_size {
+            for &s in &streams {
+                for xfer in xfers(mode, !args.no_baselines, cufile) {
+                    list.push(Case { mode, io_size, streams: s as usize, xfer });
+                }
+            }
+        }
+    }
+    list
+}
+
+fn run_once(
+    b: &mut Bench,
+    cf: Option<&CuFile>,
+    case: &Case,
+    ops: &[Vec<workload::Op>],
+) -> std::result::Result<Sample, RunError> {
+    let read = case.mode.is_read();
+    let no_cufile = || RunError::Failed("cuFile not open".into());
+    match case.xfer {
+        Xfer::Async => workload::run_async(b, ops, read),
+        Xfer::Sync => workload::run_sync(b, ops, read),
+        Xfer::CpuOnly => baselines::run_cpu_only(b, ops, read),
+        Xfer::CpuGpu => baselines::run_cpu_gpu(b, ops, read),
+        Xfer::GpuCopy => baselines::run_gpu_copy(b, ops, read),
+        Xfer::CufileAsync => cufile::run_async(cf.ok_or_else(no_cufile)?, b, ops, read),
+        Xfer::CufileSync => cufile::run_sync(cf.ok_or_else(no_cufile)?, b, ops, read),
+    }
+}
+
+fn cache_label(b: &Bench, case: &Case) -> &'static str {
+    match (case.xfer, case.mode.is_read()) {
+        (Xfer::GpuCopy, _) => "none (no file I/O)",
+        (_, true) if b.cold.is_some() && !b.env.direct.effective => "cold",
+        _ => b.env.direct.label(),
+    }
+}
+
+fn run_case(b: &mut Bench, cf: Option<&CuFile>, case: &Case, reps: u32, bar: &ProgressBar) -> Row {
+    let row = measure_case(b, cf, case, reps, bar);
+    bar.suspend(|| print!("{}", report::line(&row)));
+    row
+}
+
+fn measure_case(
+    b: &mut Bench,
+    cf: Option<&CuFile>,
+    case: &Case,
+    reps: u32,
+    bar: &ProgressBar,
+) -> Row {
+    let ops = plan(b.file.size, case.io_size, case.streams, case.mode.is_random());
+    bar.set_message(format!(
+        "{} {} S={} {}",
+        case.mode.io_type(),
+        case.xfer.name(),
+        ops.len(),
+        format_size(case.io_size)
+    ));
+    let mut samples = Vec::new();
+    let mut error = None;
+    for rep in 0..reps {
+        match run_once(b, cf, case, &ops) {
+            Ok(sample) => samples.push(sample),
+            Err(e) => {
+                error = Some(e);
+                bar.inc(u64::from(reps - rep));
+                break;
+            }
+        }
+        bar.inc(1);
+    }
+    Row::new(case, ops.len(), &samples, error, b.verify, cache_label(b, case))
+}
+
+fn progress(total: u64, args: &RunArgs) -> ProgressBar {
+    let bar = ProgressBar::new(total);
+    if args.json.is_some() || !std::io::stderr().is_terminal() {
+        bar.set_draw_target(ProgressDrawTarget::hidden());
+    }
+    let style = ProgressStyle::with_template("{bar:30} {pos}/{len} runs, {elapsed} {msg}");
+    if let Ok(style) = style {
+        bar.set_style(style);
+    }
+    bar
+}
+
+fn stats(b: &Bench) -> Option<StatsInfo> {
+    let engine = b.env.driver.engine().ok()?.stats();
+    let a = b.env.driver.async_stats();
+    let load = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+    let file = b.env.driver.file(b.handle).ok()?.counters();
+    Some(StatsInfo {
+        engine_jobs: engine.jobs,
+        arena_chunks: engine.arena_chunks,
+        fallback_chunks: engine.fallback_chunks,
+        sync_retry_chunks: engine.sync_retry_chunks,
+        async_submitted: load(&a.submitted),
+        async_prefetched: load(&a.prefetched),
+        device_releases: load(&a.device_releases),
+        host_releases: load(&a.host_releases),
+        direct_read_bytes: file.direct_read_bytes,
+        buffered_read_bytes: file.buffered_read_bytes,
+        direct_written_bytes: file.direct_written_bytes,
+        buffered_written_bytes: file.buffered_written_bytes,
+    })
+}
+
+fn print_stats(s: &StatsInfo) {
+    println!(
+        "hipfile-rs counters: {} engine jobs ({} arena chunks, {} fallback, {} sync retries); async {} submitted, {} prefetched, {} device / {} host releases; file {} MiB O_DIRECT + {} MiB buffered read, {} MiB O_DIRECT + {} MiB buffered written",
+        s.engine_jobs,
+        s.arena_chunks,
+        s.fallback_chunks,
+        s.sync_retry_chunks,
+        s.async_submitted,
+        s.async_prefetched,
+        s.device_releases,
+        s.host_releases,
+        s.direct_read_bytes >> 20,
+        s.buffered_read_bytes >> 20,
+        s.direct_written_bytes >> 20,
+        s.buffered_written_bytes >> 20
+    );
+}
+
+fn json_report(
+    b: &Bench,
+    args: &RunArgs,
+    cufile: String,
+    results: Vec<Row>,
+    latency: Option<LatencyReport>,
+) -> JsonReport {
+    let c = &b.env.config;
+    let cold = b.cold.as_ref().map(|cold| match &cold.system_drop {
+        Ok(()) => "posix_fadvise(DONTNEED) + drop_caches".to_string(),
+        Err(e) => format!("posix_fadvise(DONTNEED) only (drop_caches not permitted: {e})"),
+    });
+    JsonReport {
+        tool: format!("hipfile-bench {}", env!("CARGO_PKG_VERSION")),
+        command_line: std::env::args().collect(),
+        device: DeviceInfo {
+            backend: b.env.backend,
+            count: b.env.device.device_count(),
+            stream_memops: b.env.device.supports_stream_memops(0),
+        },
+        config: ConfigInfo {
+            executor_cpus: c.executor_cpus.clone(),
+            staging_chunk_bytes: c.staging_chunk_bytes,
+            staging_per_executor_bytes: c.staging_per_executor_bytes,
+            pinned_fallback_cap_bytes: c.pinned_fallback_cap_bytes,
+            pinned_cap_bytes: c.pinned_cap_bytes(),
+            request_parallelism: c.request_parallelism,
+            chunks_in_flight: c.chunks_in_flight,
+            direct_policy: format!("{:?}", c.direct),
+            direct_effective: b.env.direct.effective,
+            stream_flags: b.flags,
+            reps: args.reps,
+            verify: b.verify,
+            cold,
+        },
+        file: FileInfo {
+            path: b.file.path.display().to_string(),
+            size_bytes: b.file.size,
+            filesystem: sys::fs_type(b.file.path.parent().unwrap_or(Path::new("/"))),
+            cache: b.env.direct.label(),
+        },
+        cufile,
+        results,
+        latency,
+        stats: stats(b),
+    }
+}
+
+fn write_outputs(
+    b: &Bench,
+    args: &RunArgs,
+    cufile: String,
+    rows: Vec<Row>,
+    latency: Option<LatencyReport>,
+) -> Result<()> {
+    if let Some(path) = &args.plot {
+        let title = format!(
+            "hipfile-bench on {} ({}, {} MiB file)",
+            b.env.backend,
+            b.env.direct.label(),
+            b.file.size / MIB
+        );
+        match svg::render(&rows, &title) {
+            Some(text) => {
+                std::fs::write(path, text).map_err(|e| {
+                    crate::error::Failure(format!("writing {}: {e}", path.display()))
+                })?;
+                println!("chart: {}", path.display());
+            }
+            None => println!("chart: not written (no result holds a speed)"),
+        }
+    }
+    if let Some(path) = &args.json {
+        report::write_json(path, &json_report(b, args, cufile, rows, latency))?;
+        println!("json: {}", path.display());
+    }
+    Ok(())
+}
+
+fn describe_runs(args: &RunArgs, b: &Bench) {
+    let streams = if args.streams.is_empty() { default_streams() } else { args.streams.clone() };
+    let modes: Vec<&str> = args.mode.iter().map(|m| m.io_type()).collect();
+    let sizes: Vec<String> = args.io_size.iter().map(|&s| format_size(s)).collect();
+    println!(
+        "runs: {} x io size {} x streams {:?}; stream flags {}; {} rep(s), median by throughput; verify {}",
+        modes.join(","),
+        sizes.join(","),
+        streams,
+        b.flags,
+        args.reps,
+        if b.verify { "every byte" } else { "off (--no-verify)" }
+    );
+    if let Some(cold) = &b.cold {
+        match &cold.system_drop {
+            Ok(()) => println!(
+                "cold: posix_fadvise(DONTNEED) + /proc/sys/vm/drop_caches (permitted) before each read run"
+            ),
+            Err(e) => println!(
+                "cold: posix_fadvise(DONTNEED) before each read run; drop_caches not permitted ({e})"
+            ),
+        }
+    }
+}
+
+/// The benchmark (or, with `--latency`, the latency mode). `Ok(false)` when a
+/// hipfile-rs result was wrong or failed.
+pub fn main(args: &RunArgs) -> Result<bool> {
+    let started = std::time::Instant::now();
+    check_args(args)?;
+    let (path, keep) = file_path(args);
+    let dir =
+        path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")).to_path_buf();
+    let env = open_env(args.device, args.threads, args.direct, &dir)?;
+    let size = file_size(args, &env);
+    check_memory(&env, size)?;
+    describe_env(&env, &path, size, args);
+    let verify = !args.no_verify;
+    let mut bench =
+        Bench::new(env, path, keep, size, args.flags, verify, args.cold && !args.latency)?;
+    let (cf, cufile_line) = open_cufile(&bench, args);
+    println!("{cufile_line}");
+    if args.latency {
+        return run_latency(&mut bench, cf, args, cufile_line);
+    }
+    describe_runs(args, &bench);
+    let cases = cases(args, cf.is_some());
+    println!();
+    print!("{}", report::header());
+    let bar = progress(cases.len() as u64 * u64::from(args.reps), args);
+    let rows: Vec<Row> =
+        cases.iter().map(|case| run_case(&mut bench, cf.as_ref(), case, args.reps, &bar)).collect();
+    bar.finish_and_clear();
+    drop(cf);
+    let notes = report::notes(&rows);
+    if !notes.is_empty() {
+        print!("\n{notes}");
+    }
+    println!();
+    print!("{}", legend(&rows));
+    println!();
+    print!("{}", report::summary(&rows));
+    if let Some(s) = stats(&bench) {
+        print_stats(&s);
+    }
+    let ok = report::ours_ok(&rows);
+    write_outputs(&bench, args, cufile_line, rows, None)?;
+    println!("total: {:.1} s", started.elapsed().as_secs_f64());
+    Ok(ok)
+}
+
+/// What each XferType in the table measures.
+fn legend(rows: &[Row]) -> String {
+    Xfer::ALL
+        .iter()
+        .filter(|x| rows.iter().any(|r| r.xfer == x.name()))
+        .map(|x| format!("  {:<13} {}\n", x.name(), x.describe()))
+        .collect()
+}
+
+fn run_latency(
+    b: &mut Bench,
+    cf: Option<CuFile>,
+    args: &RunArgs,
+    cufile_line: String,
+) -> Result<bool> {
+    let report = latency::run(b, cf.as_ref(), args.iterations as usize);
+    drop(cf);
+    println!();
+    print!("{}", latency::table(&report));
+    let ok = report.rows.iter().take(2).all(|r| r.total_us.is_some())
+        && report.busy_stream.as_ref().is_some_and(|busy| busy.detail.is_none());
+    write_outputs(b, args, cufile_line, Vec::new(), Some(report))?;
+    Ok(ok)
+}
