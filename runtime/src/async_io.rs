@@ -159,6 +159,10 @@ struct AsyncOp {
     resources: Mutex<Option<(OpGuard, BufferUse)>>,
     machine: Mutex<OpMachine>,
     gate: Mutex<Option<flume::Sender<bool>>>,
+    /// Jobs the prefetch gate must open (one message each).
+    gate_parts: AtomicUsize,
+    /// Whether this op holds part of its stream's prefetch window.
+    holds_prefetch_window: AtomicBool,
     prefetch_generation: AtomicU64,
     prefetch_cancelled: AtomicBool,
     hazard: Hazard,
@@ -443,6 +447,7 @@ impl AsyncOp {
         let range = file_range(&parts.io);
         let prefetch = parts.direction == Direction::Read
             && state.flags.all_fixed()
+            && state.admit_prefetch(parts.io.size_bytes())
             && driver.may_prefetch(&parts.file, range);
         let hazard = match parts.direction {
             Direction::Write => {
@@ -466,6 +471,8 @@ impl AsyncOp {
             resources: Mutex::new(Some((parts.guard, buffer.begin_use()))),
             machine: Mutex::new(OpMachine::new(parts.io.size_bytes(), prefetch)),
             gate: Mutex::new(None),
+            gate_parts: AtomicUsize::new(0),
+            holds_prefetch_window: AtomicBool::new(prefetch),
             prefetch_generation: AtomicU64::new(0),
             prefetch_cancelled: AtomicBool::new(false),
             hazard,
@@ -487,7 +494,10 @@ impl AsyncOp {
         let prefetch_gate = if self.machine().apply(OpEvent::Prefetch).is_ok() {
             let generation = self.driver.write_generation(&self.file);
             self.prefetch_generation.store(generation, Ordering::SeqCst);
-            let (sender, receiver) = flume::bounded(1);
+            let parts =
+                engine.parts(self.submitted.file_offset_bytes(), self.submitted.size_bytes());
+            self.gate_parts.store(parts.len(), Ordering::SeqCst);
+            let (sender, receiver) = flume::bounded(parts.len());
             *self.gate.lock().unwrap_or_else(|p| p.into_inner()) = Some(sender);
             Some(receiver)
         } else {
@@ -526,6 +536,7 @@ impl AsyncOp {
         self.abandoned.store(true, Ordering::SeqCst);
         // A prefetch job in flight sees its gate disconnect and ends without copying.
         self.gate.lock().unwrap_or_else(|p| p.into_inner()).take();
+        self.release_prefetch_window();
         self.driver.remove_write_hazard(&self.file, self.hazard);
         self.resources.lock().unwrap_or_else(|p| p.into_inner()).take();
     }
@@ -542,14 +553,19 @@ impl AsyncOp {
             let _ = self.machine().apply(OpEvent::Arm);
             let fresh = self.driver.write_generation(&self.file)
                 == self.prefetch_generation.load(Ordering::SeqCst);
+            let parts = self.gate_parts.load(Ordering::SeqCst);
             if fresh {
-                let _ = gate.send(true);
+                for _ in 0..parts {
+                    let _ = gate.send(true);
+                }
                 return;
             }
             // A write to the file was submitted after the prefetch started: what it staged
             // may be stale. Drop it and read again, now in stream order.
             self.prefetch_cancelled.store(true, Ordering::SeqCst);
-            let _ = gate.send(false);
+            for _ in 0..parts {
+                let _ = gate.send(false);
+            }
             self.driver.async_stats().prefetches_redone.fetch_add(1, Ordering::Relaxed);
             match self.driver.engine() {
                 Ok(engine) => self.post(engine, self.submitted, None),
@@ -581,11 +597,7 @@ impl AsyncOp {
     /// Posts the op's job(s): one job on the stream's executor, or, for large ops, one
     /// per part over several executors (host release once all parts finished).
     fn post(self: &Arc<Self>, engine: &Engine, io: ValidIo, gate: Option<flume::Receiver<bool>>) {
-        let parts = if gate.is_some() {
-            vec![(0, io.size_bytes())]
-        } else {
-            engine.parts(io.file_offset_bytes(), io.size_bytes())
-        };
+        let parts = engine.parts(io.file_offset_bytes(), io.size_bytes());
         let fan_out = parts.len() > 1;
         let joiner = Arc::new(PartJoiner::new(parts.clone()));
         for (index, &(offset, len)) in parts.iter().enumerate() {
@@ -681,8 +693,15 @@ impl AsyncOp {
         // SAFETY: hipFile's contract: bytes_p stays valid until the op has completed.
         unsafe { self.args.bytes_p.write_volatile(outcome.bytes_p_value() as isize) };
         self.driver.remove_write_hazard(&self.file, self.hazard);
+        self.release_prefetch_window();
         self.resources.lock().unwrap_or_else(|p| p.into_inner()).take();
         true
+    }
+
+    fn release_prefetch_window(&self) {
+        if self.holds_prefetch_window.swap(false, Ordering::SeqCst) {
+            self.stream.release_prefetch(self.submitted.size_bytes());
+        }
     }
 
     fn release_host(&self) {

@@ -16,6 +16,12 @@ use hipfile_core::{OpError, StreamFlags};
 use crate::device::{Device, PinnedRegion, StreamHandle};
 use crate::error::Error;
 
+/// Bytes of fully FIXED reads one stream may have prefetching at once: prefetch reads
+/// ahead of the stream into staging, so an unbounded burst would fill every arena with
+/// data the stream is not ready for; reads beyond the window start when the stream
+/// reaches them.
+pub const PREFETCH_WINDOW_BYTES: u64 = 32 << 20;
+
 /// Words per pinned slab (one 4 KiB page).
 const WORDS_PER_SLAB: usize = 1024;
 
@@ -88,6 +94,7 @@ pub struct StreamState {
     pub registered: bool,
     word: ReleaseWord,
     next_sequence: Mutex<u32>,
+    prefetch_bytes: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for ReleaseWord {
@@ -99,6 +106,28 @@ impl std::fmt::Debug for ReleaseWord {
 impl StreamState {
     pub(crate) fn word(&self) -> ReleaseWord {
         self.word
+    }
+
+    /// Takes `len_bytes` of the stream's prefetch window; `false` when it would
+    /// overflow (the first read of an empty window is always admitted).
+    pub(crate) fn admit_prefetch(&self, len_bytes: u64) -> bool {
+        use std::sync::atomic::Ordering::SeqCst;
+        let mut current = self.prefetch_bytes.load(SeqCst);
+        loop {
+            if current > 0 && current + len_bytes > PREFETCH_WINDOW_BYTES {
+                return false;
+            }
+            match self.prefetch_bytes.compare_exchange(current, current + len_bytes, SeqCst, SeqCst)
+            {
+                Ok(_) => return true,
+                Err(now) => current = now,
+            }
+        }
+    }
+
+    /// Gives back what [`StreamState::admit_prefetch`] took.
+    pub(crate) fn release_prefetch(&self, len_bytes: u64) {
+        self.prefetch_bytes.fetch_sub(len_bytes, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Locks the stream for one submission; the guard yields the op's sequence number.
@@ -210,6 +239,7 @@ impl StreamTable {
             registered,
             word: self.words.take()?,
             next_sequence: Mutex::new(0),
+            prefetch_bytes: std::sync::atomic::AtomicU64::new(0),
         })
     }
 }

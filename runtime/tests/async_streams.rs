@@ -474,9 +474,9 @@ fn large_ops_fan_out_and_are_verified() {
         rig.sync(stream);
         assert_eq!(bytes(&p), LARGE as isize, "flags {flags}");
         assert_bytes(&rig.dev_bytes(buffer, LARGE), &want[4096..], &format!("read, flags {flags}"));
-        // A prefetching read (flags 7) is one job on the stream's executor; otherwise the
-        // op is split in two parts, one per executor.
-        let parts = if flags == 7 { 1 } else { 2 };
+        // The op is split in two parts, one per executor (a prefetching read too: each
+        // part waits at the gate for the stream).
+        let parts = 2;
         wait_until("the read's jobs to finish", || jobs(&rig) - before >= parts);
         assert_eq!(jobs(&rig) - before, parts, "flags {flags}: jobs of the read");
 
