@@ -20,4 +20,7 @@ ln -sf libhipfile.so.0 "$out/lib/libhipfile.so"
 cp capi/include/*.h "$out/include/"
 cp tests/c/abi.c tests/c/hip_async.c "$out/c/"
 if [ -d /usr/include/hip ]; then cp -r /usr/include/hip "$out/include/hip"; fi
-ls -la "$out/tests" "$out/lib"
+# hipfile-bench, for the measurements.
+cargo build --release -p hipfile-bench >/dev/null
+mkdir -p "$out/bin" && cp target/release/hipfile-bench "$out/bin/"
+ls -la "$out/tests" "$out/lib" "$out/bin"
