@@ -11,15 +11,14 @@ for suite in "${suites[@]}"; do
         | grep -o '"executable":"[^"]*"' | tail -1 | cut -d'"' -f4)
   cp "$exe" "$out/tests/$suite"
 done
-# The C library and what the C programs need on a machine without Debian's HIP package:
-# our headers, the C sources, and a copy of HIP's headers (their NVIDIA platform part).
+# The C library, our headers and the GPU C program (written against the CUDA runtime:
+# Debian's HIP 5.2 NVIDIA-platform headers do not compile against CUDA 13).
 cargo build --release -p hipfile-capi >/dev/null
 mkdir -p "$out/lib" "$out/include" "$out/c"
 cp target/release/libhipfile.so "$out/lib/libhipfile.so.0"
 ln -sf libhipfile.so.0 "$out/lib/libhipfile.so"
 cp capi/include/*.h "$out/include/"
-cp tests/c/abi.c tests/c/hip_async.c "$out/c/"
-if [ -d /usr/include/hip ]; then cp -r /usr/include/hip "$out/include/hip"; fi
+cp tests/gpu/cuda_async.c "$out/c/"
 # hipfile-bench, for the measurements.
 cargo build --release -p hipfile-bench >/dev/null
 mkdir -p "$out/bin" && cp target/release/hipfile-bench "$out/bin/"
