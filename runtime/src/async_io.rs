@@ -39,7 +39,7 @@ use crate::driver::{BufferUse, Driver, HandleId, ResolvedBuffer};
 use crate::engine::{Completion, Engine, IoJob, JobEnd, SyncRequest};
 use crate::error::Error;
 use crate::file::{FileHandle, OpGuard};
-use crate::stream::StreamState;
+use crate::stream::{DeferredStart, StreamState};
 
 /// Unfinished writes tracked per file for the prefetch hazard check.
 pub(crate) const WRITE_HAZARDS_PER_FILE: usize = 64;
@@ -163,6 +163,11 @@ struct AsyncOp {
     gate_parts: AtomicUsize,
     /// Whether this op holds part of its stream's prefetch window.
     holds_prefetch_window: AtomicBool,
+    /// The arm host function has begun (a deferred prefetch must not start then).
+    arm_started: AtomicBool,
+    /// A fully FIXED read that the stream's prefetch window did not admit at submission:
+    /// it is queued on the stream and starts prefetching when the window has room.
+    wants_deferred_prefetch: bool,
     prefetch_generation: AtomicU64,
     prefetch_cancelled: AtomicBool,
     hazard: Hazard,
@@ -445,10 +450,10 @@ impl AsyncOp {
         buffer: &ResolvedBuffer,
     ) -> Arc<AsyncOp> {
         let range = file_range(&parts.io);
-        let prefetch = parts.direction == Direction::Read
+        let eligible = parts.direction == Direction::Read
             && state.flags.all_fixed()
-            && state.admit_prefetch(parts.io.size_bytes())
             && driver.may_prefetch(&parts.file, range);
+        let prefetch = eligible && state.admit_prefetch(parts.io.size_bytes());
         let hazard = match parts.direction {
             Direction::Write => {
                 driver.note_write(&parts.file);
@@ -469,10 +474,12 @@ impl AsyncOp {
             sequence: parts.sequence,
             file: parts.file,
             resources: Mutex::new(Some((parts.guard, buffer.begin_use()))),
-            machine: Mutex::new(OpMachine::new(parts.io.size_bytes(), prefetch)),
+            machine: Mutex::new(OpMachine::new(parts.io.size_bytes(), eligible)),
             gate: Mutex::new(None),
             gate_parts: AtomicUsize::new(0),
             holds_prefetch_window: AtomicBool::new(prefetch),
+            arm_started: AtomicBool::new(false),
+            wants_deferred_prefetch: eligible && !prefetch,
             prefetch_generation: AtomicU64::new(0),
             prefetch_cancelled: AtomicBool::new(false),
             hazard,
@@ -491,7 +498,8 @@ impl AsyncOp {
         // The prefetch gate goes in place before the arm is enqueued (the arm may run at
         // any moment and must find it); the prefetch job is posted once the enqueue
         // succeeded (a gate opened early is buffered in the channel).
-        let prefetch_gate = if self.machine().apply(OpEvent::Prefetch).is_ok() {
+        let admitted = self.holds_prefetch_window.load(Ordering::SeqCst);
+        let prefetch_gate = if admitted && self.machine().apply(OpEvent::Prefetch).is_ok() {
             let generation = self.driver.write_generation(&self.file);
             self.prefetch_generation.store(generation, Ordering::SeqCst);
             let parts =
@@ -528,7 +536,51 @@ impl AsyncOp {
             self.driver.async_stats().prefetched.fetch_add(1, Ordering::Relaxed);
             self.post(engine, self.submitted, Some(receiver));
         }
+        if self.wants_deferred_prefetch {
+            let op = Arc::downgrade(self);
+            self.stream.defer_prefetch(Box::new(move || match op.upgrade() {
+                Some(op) => op.try_start_deferred_prefetch(),
+                None => DeferredStart::Gone,
+            }));
+            self.stream.start_deferred();
+        }
         Ok(())
+    }
+
+    /// Starts the prefetch of a fully FIXED read that the stream's window did not admit
+    /// at submission, if the stream has not reached it yet and the window has room now.
+    fn try_start_deferred_prefetch(self: &Arc<Self>) -> DeferredStart {
+        let len_bytes = self.submitted.size_bytes();
+        if self.abandoned.load(Ordering::SeqCst) || self.arm_started.load(Ordering::SeqCst) {
+            return DeferredStart::Gone;
+        }
+        let Ok(engine) = self.driver.engine() else { return DeferredStart::Gone };
+        if !self.driver.may_prefetch(&self.file, file_range(&self.submitted)) {
+            return DeferredStart::Gone;
+        }
+        if !self.stream.admit_prefetch(len_bytes) {
+            return DeferredStart::NoRoom;
+        }
+        let receiver = {
+            let mut machine = self.machine();
+            if self.arm_started.load(Ordering::SeqCst) || machine.apply(OpEvent::Prefetch).is_err()
+            {
+                drop(machine);
+                self.stream.release_prefetch(len_bytes);
+                return DeferredStart::Gone;
+            }
+            self.holds_prefetch_window.store(true, Ordering::SeqCst);
+            let generation = self.driver.write_generation(&self.file);
+            self.prefetch_generation.store(generation, Ordering::SeqCst);
+            let parts = engine.parts(self.submitted.file_offset_bytes(), len_bytes);
+            self.gate_parts.store(parts.len(), Ordering::SeqCst);
+            let (sender, receiver) = flume::bounded(parts.len());
+            *self.gate.lock().unwrap_or_else(|p| p.into_inner()) = Some(sender);
+            receiver
+        };
+        self.driver.async_stats().prefetched.fetch_add(1, Ordering::Relaxed);
+        self.post(engine, self.submitted, Some(receiver));
+        DeferredStart::Started
     }
 
     /// Marks the op as not submitted: it publishes nothing and only cleans up.
@@ -548,7 +600,13 @@ impl AsyncOp {
             self.published.store(true, Ordering::SeqCst);
             return;
         }
-        let gate = self.gate.lock().unwrap_or_else(|p| p.into_inner()).take();
+        // Under the machine lock, so that a deferred prefetch (see
+        // `try_start_deferred_prefetch`) either installed its gate before or sees the arm.
+        let gate = {
+            let _machine = self.machine();
+            self.arm_started.store(true, Ordering::SeqCst);
+            self.gate.lock().unwrap_or_else(|p| p.into_inner()).take()
+        };
         if let Some(gate) = gate {
             let _ = self.machine().apply(OpEvent::Arm);
             let fresh = self.driver.write_generation(&self.file)
@@ -701,6 +759,7 @@ impl AsyncOp {
     fn release_prefetch_window(&self) {
         if self.holds_prefetch_window.swap(false, Ordering::SeqCst) {
             self.stream.release_prefetch(self.submitted.size_bytes());
+            self.stream.start_deferred();
         }
     }
 

@@ -80,7 +80,6 @@ impl Drop for WordPool {
 }
 
 /// What the library knows about one stream.
-#[derive(Debug)]
 pub struct StreamState {
     /// The user's stream.
     pub handle: StreamHandle,
@@ -95,11 +94,38 @@ pub struct StreamState {
     word: ReleaseWord,
     next_sequence: Mutex<u32>,
     prefetch_bytes: std::sync::atomic::AtomicU64,
+    deferred: Mutex<std::collections::VecDeque<DeferredPrefetch>>,
 }
+
+/// What a deferred prefetch attempt did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum DeferredStart {
+    /// The prefetch started.
+    Started,
+    /// The window is full: try again when it has room.
+    NoRoom,
+    /// Nothing to do any more (the stream reached the op, or it is gone).
+    Gone,
+}
+
+/// Starts one queued op's prefetch, if it still can.
+pub(crate) type DeferredPrefetch = Box<dyn Fn() -> DeferredStart + Send>;
 
 impl std::fmt::Debug for ReleaseWord {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "ReleaseWord({:#x})", self.device_addr)
+    }
+}
+
+impl std::fmt::Debug for StreamState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamState")
+            .field("handle", &self.handle)
+            .field("flags", &self.flags)
+            .field("device_ordinal", &self.device_ordinal)
+            .field("executor", &self.executor)
+            .field("registered", &self.registered)
+            .finish_non_exhaustive()
     }
 }
 
@@ -121,6 +147,24 @@ impl StreamState {
             {
                 Ok(_) => return true,
                 Err(now) => current = now,
+            }
+        }
+    }
+
+    /// Queues a fully FIXED read the window did not admit (oldest first).
+    pub(crate) fn defer_prefetch(&self, start: DeferredPrefetch) {
+        self.deferred.lock().unwrap_or_else(|p| p.into_inner()).push_back(start);
+    }
+
+    /// Starts queued prefetches, oldest first, while the window has room: the stream
+    /// keeps reading ahead as earlier ops finish.
+    pub(crate) fn start_deferred(&self) {
+        loop {
+            let next = self.deferred.lock().unwrap_or_else(|p| p.into_inner()).pop_front();
+            let Some(start) = next else { return };
+            if start() == DeferredStart::NoRoom {
+                self.deferred.lock().unwrap_or_else(|p| p.into_inner()).push_front(start);
+                return;
             }
         }
     }
@@ -240,6 +284,7 @@ impl StreamTable {
             word: self.words.take()?,
             next_sequence: Mutex::new(0),
             prefetch_bytes: std::sync::atomic::AtomicU64::new(0),
+            deferred: Mutex::new(std::collections::VecDeque::new()),
         })
     }
 }

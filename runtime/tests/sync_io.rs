@@ -554,7 +554,8 @@ fn counters_aligned_io_on_ext4_is_all_direct() {
 }
 
 /// An unaligned request: only its head (up to the first aligned offset) and its tail
-/// (past the last one) go through the page cache.
+/// (past the last one) go through the page cache. The engine aligns chunks to the file's
+/// DIO alignment rounded up to the page size (direct and buffered I/O never share a page).
 fn unaligned_split(cpus: &[usize]) {
     let data = pattern(4 * MIB, 14);
     let file = TempFile::new(&ext4_dir(), &data);
@@ -562,6 +563,9 @@ fn unaligned_split(cpus: &[usize]) {
     let (driver, device) = driver_with(config(cpus));
     let handle = driver.handle_register(client.as_raw_fd()).unwrap();
     let Some(alignment) = direct_alignment(&driver, handle) else { return };
+    // SAFETY: sysconf has no memory effects.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64;
+    let alignment = alignment.max(page);
     let buf = device.malloc_device(0, 3 * MIB).unwrap();
     let (offset, size) = (100u64, 2 * MIB as u64 + 300);
     let head = alignment - offset % alignment;
