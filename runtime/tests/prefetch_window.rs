@@ -23,9 +23,7 @@ fn reads_beyond_the_window_prefetch_as_earlier_ones_finish() {
     std::fs::write(&path, &data).unwrap();
     let file = std::fs::File::open(&path).unwrap();
     let device = CpuDevice::new(1);
-    let mut config = Config::default();
-    config.executor_cpus = vec![0, 1];
-    config.request_parallelism = 1;
+    let config = Config { executor_cpus: vec![0, 1], request_parallelism: 1, ..Config::default() };
     let driver = Driver::new(config, device.clone());
     driver.open();
     let handle = driver.handle_register(file.as_raw_fd()).unwrap();
