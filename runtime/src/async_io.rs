@@ -18,6 +18,12 @@
 //! the parameters that are not FIXED, re-validates them (`*bytes_p = -5022` and release
 //! when invalid or the size grew), and posts the job to the stream's executor.
 //!
+//! Without stream memory operations on the device (`Device::supports_stream_memops`),
+//! no wait-value is enqueued: the arm host function itself holds the stream until the
+//! op has published (the blocking fallback; correct, slower).
+//!
+//! Example: `runtime/examples/async_read.rs` (safe form, any backend).
+//!
 //! Completion (the executor): `*bytes_p` = byte count, `-errno`, or `-code`; then the
 //! release word is set to k — device-side after the copies for reads (write-value on the
 //! executor's internal stream), host-side for writes and for ops split over several
@@ -163,6 +169,11 @@ struct AsyncOp {
     gate_parts: AtomicUsize,
     /// Whether this op holds part of its stream's prefetch window.
     holds_prefetch_window: AtomicBool,
+    /// The device lacks stream memory operations: the arm host function blocks until
+    /// the op has published instead of the stream waiting on the release word.
+    blocking_fallback: bool,
+    /// Signalled when the op has published (for the blocking fallback).
+    published_signal: (Mutex<bool>, std::sync::Condvar),
     /// The arm host function has begun (a deferred prefetch must not start then).
     arm_started: AtomicBool,
     /// A fully FIXED read that the stream's prefetch window did not admit at submission:
@@ -479,6 +490,8 @@ impl AsyncOp {
             gate_parts: AtomicUsize::new(0),
             holds_prefetch_window: AtomicBool::new(prefetch),
             arm_started: AtomicBool::new(false),
+            blocking_fallback: !driver.device().supports_stream_memops(buffer.device_ordinal),
+            published_signal: (Mutex::new(false), std::sync::Condvar::new()),
             wants_deferred_prefetch: eligible && !prefetch,
             prefetch_generation: AtomicU64::new(0),
             prefetch_cancelled: AtomicBool::new(false),
@@ -523,9 +536,15 @@ impl AsyncOp {
             return Err(EnqueueError { error: Error::device(error), nothing_queued: true });
         }
         let word = self.stream.word();
-        // SAFETY: the word lives in the driver's word pool as long as the driver, which
-        // outlives every op (ops hold an Arc of it).
-        let waited = unsafe { device.stream_wait_value32(handle, word.device_addr, self.sequence) };
+        // Without stream memory operations the arm host function itself holds the
+        // stream until the op has published (the documented blocking fallback).
+        let waited = if self.blocking_fallback {
+            Ok(())
+        } else {
+            // SAFETY: the word lives in the driver's word pool as long as the driver,
+            // which outlives every op (ops hold an Arc of it).
+            unsafe { device.stream_wait_value32(handle, word.device_addr, self.sequence) }
+        };
         if let Err(error) = waited {
             // The arm will run and find the op abandoned; it still releases the word.
             self.abandon();
@@ -700,8 +719,7 @@ impl AsyncOp {
     }
 
     fn releases_device_side(&self) -> bool {
-        self.direction == Direction::Read
-            && self.driver.device().supports_stream_memops(self.device_ordinal)
+        self.direction == Direction::Read && !self.blocking_fallback
     }
 
     /// The single job of the op ended: publish, releasing device-side after the copies
@@ -764,6 +782,11 @@ impl AsyncOp {
     }
 
     fn release_host(&self) {
+        if self.blocking_fallback {
+            let (lock, signal) = &self.published_signal;
+            *lock.lock().unwrap_or_else(|p| p.into_inner()) = true;
+            signal.notify_all();
+        }
         let word = self.stream.word();
         // SAFETY: the word lives as long as the driver (see enqueue).
         unsafe { self.driver.device().store_word_host(word.host_ptr, self.sequence) };
@@ -807,8 +830,20 @@ impl Drop for DriverDropGuard {
 unsafe extern "C" fn arm_host_fn(user_data: *mut c_void) {
     // SAFETY: see the function's contract.
     let op = unsafe { Arc::from_raw(user_data.cast::<AsyncOp>().cast_const()) };
+    let blocking = op.blocking_fallback;
+    let waiter = blocking.then(|| Arc::clone(&op));
     // A panic must not cross the C boundary; the op's Drop then publishes -5030.
     let _ = catch_unwind(AssertUnwindSafe(move || op.arm()));
+    // Blocking fallback (no stream memory operations): later stream work waits for this
+    // host function, so it returns only once the op has published. The engine never
+    // needs this thread, so the wait cannot deadlock.
+    if let Some(op) = waiter {
+        let (lock, signal) = &op.published_signal;
+        let mut published = lock.lock().unwrap_or_else(|p| p.into_inner());
+        while !*published {
+            published = signal.wait(published).unwrap_or_else(|p| p.into_inner());
+        }
+    }
 }
 
 /// One part's result.

@@ -842,6 +842,9 @@ impl core::fmt::Debug for StreamGate {
 pub struct CpuDevice {
     instance_id: u64,
     device_count: u32,
+    /// Whether stream memory operations are reported as supported (tests turn it off to
+    /// exercise the library's blocking fallback, as on a GPU without them).
+    memops_reported: AtomicBool,
     shared: Arc<Shared>,
     streams: RwLock<HashMap<usize, StreamEntry>>,
     /// Workers of destroyed streams, still draining (joined at drop).
@@ -868,11 +871,19 @@ impl CpuDevice {
         Arc::new(CpuDevice {
             instance_id: NEXT_INSTANCE.fetch_add(1, Ordering::Relaxed),
             device_count,
+            memops_reported: AtomicBool::new(true),
             shared: Arc::default(),
             streams: RwLock::default(),
             retired: Mutex::default(),
             events: Mutex::default(),
         })
+    }
+
+    /// Makes [`Device::supports_stream_memops`] report `supported` (the operations keep
+    /// working): lets tests run the library's fallback for GPUs without stream memory
+    /// operations.
+    pub fn report_stream_memops(&self, supported: bool) {
+        self.memops_reported.store(supported, Ordering::SeqCst);
     }
 
     fn check_ordinal(&self, device_ordinal: u32) -> Result<(), DeviceError> {
@@ -1384,7 +1395,7 @@ impl Device for CpuDevice {
     }
 
     fn supports_stream_memops(&self, device_ordinal: u32) -> bool {
-        device_ordinal < self.device_count
+        device_ordinal < self.device_count && self.memops_reported.load(Ordering::SeqCst)
     }
 
     fn synchronize_stream(&self, stream: StreamHandle) -> Result<(), DeviceError> {
