@@ -12,7 +12,6 @@ use std::sync::Once;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use async_support::*;
-use hipfile_runtime::device::Device;
 
 /// Panics seen on executor threads, and the first message.
 static EXECUTOR_PANICS: AtomicUsize = AtomicUsize::new(0);
@@ -71,7 +70,7 @@ fn dropping_the_driver_right_after_sync() {
             let p = params(256 * KIB, 0, 0);
             rig.read(handle, buffer, &p, stream);
             rig.sync(stream);
-            let Rig { device, driver } = rig;
+            let Rig { device, driver, .. } = rig;
             let weak = std::sync::Arc::downgrade(&driver);
             drop(driver);
             wait_until("the driver to be dropped", || weak.upgrade().is_none());
@@ -93,14 +92,14 @@ fn dropping_the_driver_while_ops_are_queued() {
         let handle = rig.register(&fd);
         let buffer = rig.alloc(MIB);
         let stream = rig.stream_with(flags);
-        let gate = rig.device.pause_stream(stream).expect("pause");
+        let gate = rig.pause(stream).expect("pause");
         let ops: Vec<_> = (0..4)
             .map(|i| params(256 * KIB, (i * 256 * KIB) as i64, (i * 256 * KIB) as i64))
             .collect();
         for p in &ops {
             rig.read(handle, buffer, p, stream);
         }
-        let Rig { device, driver } = rig;
+        let Rig { device, driver, .. } = rig;
         let weak = std::sync::Arc::downgrade(&driver);
         drop(driver);
         gate.release();

@@ -50,7 +50,7 @@ impl Paused {
         p: &Arc<AsyncParams>,
         change: impl FnOnce(&AsyncParams),
     ) {
-        let gate = self.rig.device.pause_stream(stream).expect("pause");
+        let gate = self.rig.pause(stream).expect("pause");
         p.bytes_done.store(-1, Ordering::SeqCst);
         self.rig.submit(direction, self.handle, self.buffer, p, stream).expect("accepted");
         assert_eq!(bytes(p), 0, "*bytes_p = 0 at submission");
@@ -77,7 +77,7 @@ fn bytes_stay_zero_while_the_stream_is_held() {
     for flags in [None, Some(0), Some(7), Some(15)] {
         let stream = t.rig.stream_with(flags);
         let file_before = t.file.contents();
-        let gate = t.rig.device.pause_stream(stream).expect("pause");
+        let gate = t.rig.pause(stream).expect("pause");
         let read = params(SIZE / 2, 0, 0);
         let write = params(SIZE / 2, (SIZE / 2) as i64, (SIZE / 2) as i64);
         t.rig.read(t.handle, t.buffer, &read, stream);
@@ -108,7 +108,7 @@ fn a10_size_shrunk_while_held_is_honoured() {
             t.rig.set_dev_bytes(t.buffer, &source);
         }
         let p = AsyncParams::new(SIZE, 0);
-        let gate = t.rig.device.pause_stream(stream).expect("pause");
+        let gate = t.rig.pause(stream).expect("pause");
         let args = args_of(&p);
         // SAFETY: `p` outlives the op (the stream is synchronized below before it drops),
         // the buffer lives as long as the device.
@@ -383,7 +383,7 @@ fn fixed_all_read_prefetches_before_the_stream_reaches_it() {
     for flags in [7u32, 15] {
         let t = Paused::new("prefetch", SIZE, SIZE);
         let stream = t.rig.registered_stream(flags);
-        let gate = t.rig.device.pause_stream(stream).expect("pause");
+        let gate = t.rig.pause(stream).expect("pause");
         let (before, prefetched_before) = (read_bytes(&t), prefetched(&t.rig));
         let n = 256 * KIB;
         let p = params(n, 64 * KIB as i64, 4096);
@@ -407,7 +407,7 @@ fn fixed_all_read_prefetches_before_the_stream_reaches_it() {
 fn large_fixed_all_read_starts_early_and_completes() {
     let t = Paused::new("prefetch-large", 2 * SIZE, SIZE);
     let stream = t.rig.registered_stream(7);
-    let gate = t.rig.device.pause_stream(stream).expect("pause");
+    let gate = t.rig.pause(stream).expect("pause");
     let before = read_bytes(&t);
     let p = params(SIZE, 4096, 0);
     t.rig.read(t.handle, t.buffer, &p, stream);
@@ -425,7 +425,7 @@ fn reads_with_unfixed_parameters_do_not_prefetch() {
     let t = Paused::new("no-prefetch", SIZE, SIZE);
     for flags in [None, Some(0), Some(3), Some(5), Some(6), Some(8)] {
         let stream = t.rig.stream_with(flags);
-        let gate = t.rig.device.pause_stream(stream).expect("pause");
+        let gate = t.rig.pause(stream).expect("pause");
         let (before, prefetched_before) = (read_bytes(&t), prefetched(&t.rig));
         let p = params(64 * KIB, 0, 0);
         t.rig.read(t.handle, t.buffer, &p, stream);
@@ -476,11 +476,11 @@ fn read_overlapping_an_unfinished_write_on_another_stream_waits_for_it() {
     let source = rig.alloc(128 * KIB);
     let written = pattern(16, 128 * KIB);
     rig.set_dev_bytes(source, &written);
-    let gate_a = rig.device.pause_stream(a).expect("pause a");
-    let gate_b = rig.device.pause_stream(b).expect("pause b");
+    let gate_a = rig.pause(a).expect("pause a");
+    let gate_b = rig.pause(b).expect("pause b");
     let w = params(128 * KIB, 64 * KIB as i64, 0);
     rig.write(t.handle, source, &w, a);
-    rig.device.launch_host_closure(a, move || gate_b.release()).expect("host closure");
+    rig.launch(a, move || gate_b.release()).expect("host closure");
     let before = prefetched(rig);
     let r = params(128 * KIB, 128 * KIB as i64, 0);
     rig.read(t.handle, t.buffer, &r, b);
@@ -501,7 +501,7 @@ fn read_overlapping_an_unfinished_write_on_another_stream_waits_for_it() {
     assert_bytes(&got, &t.data[512 * KIB..576 * KIB], "control read");
     // The write finished: its hazard is gone, the same read prefetches again.
     let again = params(128 * KIB, 128 * KIB as i64, 0);
-    let gate = rig.device.pause_stream(b).expect("pause b");
+    let gate = rig.pause(b).expect("pause b");
     rig.read(t.handle, t.buffer, &again, b);
     assert_eq!(prefetched(rig), before + 2, "hazard cleared once the write finished");
     gate.release();
@@ -519,7 +519,7 @@ fn read_after_unfinished_write_on_the_same_stream_sees_it() {
         let source = rig.alloc(256 * KIB);
         let written = pattern(17, 256 * KIB);
         rig.set_dev_bytes(source, &written);
-        let gate = rig.device.pause_stream(stream).expect("pause");
+        let gate = rig.pause(stream).expect("pause");
         let w = params(256 * KIB, 0, 0);
         rig.write(t.handle, source, &w, stream);
         let before = prefetched(rig);
@@ -546,7 +546,7 @@ fn prefetched_read_ordered_after_a_later_submitted_write_sees_it() {
     let t = Paused::new("hazard-late", SIZE, SIZE);
     let rig = &t.rig;
     let (a, b) = (rig.registered_stream(0), rig.registered_stream(7));
-    let gate_b = rig.device.pause_stream(b).expect("pause b");
+    let gate_b = rig.pause(b).expect("pause b");
     let r = params(128 * KIB, 0, 0);
     let before = read_bytes(&t);
     rig.read(t.handle, t.buffer, &r, b);
@@ -556,7 +556,7 @@ fn prefetched_read_ordered_after_a_later_submitted_write_sees_it() {
     rig.set_dev_bytes(source, &written);
     let w = params(128 * KIB, 0, 0);
     rig.write(t.handle, source, &w, a);
-    rig.device.launch_host_closure(a, move || gate_b.release()).expect("host closure");
+    rig.launch(a, move || gate_b.release()).expect("host closure");
     rig.sync(a);
     rig.sync(b);
     assert_eq!((bytes(&w), bytes(&r)), ((128 * KIB) as isize, (128 * KIB) as isize));

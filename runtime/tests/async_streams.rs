@@ -13,7 +13,12 @@ use hipfile_core::Direction;
 use hipfile_runtime::device::StreamHandle;
 use hipfile_runtime::{AsyncArgs, AsyncParams, HandleId};
 
-const OPS: usize = 127;
+/// The A9 op count: hipFile's 127 on `cpu`; 40 on a GPU backend, where an enqueue
+/// blocks once about 55 of our ops wait behind a held stream (the submitting thread holds
+/// the gate, so it would never return).
+fn op_count() -> usize {
+    if on_cpu() { 127 } else { 40 }
+}
 const OP_BYTES: usize = 16 * KIB;
 const STEP: usize = 8 * KIB;
 
@@ -22,7 +27,7 @@ fn a9_args(size: &AsyncParams, own: &AsyncParams) -> AsyncArgs {
     AsyncArgs { size_p: size.size_bytes.as_ptr(), ..args_of(own) }
 }
 
-/// Submits the 127 A9 ops on a held `stream` (raw form), releases it, waits, and
+/// Submits the [`op_count`] A9 ops on a held `stream` (raw form), releases it, waits, and
 /// checks every `*bytes_p`.
 fn a9_run(
     rig: &Rig,
@@ -41,7 +46,7 @@ fn a9_run(
             p
         })
         .collect();
-    let gate = rig.device.pause_stream(stream).expect("pause");
+    let gate = rig.pause(stream).expect("pause");
     for op in &ops {
         let args = a9_args(&size, op);
         // SAFETY: `size` and `ops` outlive the ops (the stream is synchronized below,
@@ -68,21 +73,21 @@ fn a9_fifo_reads_at_overlapping_buffer_offsets() {
     // half of op j's data.
     for flags in [Some(0), None, Some(3)] {
         let rig = Rig::new();
-        let data = pattern(21, OPS * OP_BYTES);
+        let data = pattern(21, op_count() * OP_BYTES);
         let file = TempFile::new("a9r", &data);
         let fd = file.open_rw();
         let handle = rig.register(&fd);
-        let buffer_len = (OPS + 1) * STEP;
+        let buffer_len = (op_count() + 1) * STEP;
         let buffer = rig.alloc(buffer_len);
         let stream = rig.stream_with(flags);
         let offsets: Vec<(i64, i64)> =
-            (0..OPS).map(|i| ((i * OP_BYTES) as i64, (i * STEP) as i64)).collect();
+            (0..op_count()).map(|i| ((i * OP_BYTES) as i64, (i * STEP) as i64)).collect();
         a9_run(&rig, Direction::Read, handle, buffer, stream, &offsets);
         let mut want = Vec::with_capacity(buffer_len);
-        for j in 0..OPS {
+        for j in 0..op_count() {
             want.extend_from_slice(&data[j * OP_BYTES..j * OP_BYTES + STEP]);
         }
-        want.extend_from_slice(&data[(OPS - 1) * OP_BYTES + STEP..OPS * OP_BYTES]);
+        want.extend_from_slice(&data[(op_count() - 1) * OP_BYTES + STEP..op_count() * OP_BYTES]);
         assert_bytes(&rig.dev_bytes(buffer, buffer_len), &want, &format!("A9 reads {flags:?}"));
     }
 }
@@ -92,47 +97,47 @@ fn a9_fifo_writes_at_overlapping_file_offsets() {
     // Op i writes buffer[16K·i..+16K] to file[8K·i..+16K].
     for flags in [Some(0), None, Some(3)] {
         let rig = Rig::new();
-        let file_len = (OPS + 1) * STEP;
+        let file_len = (op_count() + 1) * STEP;
         let file = TempFile::new("a9w", &vec![0; file_len]);
         let fd = file.open_rw();
         let handle = rig.register(&fd);
-        let source = pattern(22, OPS * OP_BYTES);
-        let buffer = rig.alloc(OPS * OP_BYTES);
+        let source = pattern(22, op_count() * OP_BYTES);
+        let buffer = rig.alloc(op_count() * OP_BYTES);
         rig.set_dev_bytes(buffer, &source);
         let stream = rig.stream_with(flags);
         let offsets: Vec<(i64, i64)> =
-            (0..OPS).map(|i| ((i * STEP) as i64, (i * OP_BYTES) as i64)).collect();
+            (0..op_count()).map(|i| ((i * STEP) as i64, (i * OP_BYTES) as i64)).collect();
         a9_run(&rig, Direction::Write, handle, buffer, stream, &offsets);
         let mut want = Vec::with_capacity(file_len);
-        for j in 0..OPS {
+        for j in 0..op_count() {
             want.extend_from_slice(&source[j * OP_BYTES..j * OP_BYTES + STEP]);
         }
-        want.extend_from_slice(&source[(OPS - 1) * OP_BYTES + STEP..OPS * OP_BYTES]);
+        want.extend_from_slice(&source[(op_count() - 1) * OP_BYTES + STEP..op_count() * OP_BYTES]);
         assert_bytes(&file.contents(), &want, &format!("A9 writes {flags:?}"));
     }
 }
 
 #[test]
 fn a9_shared_size_changed_while_held_applies_to_every_unfixed_op() {
-    // The 127 ops share one size variable: shrinking it while the stream is held changes
+    // The ops share one size variable: shrinking it while the stream is held changes
     // every op (flags 0), none (FIXED_FILE_SIZE).
     for (flags, want) in [(0u32, 12 * KIB), (4, OP_BYTES)] {
         let rig = Rig::new();
-        let data = pattern(23, OPS * OP_BYTES);
+        let data = pattern(23, op_count() * OP_BYTES);
         let file = TempFile::new("a9s", &data);
         let fd = file.open_rw();
         let handle = rig.register(&fd);
-        let buffer = rig.alloc(OPS * OP_BYTES);
+        let buffer = rig.alloc(op_count() * OP_BYTES);
         let stream = rig.registered_stream(flags);
         let size = AsyncParams::new(OP_BYTES, 0);
-        let ops: Vec<Arc<AsyncParams>> = (0..OPS)
+        let ops: Vec<Arc<AsyncParams>> = (0..op_count())
             .map(|i| {
                 let p = AsyncParams::new(0, (i * OP_BYTES) as i64);
                 p.buffer_offset_bytes.store((i * OP_BYTES) as i64, Ordering::SeqCst);
                 p
             })
             .collect();
-        let gate = rig.device.pause_stream(stream).expect("pause");
+        let gate = rig.pause(stream).expect("pause");
         for op in &ops {
             // SAFETY: as in `a9_run`.
             unsafe { rig.driver.read_async(handle, buffer, a9_args(&size, op), stream) }
@@ -141,7 +146,7 @@ fn a9_shared_size_changed_while_held_applies_to_every_unfixed_op() {
         size.size_bytes.store(12 * KIB, Ordering::SeqCst);
         gate.release();
         rig.sync(stream);
-        let got = rig.dev_bytes(buffer, OPS * OP_BYTES);
+        let got = rig.dev_bytes(buffer, op_count() * OP_BYTES);
         for (i, op) in ops.iter().enumerate() {
             assert_eq!(bytes(op), want as isize, "flags {flags} op {i}");
             let at = i * OP_BYTES;
@@ -164,18 +169,26 @@ fn host_function_after_an_op_sees_its_result() {
         let handle = rig.register(&fd);
         let buffer = rig.alloc(MIB);
         let stream = rig.stream_with(flags);
-        let gate = rig.device.pause_stream(stream).expect("pause");
+        let gate = rig.pause(stream).expect("pause");
+        let mut snapshots = Vec::new();
         let read = params(512 * KIB, 4096, 0);
         rig.read(handle, buffer, &read, stream);
         let seen: Seen = Arc::default();
         {
-            let (read, seen, device) =
-                (Arc::clone(&read), Arc::clone(&seen), Arc::clone(&rig.device));
+            // The device memory as the stream has it right after the read (a host
+            // function must not call the device API on a GPU).
+            // SAFETY: the closure below holds a clone of the snapshot until it has run,
+            // after the copy.
+            let snapshot = unsafe { rig.snapshot(stream, buffer, 512 * KIB) };
+            let (read, seen, keep) = (Arc::clone(&read), Arc::clone(&seen), Arc::clone(&snapshot));
             let observe = move || {
-                let got = read_device(&device, buffer, 512 * KIB);
+                let got = keep.bytes(512 * KIB);
                 *seen.lock().expect("lock") = Some((bytes(&read), got));
+                // `keep` is dropped here, but `snapshot` (below) still owns the memory:
+                // no device call happens in the host function.
             };
-            rig.device.launch_host_closure(stream, observe).expect("host closure");
+            rig.launch(stream, observe).expect("host closure");
+            snapshots.push(snapshot);
         }
         // A write, then a host function that reads the file.
         let source = rig.alloc(256 * KIB);
@@ -191,7 +204,7 @@ fn host_function_after_an_op_sees_its_result() {
                 let contents = std::fs::read(&path).expect("read file");
                 *file_seen.lock().expect("lock") = Some((bytes(&write), contents));
             };
-            rig.device.launch_host_closure(stream, observe).expect("host closure");
+            rig.launch(stream, observe).expect("host closure");
         }
         assert!(seen.lock().expect("lock").is_none(), "host function ran before the gate");
         gate.release();
@@ -202,6 +215,7 @@ fn host_function_after_an_op_sees_its_result() {
         let (n, contents) = file_seen.lock().expect("lock").take().expect("ran");
         assert_eq!(n, (256 * KIB) as isize, "flags {flags:?}: write bytes seen");
         assert_bytes(&contents[MIB - 256 * KIB..], &written, "file seen by the host function");
+        drop(snapshots);
     }
 }
 
@@ -215,27 +229,29 @@ fn copy_after_a_read_copies_the_read_data() {
         let handle = rig.register(&fd);
         let buffer = rig.alloc(MIB);
         let copy = rig.alloc(MIB);
-        let host = rig.device.malloc_host(MIB).expect("malloc_host");
+        let host = rig.pinned(MIB);
         let stream = rig.stream_with(flags);
-        let gate = rig.device.pause_stream(stream).expect("pause");
+        let gate = rig.pause(stream).expect("pause");
         let p = params(MIB - 1, 1, 0);
         rig.read(handle, buffer, &p, stream);
-        // SAFETY: `copy` and `host` are the test's, untouched by anything else until the
-        // stream is synchronized; `buffer` is only written by the read before them.
+        // Device to device through pinned staging (UserDevice has no d2d copy), all
+        // ordered on `stream` after the read; then device to host.
+        let staging = rig.pinned(MIB);
+        // SAFETY: `copy`, `staging` and `host` are the test's, untouched by anything else
+        // and kept alive until the stream is synchronized; `buffer` is only written by the
+        // read before them.
         unsafe {
-            rig.device.memcpy_async(stream, copy, buffer, MIB).expect("memcpy d2d");
-            rig.device.memcpy_async(stream, host.device_addr, buffer, MIB).expect("memcpy d2h");
+            rig.copy_from_device_on(stream, &staging, buffer, MIB).expect("copy d2h (staging)");
+            rig.copy_to_device_on(stream, copy, &staging, MIB).expect("copy h2d (staging)");
+            rig.copy_from_device_on(stream, &host, buffer, MIB).expect("copy d2h");
         }
         gate.release();
         rig.sync(stream);
         assert_eq!(bytes(&p), (MIB - 1) as isize);
         let got = rig.dev_bytes(copy, MIB - 1);
         assert_bytes(&got, &data[1..], &format!("device copy after the read, flags {flags:?}"));
-        // SAFETY: pinned host memory of the test; the stream that wrote it is synchronized.
-        let host_bytes = unsafe { std::slice::from_raw_parts(host.host_ptr, MIB - 1) }.to_vec();
-        assert_bytes(&host_bytes, &data[1..], "host copy after the read");
-        // SAFETY: nothing uses `host` any more.
-        unsafe { rig.device.free_host(host) }.expect("free_host");
+        // The stream that wrote `host` is synchronized.
+        assert_bytes(&host.bytes(MIB - 1), &data[1..], "host copy after the read");
     }
 }
 
@@ -249,14 +265,14 @@ fn write_after_a_memset_writes_the_memset_bytes() {
         let buffer = rig.alloc(MIB);
         rig.set_dev_bytes(buffer, &pattern(27, MIB));
         let stream = rig.stream_with(flags);
-        let gate = rig.device.pause_stream(stream).expect("pause");
+        let gate = rig.pause(stream).expect("pause");
         // SAFETY: `buffer` is the test's; the memset and the write are ordered on `stream`.
-        unsafe { rig.device.memset_async(stream, buffer, 0xa5, MIB) }.expect("memset");
+        unsafe { rig.memset_on(stream, buffer, 0xa5, MIB) }.expect("memset");
         let p = params(MIB, 0, 0);
         rig.write(handle, buffer, &p, stream);
         // And a memset after the write must not leak into it.
         // SAFETY: as above.
-        unsafe { rig.device.memset_async(stream, buffer, 0x11, MIB) }.expect("memset");
+        unsafe { rig.memset_on(stream, buffer, 0x11, MIB) }.expect("memset");
         gate.release();
         rig.sync(stream);
         assert_eq!(bytes(&p), MIB as isize);
@@ -296,7 +312,7 @@ fn many_streams_one_buffer(n: usize, direction: Direction) {
     for k in 0..n {
         let flags = flag_cycle[k % flag_cycle.len()];
         let stream = rig.stream_with(flags);
-        let gate = rig.device.pause_stream(stream).expect("pause");
+        let gate = rig.pause(stream).expect("pause");
         let aligned = flags.is_some_and(|f| f & 8 != 0);
         let (buffer_start, file_start) = (k * slice, (n - 1 - k) * slice);
         let cuts = if aligned { [0, slice / 2, slice] } else { [1, slice / 2 + 3, slice - 5] };
@@ -368,7 +384,7 @@ fn deregister_a_stream_with_ops_in_flight() {
         let handle = rig.register(&fd);
         let buffer = rig.alloc(MIB);
         let stream = rig.registered_stream(flags);
-        let gate = rig.device.pause_stream(stream).expect("pause");
+        let gate = rig.pause(stream).expect("pause");
         let ops: Vec<_> = (0..4)
             .map(|i| params(256 * KIB, (i * 256 * KIB) as i64, (i * 256 * KIB) as i64))
             .collect();
@@ -429,11 +445,10 @@ fn ops_from_several_threads_on_one_stream_keep_submission_order() {
                     *seq += 1;
                     rig.read(handle, buffer, &p, stream);
                     let order = Arc::clone(&order);
-                    rig.device
-                        .launch_host_closure(stream, move || {
-                            order.lock().expect("lock").push((ticket, bytes(&p)));
-                        })
-                        .expect("closure");
+                    rig.launch(stream, move || {
+                        order.lock().expect("lock").push((ticket, bytes(&p)));
+                    })
+                    .expect("closure");
                     drop(seq);
                 }
             })

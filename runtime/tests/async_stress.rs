@@ -6,9 +6,9 @@
 //!
 //! Every op is checked in stream order by a host function enqueued right after it:
 //! `*bytes_p` is final and the bytes it moved match a model of the stream's region (for a
-//! read, device memory; for a write, the file). At the end both regions must equal the
-//! model, and the pinned fallback staging sampled during the run must never exceed its
-//! configured cap.
+//! read, device memory as a copy enqueued on the stream right after the op; for a write,
+//! the file). At the end both regions must equal the model, and the pinned fallback
+//! staging sampled during the run must never exceed its configured cap.
 //!
 //! Offsets and sizes are unaligned for reads and writes (except on PAGE_ALIGNED streams).
 
@@ -72,6 +72,10 @@ struct Shared {
     file: std::fs::File,
     failures: Mutex<Vec<String>>,
     accepted: AtomicUsize,
+    /// Free pinned buffers of `MAX_OP` bytes for the reads' snapshots: a host function
+    /// must not call the device API (CUDA), so it returns its buffer here instead of
+    /// freeing it.
+    pool: Mutex<Vec<Pinned>>,
 }
 
 impl Shared {
@@ -149,6 +153,21 @@ fn run_op(shared: &Arc<Shared>, rng: &mut Rng, lane: &mut Lane, id: usize) {
     let (file_at, buffer_at) = (lane.base + f, lane.base + b);
     let stream = lane.stream;
     lane.outstanding.fetch_add(1, Ordering::SeqCst);
+    // What the device memory holds once the stream has passed the op (device memory
+    // cannot be read from a host function on a GPU): copied on the stream, after the op.
+    let snapshot = match direction {
+        Direction::Read => {
+            let pinned = shared.pool.lock().expect("lock").pop();
+            let pinned = pinned.unwrap_or_else(|| rig.pinned(MAX_OP));
+            let source = shared.buffer + buffer_at as u64;
+            // SAFETY: the buffer moves into the host function below, which runs after
+            // the copy and hands it back to the pool (it is freed only when `shared`
+            // drops, after every stream was synchronized).
+            unsafe { rig.copy_from_device_on(stream, &pinned, source, size) }.expect("copy d2h");
+            Some(pinned)
+        }
+        Direction::Write => None,
+    };
     let check = move || {
         let s = &check_shared;
         let n = bytes(&p);
@@ -159,7 +178,7 @@ fn run_op(shared: &Arc<Shared>, rng: &mut Rng, lane: &mut Lane, id: usize) {
             s.fail(format!("{what}: *bytes_p = {n}"));
         } else {
             let got = match direction {
-                Direction::Read => read_device(&s.rig.device, s.buffer + buffer_at as u64, size),
+                Direction::Read => snapshot.as_ref().expect("snapshot").bytes(size),
                 Direction::Write => {
                     let mut got = vec![0; size];
                     s.file.read_exact_at(&mut got, file_at as u64).expect("pread");
@@ -170,9 +189,12 @@ fn run_op(shared: &Arc<Shared>, rng: &mut Rng, lane: &mut Lane, id: usize) {
                 s.fail(format!("{what}: data differs at byte {i}"));
             }
         }
+        if let Some(pinned) = snapshot {
+            s.pool.lock().expect("lock").push(pinned);
+        }
         outstanding.fetch_sub(1, Ordering::SeqCst);
     };
-    rig.device.launch_host_closure(lane.stream, check).expect("host closure");
+    rig.launch(lane.stream, check).expect("host closure");
 }
 
 fn submitter(shared: Arc<Shared>, mut lanes: Vec<Lane>, seed: u64) -> Vec<Lane> {
@@ -228,6 +250,7 @@ fn stress_10k_ops_16_streams_4_threads() {
         file: reader,
         failures: Mutex::default(),
         accepted: AtomicUsize::new(0),
+        pool: Mutex::default(),
     });
     let stop = Arc::new(AtomicBool::new(false));
     let sampler = {
@@ -303,7 +326,7 @@ fn staging_pressure(cap: usize) {
     let mut streams = Vec::new();
     for k in 0..STREAMS {
         let stream = rig.stream_with(if k % 2 == 0 { Some(7) } else { None });
-        gates.push(rig.device.pause_stream(stream).expect("pause"));
+        gates.push(rig.pause(stream).expect("pause"));
         for i in 0..PER_STREAM {
             let at = (k * PER_STREAM + i) * OP;
             let p = params(OP, at as i64, at as i64);

@@ -5,11 +5,14 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=target/gpu-bundle
 rm -rf "$out"; mkdir -p "$out/tests"
-suites=(device_contract)
+suites=(device_contract async_rows async_paused async_streams async_errors async_stress
+        async_direct async_lifetime)
 for suite in "${suites[@]}"; do
   exe=$(cargo test --release -p hipfile-runtime --test "$suite" --no-run --message-format=json 2>/dev/null \
         | grep -o '"executable":"[^"]*"' | tail -1 | cut -d'"' -f4)
   cp "$exe" "$out/tests/$suite"
+  # Debug info makes each test binary tens of MiB; the bundle stays small without it.
+  strip "$out/tests/$suite"
 done
 # The C library, our headers and the GPU C program (written against the CUDA runtime:
 # Debian's HIP 5.2 NVIDIA-platform headers do not compile against CUDA 13).

@@ -1,5 +1,17 @@
 //! Helpers shared by the async integration tests (`async_*.rs`): a driver over a fresh
-//! `cpu` device with a small engine, temporary files, device-memory access, hang guards.
+//! device with a small engine, temporary files, device-memory access, hang guards.
+//!
+//! The backend is the one `HIPFILE_DEVICE` selects: `cpu` (the default) or `cuda` (on an
+//! NVIDIA machine; `rocm`, `auto` as in `device_contract.rs`). Every helper goes through
+//! the backend-generic [`UserDevice`] API: device memory is read and written through
+//! pinned staging and stream copies, never as host memory. Tests that need the `cpu`
+//! device itself (several devices, its statistics, managed memory, destroyed-stream
+//! semantics) ask [`Rig::cpu_only`], which prints `skipped on <backend>: <reason>`
+//! elsewhere.
+//!
+//! On CUDA an enqueue blocks once about 110 commands (about 55 of our ops) wait behind a
+//! blocked stream, so no test holds a gate while it submits more than about 40 ops from
+//! the same thread on a non-`cpu` backend.
 //!
 //! Every blocking wait here has a 30 s watchdog: a test fails instead of hanging. Time is
 //! never asserted on otherwise.
@@ -12,9 +24,10 @@ use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use hipfile_core::{Direction, OpError};
-use hipfile_runtime::config::Config;
+use hipfile_runtime::config::{Config, DeviceSelection};
 use hipfile_runtime::device::cpu::CpuDevice;
-use hipfile_runtime::device::{Device, MemoryType, StreamHandle};
+use hipfile_runtime::device::user::{StreamGate, UserDevice, backend_name, open_device};
+use hipfile_runtime::device::{Device, DeviceError, MemoryType, PinnedRegion, StreamHandle};
 use hipfile_runtime::{AsyncArgs, AsyncParams, Driver, Error, HandleId};
 
 /// One KiB.
@@ -23,6 +36,48 @@ pub const KIB: usize = 1 << 10;
 pub const MIB: usize = 1 << 20;
 /// How long any wait may take before the test fails as hung.
 pub const HANG_GUARD: Duration = Duration::from_secs(30);
+
+/// The backend `HIPFILE_DEVICE` selects (`cpu` when unset or unknown).
+pub fn selection() -> DeviceSelection {
+    match std::env::var("HIPFILE_DEVICE").as_deref() {
+        Ok("cuda") => DeviceSelection::Cuda,
+        Ok("rocm") => DeviceSelection::Rocm,
+        Ok("auto") => DeviceSelection::Auto,
+        _ => DeviceSelection::Cpu,
+    }
+}
+
+/// Opens the selected backend: `cpu` with `devices` devices (also returned as the
+/// concrete [`CpuDevice`], for the tests that need it), or the GPU backend.
+///
+/// # Panics
+/// The selected backend is unavailable (a misconfigured run must not pass silently).
+pub fn open_backend(devices: u32) -> (Arc<dyn UserDevice>, Option<Arc<CpuDevice>>) {
+    if selection() == DeviceSelection::Cpu {
+        // What `open_device(DeviceSelection::Cpu, devices)` returns, kept typed.
+        let cpu = CpuDevice::new(devices);
+        return (Arc::clone(&cpu) as Arc<dyn UserDevice>, Some(cpu));
+    }
+    match open_device(selection(), devices) {
+        Ok(device) if device.kind() == hipfile_runtime::device::DeviceKind::Cpu => {
+            // `auto` fell back to cpu: reopen it typed.
+            let cpu = CpuDevice::new(devices);
+            (Arc::clone(&cpu) as Arc<dyn UserDevice>, Some(cpu))
+        }
+        Ok(device) => (device, None),
+        Err(reason) => panic!("HIPFILE_DEVICE={:?} unavailable: {reason}", selection()),
+    }
+}
+
+/// Whether the selected backend is the in-process `cpu` device.
+pub fn on_cpu() -> bool {
+    static ANSWER: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ANSWER.get_or_init(|| match selection() {
+        DeviceSelection::Cpu => true,
+        DeviceSelection::Auto => open_backend(1).1.is_some(),
+        _ => false,
+    })
+}
 
 /// The small engine every test uses: 2 executors on CPUs 0 and 1, 8 MiB staging each,
 /// 256 KiB chunks (this machine has 2 cores shared with other work).
@@ -49,12 +104,14 @@ pub fn unaligned_write_config() -> Config {
     small_config()
 }
 
-/// A driver (opened once) over its own `cpu` device.
+/// A driver (opened once) over its own device of the selected backend.
 pub struct Rig {
     /// The device (for allocation, streams, gates, host closures).
-    pub device: Arc<CpuDevice>,
+    pub device: Arc<dyn UserDevice>,
     /// The driver under test.
     pub driver: Arc<Driver>,
+    /// The same device as a [`CpuDevice`] when the backend is `cpu`.
+    pub cpu: Option<Arc<CpuDevice>>,
 }
 
 impl Rig {
@@ -63,7 +120,8 @@ impl Rig {
         Rig::with(1, small_config())
     }
 
-    /// `devices` cpu devices and `config`; the driver is opened once.
+    /// `devices` devices (on `cpu`; a GPU backend has the machine's) and `config`; the
+    /// driver is opened once.
     pub fn with(devices: u32, config: Config) -> Rig {
         let rig = Rig::closed(devices, config);
         rig.driver.open();
@@ -72,14 +130,28 @@ impl Rig {
 
     /// Like [`Rig::with`], but the driver is left closed (use count 0).
     pub fn closed(devices: u32, config: Config) -> Rig {
-        let device = CpuDevice::new(devices);
-        let driver = Driver::new(config, device.clone());
-        Rig { device, driver }
+        let (device, cpu) = open_backend(devices);
+        let base: Arc<dyn Device> = Arc::clone(&device) as Arc<dyn Device>;
+        let driver = Driver::new(config, base);
+        Rig { device, driver, cpu }
+    }
+
+    /// The backend's name (`cpu`, `cuda`, ...).
+    pub fn backend(&self) -> &'static str {
+        backend_name(&*self.device)
+    }
+
+    /// The `cpu` device, or `None` after printing `skipped on <backend>: <reason>`.
+    pub fn cpu_only(&self, reason: &str) -> Option<Arc<CpuDevice>> {
+        if self.cpu.is_none() {
+            println!("skipped on {}: {reason}", self.backend());
+        }
+        self.cpu.clone()
     }
 
     /// A new stream on device 0, not registered.
     pub fn stream(&self) -> StreamHandle {
-        self.device.create_stream(0).expect("create stream")
+        self.device.create_user_stream(0).expect("create stream")
     }
 
     /// A new stream on device 0, registered with `flags`.
@@ -97,9 +169,106 @@ impl Rig {
         }
     }
 
-    /// Zeroed device memory on device 0.
+    /// Zeroed device memory on device 0 (never freed: it lives as long as the device).
     pub fn alloc(&self, len_bytes: usize) -> u64 {
-        self.device.malloc_device(0, len_bytes).expect("malloc_device")
+        self.alloc_on(0, len_bytes)
+    }
+
+    /// Zeroed device memory on `device_ordinal`.
+    pub fn alloc_on(&self, device_ordinal: u32, len_bytes: usize) -> u64 {
+        let addr = self.device.alloc_device(device_ordinal, len_bytes).expect("alloc_device");
+        if self.cpu.is_none() {
+            // GPU allocations are not zeroed (cpu-device ones are, lazily).
+            let stream = self.device.create_user_stream(device_ordinal).expect("stream");
+            // SAFETY: a fresh device allocation of `len_bytes`, used by nothing else yet.
+            unsafe { self.device.memset_on(stream, addr, 0, len_bytes) }.expect("memset_on");
+            self.sync(stream);
+            self.device.destroy_user_stream(stream).expect("destroy stream");
+        }
+        addr
+    }
+
+    /// Pauses `stream` at this point: later work waits until the gate is released.
+    pub fn pause(&self, stream: StreamHandle) -> Result<StreamGate, DeviceError> {
+        StreamGate::pause(&self.device, stream)
+    }
+
+    /// Enqueues `closure` as a host function on `stream`. On a GPU backend it must not
+    /// call the device API (CUDA forbids it in host functions): read device memory
+    /// through a [`Rig::snapshot`] enqueued before it.
+    pub fn launch(
+        &self,
+        stream: StreamHandle,
+        closure: impl FnOnce() + Send + 'static,
+    ) -> Result<(), DeviceError> {
+        self.device.launch_closure(stream, Box::new(closure))
+    }
+
+    /// Pinned host memory of `len_bytes` (at least 1).
+    pub fn pinned(&self, len_bytes: usize) -> Pinned {
+        Pinned::new(&self.device, len_bytes)
+    }
+
+    /// Enqueues on `stream` a copy of device `addr..addr+len` into a new pinned buffer:
+    /// once the stream has passed it, [`Pinned::bytes`] is what the range held there.
+    ///
+    /// # Safety
+    /// The returned buffer is not dropped before `stream` has run the copy (the stream
+    /// was synchronized, or a later host function on it holds a clone).
+    pub unsafe fn snapshot(&self, stream: StreamHandle, addr: u64, len: usize) -> Arc<Pinned> {
+        let host = Arc::new(self.pinned(len));
+        // SAFETY: `host` is pinned and `len` long; the caller keeps it alive until the
+        // copy has run; the source is the test's device memory.
+        unsafe { self.copy_from_device_on(stream, &host, addr, len) }.expect("copy d2h");
+        host
+    }
+
+    /// Enqueues a device → pinned copy of `len` bytes on `stream`.
+    ///
+    /// # Safety
+    /// `target` stays allocated until `stream` has run the copy; `len` fits it.
+    pub unsafe fn copy_from_device_on(
+        &self,
+        stream: StreamHandle,
+        target: &Pinned,
+        source: u64,
+        len: usize,
+    ) -> Result<(), DeviceError> {
+        assert!(len <= target.region.len_bytes, "copy longer than its pinned target");
+        // SAFETY: forwarded contract; the target is pinned memory of at least `len`.
+        unsafe { self.device.copy_from_device_on(stream, target.region.host_ptr, source, len) }
+    }
+
+    /// Enqueues a pinned → device copy of `len` bytes on `stream`.
+    ///
+    /// # Safety
+    /// `source` stays allocated until `stream` has run the copy; `len` fits it; the
+    /// target range is the test's device memory.
+    pub unsafe fn copy_to_device_on(
+        &self,
+        stream: StreamHandle,
+        target: u64,
+        source: &Pinned,
+        len: usize,
+    ) -> Result<(), DeviceError> {
+        assert!(len <= source.region.len_bytes, "copy longer than its pinned source");
+        // SAFETY: forwarded contract; the source is pinned memory of at least `len`.
+        unsafe { self.device.copy_to_device_on(stream, target, source.region.host_ptr, len) }
+    }
+
+    /// Enqueues a memset of device memory on `stream`.
+    ///
+    /// # Safety
+    /// The range is the test's device memory, not used meanwhile outside stream order.
+    pub unsafe fn memset_on(
+        &self,
+        stream: StreamHandle,
+        target: u64,
+        value: u8,
+        len: usize,
+    ) -> Result<(), DeviceError> {
+        // SAFETY: forwarded contract.
+        unsafe { self.device.memset_on(stream, target, value, len) }
     }
 
     /// Registers `file`'s descriptor.
@@ -148,6 +317,52 @@ impl Rig {
     }
 }
 
+/// Pinned host memory of the test, freed on drop (never inside a host function: CUDA
+/// forbids device calls there).
+pub struct Pinned {
+    device: Arc<dyn UserDevice>,
+    /// The region.
+    pub region: PinnedRegion,
+}
+
+// SAFETY: the region is plain pinned host memory owned by this value; every access goes
+// through `bytes`/`bytes_mut`, which the tests order with stream synchronization or host
+// functions (the device copies into it happen before the code that reads it).
+unsafe impl Send for Pinned {}
+// SAFETY: as above.
+unsafe impl Sync for Pinned {}
+
+impl Pinned {
+    /// `len_bytes` (at least 1) of pinned memory on `device`.
+    pub fn new(device: &Arc<dyn UserDevice>, len_bytes: usize) -> Pinned {
+        let region = device.alloc_pinned(len_bytes.max(1)).expect("alloc_pinned");
+        Pinned { device: Arc::clone(device), region }
+    }
+
+    /// The first `len` bytes, copied out.
+    pub fn bytes(&self, len: usize) -> Vec<u8> {
+        assert!(len <= self.region.len_bytes);
+        // SAFETY: live pinned memory of at least `len` bytes; no copy into it is in
+        // flight when the tests read it (see the type's docs).
+        unsafe { std::slice::from_raw_parts(self.region.host_ptr, len) }.to_vec()
+    }
+
+    /// Fills the start with `data`.
+    pub fn fill(&self, data: &[u8]) {
+        assert!(data.len() <= self.region.len_bytes);
+        // SAFETY: live pinned memory of at least `data.len()` bytes; no copy from it is
+        // in flight while the test fills it.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.region.host_ptr, data.len()) };
+    }
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        // SAFETY: every copy using the region has run (the tests synchronize first).
+        unsafe { self.device.free_pinned(self.region) };
+    }
+}
+
 /// Runs `work` on a helper thread and fails the test if it does not finish within
 /// [`HANG_GUARD`] (the helper is left behind; the test has failed anyway).
 pub fn run_guarded<T: Send + 'static>(what: &str, work: impl FnOnce() -> T + Send + 'static) -> T {
@@ -171,33 +386,67 @@ pub fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
     }
 }
 
-/// Checks that `addr..addr+len` lies inside one `cpu`-device allocation of device memory.
-fn check_device_range(device: &CpuDevice, addr: u64, len: usize) {
+/// Checks that `addr..addr+len` lies inside one allocation of device memory.
+fn check_device_range(device: &dyn UserDevice, addr: u64, len: usize) {
     let info = device.pointer_info(addr).expect("pointer_info");
     assert_eq!(info.memory_type, MemoryType::Device, "{addr:#x} is not device memory");
     let end = addr.checked_add(len as u64).expect("range overflows");
     assert!(end <= info.allocation_base + info.allocation_len_bytes, "range leaves its allocation");
 }
 
-/// The single place the tests read device memory: a copy of `len` bytes at `addr`.
+/// Staging size for [`read_device`] / [`write_device`].
+const STAGING: usize = 16 * MIB;
+
+/// The single place the tests read device memory: a copy of `len` bytes at `addr`,
+/// through pinned staging on a stream of its own (a held stream does not block it).
 ///
 /// Callers read only ranges that no stream or executor is writing at the time (the
-/// stream was synchronized, or is held before the op that would write them).
-pub fn read_device(device: &CpuDevice, addr: u64, len: usize) -> Vec<u8> {
-    check_device_range(device, addr, len);
-    // SAFETY: `cpu` device memory is host memory, and the range lies inside one live
-    // device allocation (checked above) that the test owns and does not free while this
-    // runs; the bytes are initialised (allocations are zeroed). Callers only read ranges
-    // nothing writes meanwhile (see above), and the slice does not outlive the copy.
-    unsafe { std::slice::from_raw_parts(addr as usize as *const u8, len) }.to_vec()
+/// stream was synchronized, or is held before the op that would write them). Not for
+/// host functions (use [`Rig::snapshot`]).
+pub fn read_device(device: &Arc<dyn UserDevice>, addr: u64, len: usize) -> Vec<u8> {
+    check_device_range(&**device, addr, len);
+    let ordinal = device.pointer_info(addr).expect("pointer_info").device_ordinal;
+    let stream = device.create_user_stream(ordinal).expect("create stream");
+    let staging = Pinned::new(device, len.min(STAGING));
+    let mut out = Vec::with_capacity(len);
+    let mut at = 0;
+    while at < len {
+        let n = (len - at).min(STAGING);
+        // SAFETY: `staging` is pinned, at least `n` long, and outlives the copy (the
+        // stream is synchronized below); the source range was checked above.
+        unsafe { device.copy_from_device_on(stream, staging.region.host_ptr, addr + at as u64, n) }
+            .expect("copy_from_device_on");
+        sync_stream(device, stream);
+        out.extend_from_slice(&staging.bytes(n));
+        at += n;
+    }
+    device.destroy_user_stream(stream).expect("destroy stream");
+    out
 }
 
 /// The single place the tests write device memory directly (to prepare a buffer).
-pub fn write_device(device: &CpuDevice, addr: u64, bytes: &[u8]) {
-    check_device_range(device, addr, bytes.len());
-    // SAFETY: as in `read_device`: a live device allocation of the test's, host memory on
-    // the `cpu` device, and no stream or executor accesses the range meanwhile.
-    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), addr as usize as *mut u8, bytes.len()) };
+pub fn write_device(device: &Arc<dyn UserDevice>, addr: u64, bytes: &[u8]) {
+    check_device_range(&**device, addr, bytes.len());
+    let ordinal = device.pointer_info(addr).expect("pointer_info").device_ordinal;
+    let stream = device.create_user_stream(ordinal).expect("create stream");
+    let staging = Pinned::new(device, bytes.len().min(STAGING));
+    for (i, chunk) in bytes.chunks(STAGING).enumerate() {
+        staging.fill(chunk);
+        let target = addr + (i * STAGING) as u64;
+        // SAFETY: as in `read_device`; no stream or executor uses the range meanwhile.
+        unsafe { device.copy_to_device_on(stream, target, staging.region.host_ptr, chunk.len()) }
+            .expect("copy_to_device_on");
+        sync_stream(device, stream);
+    }
+    device.destroy_user_stream(stream).expect("destroy stream");
+}
+
+/// Synchronizes `stream` under the hang guard.
+fn sync_stream(device: &Arc<dyn UserDevice>, stream: StreamHandle) {
+    let device = Arc::clone(device);
+    run_guarded(&format!("synchronize stream {stream:?}"), move || {
+        device.synchronize_stream(stream).expect("synchronize_stream")
+    });
 }
 
 /// Deterministic, non-periodic test data: byte `i` of stream `seed`.
