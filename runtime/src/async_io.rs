@@ -42,7 +42,7 @@ use hipfile_core::{
 
 use crate::device::{DeviceError, StreamHandle};
 use crate::driver::{BufferUse, Driver, HandleId, ResolvedBuffer};
-use crate::engine::{Completion, Engine, IoJob, JobEnd, SyncRequest};
+use crate::engine::{Completion, Engine, IoJob, JobEnd};
 use crate::error::Error;
 use crate::file::{FileHandle, OpGuard};
 use crate::stream::{DeferredStart, StreamState};
@@ -341,18 +341,7 @@ impl Driver {
         args: AsyncArgs,
     ) -> Result<(), Error> {
         self.device().synchronize_stream(StreamHandle::NULL).map_err(Error::device)?;
-        let engine = self.engine()?;
-        let _buffer_use = buffer.begin_use();
-        let request = SyncRequest {
-            file,
-            direction,
-            file_offset_bytes: io.file_offset_bytes(),
-            device_addr: io.device_addr(),
-            len_bytes: io.size_bytes(),
-            device_ordinal: buffer.device_ordinal,
-            executor_hint: self.next_executor(),
-        };
-        let (outcome, _) = engine.run_sync(request);
+        let (outcome, _) = self.move_now(direction, file, io, buffer)?;
         // SAFETY: valid per the contract of the caller.
         unsafe { args.bytes_p.write_volatile(bytes_p_value(outcome) as isize) };
         Ok(())

@@ -17,7 +17,9 @@ use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
-use hipfile_core::{BufferSpan, Direction, OpError, Outcome, RawIo, StreamFlags, validate};
+use hipfile_core::{
+    BufferSpan, Direction, OpError, Outcome, RawIo, StreamFlags, ValidIo, validate,
+};
 
 use crate::async_io::{AsyncStats, FileHazards};
 use crate::config::Config;
@@ -402,6 +404,28 @@ impl Driver {
         if io.is_empty() {
             return Ok(0);
         }
+        match self.move_now(direction, file, &io, &buffer)? {
+            (Outcome::Bytes(n), _) => Ok(n as usize),
+            (Outcome::OsError(errno), _) => Err(IoError::Os(errno)),
+            (Outcome::Library(OpError::HipDriverError), Some(error)) => Err(IoError::Device(error)),
+            (Outcome::Library(code), _) => Err(IoError::Library(code)),
+        }
+    }
+}
+
+impl Driver {
+    /// Moves a validated range now, on the engine, and waits for it: the body of the
+    /// sync calls and of async calls on the NULL stream.
+    ///
+    /// # Errors
+    /// The engine could not start.
+    pub(crate) fn move_now(
+        &self,
+        direction: Direction,
+        file: Arc<FileHandle>,
+        io: &ValidIo,
+        buffer: &ResolvedBuffer,
+    ) -> Result<(Outcome, Option<crate::device::DeviceError>), Error> {
         let engine = self.engine()?;
         let _buffer_use = buffer.begin_use();
         if direction == Direction::Write {
@@ -416,12 +440,7 @@ impl Driver {
             device_ordinal: buffer.device_ordinal,
             executor_hint: self.next_executor(),
         };
-        match engine.run_sync(request) {
-            (Outcome::Bytes(n), _) => Ok(n as usize),
-            (Outcome::OsError(errno), _) => Err(IoError::Os(errno)),
-            (Outcome::Library(OpError::HipDriverError), Some(error)) => Err(IoError::Device(error)),
-            (Outcome::Library(code), _) => Err(IoError::Library(code)),
-        }
+        Ok(engine.run_sync(request))
     }
 }
 

@@ -5,24 +5,18 @@
 //! The tests of this binary run one at a time ([`serial`]): two of them measure the
 //! whole process (CPU time, thread list).
 
-use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier, Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use hipfile_core::{Direction, RawIo};
-use hipfile_runtime::Driver;
-use hipfile_runtime::config::{Config, DeviceSelection};
-use hipfile_runtime::device::cpu::CpuDevice;
-use hipfile_runtime::file::DirectPolicy;
 
-const KIB: usize = 1 << 10;
-const MIB: usize = 1 << 20;
-const CHUNK: usize = 256 * KIB;
+mod sync_support;
+#[allow(unused_imports, reason = "not every helper is used by every file")]
+use sync_support::*;
 
 // ----------------------------------------------------------------------------------------
 // Helpers
@@ -32,82 +26,6 @@ const CHUNK: usize = 256 * KIB;
 fn serial() -> MutexGuard<'static, ()> {
     static LOCK: Mutex<()> = Mutex::new(());
     LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-fn config(cpus: &[usize]) -> Config {
-    let config = Config {
-        device: DeviceSelection::Cpu,
-        executor_cpus: cpus.to_vec(),
-        request_parallelism: cpus.len(),
-        staging_chunk_bytes: CHUNK,
-        staging_per_executor_bytes: 8 * MIB,
-        pinned_fallback_cap_bytes: 4 * MIB,
-        chunks_in_flight: 4,
-        cpu_device_count: 1,
-        direct: DirectPolicy::Auto,
-        allow_compat_mode: true,
-    };
-    config.validate().expect("test config is valid");
-    config
-}
-
-fn driver_with(config: Config) -> (Arc<Driver>, Arc<CpuDevice>) {
-    let device = CpuDevice::new(1);
-    (Driver::new(config, device.clone()), device)
-}
-
-fn ext4_dir() -> PathBuf {
-    std::env::temp_dir()
-}
-
-fn tmpfs_dir() -> PathBuf {
-    PathBuf::from("/dev/shm")
-}
-
-/// A file with a unique name, removed on drop.
-struct TempFile {
-    path: PathBuf,
-}
-
-impl TempFile {
-    fn new(dir: &Path, contents: &[u8]) -> TempFile {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let unique = NEXT.fetch_add(1, Ordering::Relaxed);
-        let path = dir.join(format!("hipfile-engine-{}-{unique}", std::process::id()));
-        std::fs::write(&path, contents).expect("create test file");
-        TempFile { path }
-    }
-
-    fn open_rw(&self) -> File {
-        OpenOptions::new().read(true).write(true).open(&self.path).expect("open test file")
-    }
-}
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
-    }
-}
-
-/// Deterministic pseudo-random bytes (xorshift64), different for each seed.
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut out = Vec::with_capacity(len + 8);
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    while out.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out.truncate(len);
-    out
-}
-
-/// A copy of `len` bytes of `cpu` device memory at `addr`.
-fn device_bytes(addr: u64, len: usize) -> Vec<u8> {
-    // SAFETY: `cpu` device memory is host memory. Callers pass a range inside one live
-    // `malloc_device` allocation, and no I/O on it is in flight while we copy.
-    unsafe { std::slice::from_raw_parts(addr as *const u8, len) }.to_vec()
 }
 
 fn raw(size_bytes: usize, file_offset_bytes: usize) -> RawIo {

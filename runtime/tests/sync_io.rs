@@ -8,124 +8,22 @@
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread;
-use std::time::{Duration, Instant};
 
 use hipfile_core::{Direction, OpError, RawIo, max_io_bytes};
 use hipfile_runtime::api::{DeviceSpan, HipFile, RegisteredDeviceBuffer, RegisteredFile};
-use hipfile_runtime::config::{Config, DeviceSelection};
-use hipfile_runtime::device::StreamHandle;
-use hipfile_runtime::device::cpu::{CpuDevice, StreamGate};
 use hipfile_runtime::file::{DirectPolicy, FileCounters};
 use hipfile_runtime::{Driver, Error, HandleId, IoError};
 
-const KIB: usize = 1 << 10;
-const MIB: usize = 1 << 20;
-const CHUNK: usize = 256 * KIB;
-/// Hang guard for anything that should finish.
-const HANG_GUARD: Duration = Duration::from_secs(20);
+mod sync_support;
+#[allow(unused_imports, reason = "not every helper is used by every file")]
+use sync_support::*;
 
 // ----------------------------------------------------------------------------------------
 // Helpers
 // ----------------------------------------------------------------------------------------
-
-fn config(cpus: &[usize]) -> Config {
-    let config = Config {
-        device: DeviceSelection::Cpu,
-        executor_cpus: cpus.to_vec(),
-        request_parallelism: cpus.len(),
-        staging_chunk_bytes: CHUNK,
-        staging_per_executor_bytes: 8 * MIB,
-        pinned_fallback_cap_bytes: 4 * MIB,
-        chunks_in_flight: 4,
-        cpu_device_count: 1,
-        direct: DirectPolicy::Auto,
-        allow_compat_mode: true,
-    };
-    config.validate().expect("test config is valid");
-    config
-}
-
-fn driver_with(config: Config) -> (Arc<Driver>, Arc<CpuDevice>) {
-    let device = CpuDevice::new(1);
-    (Driver::new(config, device.clone()), device)
-}
-
-fn driver() -> (Arc<Driver>, Arc<CpuDevice>) {
-    driver_with(config(&[0, 1]))
-}
-
-fn ext4_dir() -> PathBuf {
-    std::env::temp_dir()
-}
-
-fn tmpfs_dir() -> PathBuf {
-    PathBuf::from("/dev/shm")
-}
-
-/// A file with a unique name, removed on drop.
-struct TempFile {
-    path: PathBuf,
-}
-
-impl TempFile {
-    fn new(dir: &Path, contents: &[u8]) -> TempFile {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let unique = NEXT.fetch_add(1, Ordering::Relaxed);
-        let path = dir.join(format!("hipfile-sync-io-{}-{unique}", std::process::id()));
-        std::fs::write(&path, contents).expect("create test file");
-        TempFile { path }
-    }
-
-    fn open_rw(&self) -> File {
-        self.open_with(OpenOptions::new().read(true).write(true))
-    }
-
-    fn open_with(&self, options: &mut OpenOptions) -> File {
-        options.open(&self.path).expect("open test file")
-    }
-
-    fn contents(&self) -> Vec<u8> {
-        std::fs::read(&self.path).expect("read test file")
-    }
-}
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
-    }
-}
-
-/// Deterministic pseudo-random bytes (xorshift64), different for each seed.
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut out = Vec::with_capacity(len + 8);
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    while out.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out.truncate(len);
-    out
-}
-
-/// A copy of `len` bytes of `cpu` device memory at `addr`.
-fn device_bytes(addr: u64, len: usize) -> Vec<u8> {
-    // SAFETY: `cpu` device memory is host memory. Callers pass a range inside one live
-    // `malloc_device` allocation, and no I/O on it is in flight while we copy.
-    unsafe { std::slice::from_raw_parts(addr as *const u8, len) }.to_vec()
-}
-
-/// Stores `bytes` into `cpu` device memory at `addr`.
-fn fill_device(addr: u64, bytes: &[u8]) {
-    // SAFETY: as for `device_bytes`: a range inside one live allocation, no I/O in
-    // flight on it, and `bytes` is ordinary host memory (no overlap).
-    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), addr as *mut u8, bytes.len()) };
-}
 
 fn raw(size_bytes: usize, file_offset_bytes: usize, buffer_offset_bytes: usize) -> RawIo {
     RawIo {
@@ -133,35 +31,6 @@ fn raw(size_bytes: usize, file_offset_bytes: usize, buffer_offset_bytes: usize) 
         file_offset_bytes: file_offset_bytes as i64,
         buffer_offset_bytes: buffer_offset_bytes as i64,
     }
-}
-
-/// Polls `condition` until it holds; fails the test after the hang guard.
-fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = Instant::now() + HANG_GUARD;
-    while !condition() {
-        assert!(Instant::now() < deadline, "hang guard: {what} never became true");
-        thread::yield_now();
-    }
-}
-
-/// Gates every stream of `device` that exists now (the executors' internal streams,
-/// created by a first I/O), so that device copies enqueued afterwards wait until the
-/// gates are dropped: a synchronous I/O then stays in flight as long as the test wants.
-/// Streams run on threads named `hfcpu-s<handle>`; another device's handles are refused
-/// by `pause_stream`, so only this device's streams are gated.
-fn gate_streams(device: &CpuDevice) -> Vec<StreamGate> {
-    let mut gates = Vec::new();
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else { return gates };
-    for task in tasks.flatten() {
-        let Ok(comm) = std::fs::read_to_string(task.path().join("comm")) else { continue };
-        let handle = comm.trim().strip_prefix("hfcpu-s").and_then(|h| h.parse::<usize>().ok());
-        if let Some(handle) = handle.filter(|&h| h != 0)
-            && let Ok(gate) = device.pause_stream(StreamHandle(handle))
-        {
-            gates.push(gate);
-        }
-    }
-    gates
 }
 
 /// The handle's O_DIRECT offset alignment, `None` (with a note) when the file got no
