@@ -8,9 +8,9 @@
 //! against. [`Driver::device`] only gives an `Arc<dyn Device>`, which cannot be
 //! downcast, so [`global`] builds the C API's driver itself and keeps both handles.
 //!
-//! Device selection: `HIPFILE_DEVICE` through [`Config::global`]; `auto` tries cuda,
-//! then falls back to cpu. [`Driver::global`] returns this same driver, so the Rust and
-//! C APIs share one process-wide state.
+//! Device selection: `HIPFILE_DEVICE` through [`Config::global`]; `auto` tries rocm (when
+//! built with the feature), then cuda, then falls back to cpu. [`Driver::global`] returns
+//! this same driver, so the Rust and C APIs share one process-wide state.
 
 use std::sync::{Arc, OnceLock};
 
@@ -51,7 +51,9 @@ fn build(config: Config) -> Result<CapiRuntime, Error> {
     };
     let (device, cpu) = match config.device {
         DeviceSelection::Cpu => typed_cpu(),
-        DeviceSelection::Auto => match open_device(DeviceSelection::Cuda, cpu_devices) {
+        DeviceSelection::Auto => match open_device(DeviceSelection::Rocm, cpu_devices)
+            .or_else(|_| open_device(DeviceSelection::Cuda, cpu_devices))
+        {
             Ok(device) => (device as Arc<dyn Device>, None),
             Err(_) => typed_cpu(),
         },

@@ -8,6 +8,8 @@
 
 pub mod cpu;
 pub mod cuda;
+#[cfg(feature = "rocm")]
+pub mod rocm;
 pub mod user;
 
 use core::ffi::c_void;

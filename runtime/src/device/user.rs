@@ -9,6 +9,8 @@ use std::sync::Arc;
 
 use super::cpu::CpuDevice;
 use super::cuda::CudaDevice;
+#[cfg(feature = "rocm")]
+use super::rocm::RocmDevice;
 use super::{Device, DeviceError, DeviceKind, PinnedRegion, StreamHandle};
 use crate::config::DeviceSelection;
 
@@ -272,7 +274,61 @@ impl UserDevice for CudaDevice {
     }
 }
 
-/// Opens the backend `selection` names. `Auto` tries `cuda` (libcuda loads and finds a
+#[cfg(feature = "rocm")]
+impl UserDevice for RocmDevice {
+    fn alloc_device(&self, device_ordinal: u32, len_bytes: usize) -> Result<u64, DeviceError> {
+        self.malloc_device(device_ordinal, len_bytes)
+    }
+
+    unsafe fn free_device(&self, addr: u64) -> Result<(), DeviceError> {
+        // SAFETY: forwarded contract.
+        unsafe { RocmDevice::free_device(self, addr) }
+    }
+
+    fn create_user_stream(&self, device_ordinal: u32) -> Result<StreamHandle, DeviceError> {
+        self.create_stream(device_ordinal)
+    }
+
+    fn destroy_user_stream(&self, stream: StreamHandle) -> Result<(), DeviceError> {
+        self.destroy_stream(stream)
+    }
+
+    unsafe fn copy_to_device_on(
+        &self,
+        stream: StreamHandle,
+        target: u64,
+        source: *const u8,
+        len_bytes: usize,
+    ) -> Result<(), DeviceError> {
+        // SAFETY: forwarded contract.
+        unsafe { RocmDevice::copy_to_device_on(self, stream, target, source, len_bytes) }
+    }
+
+    unsafe fn copy_from_device_on(
+        &self,
+        stream: StreamHandle,
+        target: *mut u8,
+        source: u64,
+        len_bytes: usize,
+    ) -> Result<(), DeviceError> {
+        // SAFETY: forwarded contract.
+        unsafe { RocmDevice::copy_from_device_on(self, stream, target, source, len_bytes) }
+    }
+
+    unsafe fn memset_on(
+        &self,
+        stream: StreamHandle,
+        target: u64,
+        value: u8,
+        len_bytes: usize,
+    ) -> Result<(), DeviceError> {
+        // SAFETY: forwarded contract.
+        unsafe { self.memset_async(stream, target, value, len_bytes) }
+    }
+}
+
+/// Opens the backend `selection` names. `Auto` tries `rocm` (built with the cargo
+/// feature `rocm`, and HIP finds an AMD GPU), then `cuda` (libcuda loads and finds a
 /// device), then falls back to `cpu` with `cpu_device_count` devices.
 ///
 /// # Errors
@@ -284,11 +340,20 @@ pub fn open_device(
     match selection {
         DeviceSelection::Cpu => Ok(CpuDevice::new(cpu_device_count)),
         DeviceSelection::Cuda => CudaDevice::open().map(|d| d as Arc<dyn UserDevice>),
+        #[cfg(feature = "rocm")]
+        DeviceSelection::Rocm => RocmDevice::open().map(|d| d as Arc<dyn UserDevice>),
+        #[cfg(not(feature = "rocm"))]
         DeviceSelection::Rocm => Err("the rocm backend is not built (cargo feature `rocm`)".into()),
-        DeviceSelection::Auto => match CudaDevice::open() {
-            Ok(device) => Ok(device),
-            Err(_) => Ok(CpuDevice::new(cpu_device_count)),
-        },
+        DeviceSelection::Auto => {
+            #[cfg(feature = "rocm")]
+            if let Ok(device) = RocmDevice::open() {
+                return Ok(device);
+            }
+            match CudaDevice::open() {
+                Ok(device) => Ok(device),
+                Err(_) => Ok(CpuDevice::new(cpu_device_count)),
+            }
+        }
     }
 }
 
