@@ -801,10 +801,7 @@ struct DriverDropGuard(Option<Arc<Driver>>);
 impl Drop for DriverDropGuard {
     fn drop(&mut self) {
         let Some(driver) = self.0.take() else { return };
-        let on_executor = std::thread::current()
-            .name()
-            .is_some_and(|name| name.starts_with(crate::engine::EXECUTOR_THREAD_PREFIX));
-        if on_executor && Arc::strong_count(&driver) == 1 {
+        if crate::engine::on_executor_thread() && Arc::strong_count(&driver) == 1 {
             let _ = std::thread::Builder::new()
                 .name("hipfile-driver-drop".into())
                 .spawn(move || drop(driver));

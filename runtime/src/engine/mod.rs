@@ -25,6 +25,11 @@ pub(crate) use staging::FallbackPool;
 /// Executor threads are named with this prefix and their index.
 pub const EXECUTOR_THREAD_PREFIX: &str = "hipfile-io-";
 
+/// Whether the calling thread is one of the engine's executors.
+pub(crate) fn on_executor_thread() -> bool {
+    std::thread::current().name().is_some_and(|name| name.starts_with(EXECUTOR_THREAD_PREFIX))
+}
+
 /// Capacity of each executor's job channel: senders block (backpressure) beyond it.
 pub const JOB_QUEUE_CAPACITY: usize = 1024;
 
@@ -265,7 +270,21 @@ impl Engine {
         let link = &self.executors[index % self.executors.len()];
         // A send fails only when the executor is gone (it panicked): dropping the job
         // then runs its completion with hipFileInternalError, so nothing waits forever.
-        let _ = link.sender.send(Request::Io(job));
+        match link.sender.try_send(Request::Io(job)) {
+            Ok(()) | Err(flume::TrySendError::Disconnected(_)) => {}
+            // An executor posting (a deferred prefetch started by a finished op) must not
+            // block on a full queue it may itself have to drain: hand the send to a thread.
+            Err(flume::TrySendError::Full(request)) if on_executor_thread() => {
+                let sender = link.sender.clone();
+                let spawned = std::thread::Builder::new()
+                    .name("hipfile-post".into())
+                    .spawn(move || drop(sender.send(request)));
+                drop(spawned);
+            }
+            Err(flume::TrySendError::Full(request)) => {
+                let _ = link.sender.send(request);
+            }
+        }
     }
 
     /// Asks every executor to close descriptors of files whose handles are gone.
