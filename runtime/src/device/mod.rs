@@ -8,6 +8,7 @@
 
 pub mod cpu;
 pub mod cuda;
+mod handle;
 #[cfg(feature = "rocm")]
 pub mod rocm;
 pub mod user;

@@ -21,7 +21,7 @@ use sys::*;
 
 use super::{
     Device, DeviceError, DeviceKind, EventHandle, HostFn, InternalStream, MemoryType, PinnedRegion,
-    PointerInfo, StreamHandle,
+    PointerInfo, StreamHandle, handle,
 };
 
 /// Most idle events kept per device for reuse.
@@ -145,16 +145,16 @@ impl CudaDevice {
     }
 
     fn internal(stream: InternalStream) -> &'static InternalEntry {
-        // SAFETY: InternalStream values come from `create_internal_stream`, which leaks a
-        // Box<InternalEntry>; the box lives until `destroy_internal_stream`, after which
-        // the engine never uses the handle.
-        unsafe { &*(stream.0 as *const InternalEntry) }
+        // SAFETY: InternalStream values come from `create_internal_stream` (handle::leak
+        // of an InternalEntry) and are reclaimed only by `destroy_internal_stream`, after
+        // which the engine never uses the handle.
+        unsafe { handle::borrow(stream.0) }
     }
 
     fn event(event: EventHandle) -> &'static EventEntry {
-        // SAFETY: as `internal`: EventHandle values are leaked Box<EventEntry> until
-        // `destroy_event`.
-        unsafe { &*(event.0 as *const EventEntry) }
+        // SAFETY: EventHandle values come from `record_event` (handle::leak of an
+        // EventEntry) and are reclaimed only by `destroy_event`.
+        unsafe { handle::borrow(event.0) }
     }
 
     /// Allocates device memory (`cuMemAlloc`) on `ordinal`.
@@ -434,13 +434,13 @@ impl Device for CudaDevice {
         let handle = self.create_stream(device_ordinal)?;
         let entry =
             Box::new(InternalEntry { stream: handle.0 as CUstream, ordinal: device_ordinal });
-        Ok(InternalStream(Box::into_raw(entry) as usize))
+        Ok(InternalStream(handle::leak(entry)))
     }
 
     fn destroy_internal_stream(&self, stream: InternalStream) {
         // SAFETY: the handle is a leaked Box<InternalEntry> from create_internal_stream,
         // destroyed once.
-        let entry = unsafe { Box::from_raw(stream.0 as *mut InternalEntry) };
+        let entry = unsafe { handle::reclaim::<InternalEntry>(stream.0) };
         let _ = self.make_current(entry.ordinal);
         // SAFETY: our own stream.
         unsafe { (self.api.cuStreamDestroy)(entry.stream) };
@@ -498,10 +498,10 @@ impl Device for CudaDevice {
         // SAFETY: event and stream belong to the same (current) context.
         let code = unsafe { (self.api.cuEventRecord)(event.event, entry.stream) };
         if let Err(error) = self.call(code, "cuEventRecord") {
-            self.destroy_event(EventHandle(Box::into_raw(event) as usize));
+            self.destroy_event(EventHandle(handle::leak(event)));
             return Err(error);
         }
-        Ok(EventHandle(Box::into_raw(event) as usize))
+        Ok(EventHandle(handle::leak(event)))
     }
 
     fn event_done(&self, event: EventHandle) -> Result<bool, DeviceError> {
@@ -517,7 +517,7 @@ impl Device for CudaDevice {
 
     fn destroy_event(&self, event: EventHandle) {
         // SAFETY: a leaked Box<EventEntry> from record_event, released once.
-        let entry = unsafe { Box::from_raw(event.0 as *mut EventEntry) };
+        let entry = unsafe { handle::reclaim::<EventEntry>(event.0) };
         let mut pool =
             self.event_pools[entry.ordinal as usize].lock().unwrap_or_else(|p| p.into_inner());
         if pool.len() < EVENT_POOL_CAP {
