@@ -494,8 +494,8 @@ impl AsyncOp {
         self.machine.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Enqueues arm + wait-value on the user's stream (the caller holds the stream's
-    /// submit lock) and starts a prefetch when allowed.
+    /// Enqueues the arm and the wait-value on the user's stream (the caller holds the
+    /// stream's submit lock) and starts a prefetch when allowed.
     fn enqueue(self: &Arc<Self>, engine: &Engine) -> Result<(), EnqueueError> {
         // The prefetch gate goes in place before the arm is enqueued (the arm may run at
         // any moment and must find it); the prefetch job is posted once the enqueue
@@ -513,31 +513,16 @@ impl AsyncOp {
         } else {
             None
         };
-        let device = self.driver.device();
-        let handle = self.stream.handle;
-        let raw = Arc::into_raw(Arc::clone(self)).cast_mut().cast::<c_void>();
-        // SAFETY: `raw` is an Arc reference that `arm_host_fn` takes back exactly once; the
-        // function is sound on any thread (it catches panics and calls no device API).
-        if let Err(error) = unsafe { device.launch_host_func(handle, arm_host_fn, raw) } {
-            // SAFETY: the launch failed, so the host function will never take `raw` back.
-            drop(unsafe { Arc::from_raw(raw.cast::<AsyncOp>()) });
-            self.abandon();
-            return Err(EnqueueError { error: Error::device(error), nothing_queued: true });
-        }
-        let word = self.stream.word();
-        // Without stream memory operations the arm host function itself holds the
-        // stream until the op has published (the documented blocking fallback).
-        let waited = if self.blocking_fallback {
-            Ok(())
+        let queued = if self.blocking_fallback {
+            self.enqueue_host_function_arm()
         } else {
-            // SAFETY: the word lives in the driver's word pool as long as the driver,
-            // which outlives every op (ops hold an Arc of it).
-            unsafe { device.stream_wait_value32(handle, word.device_addr, self.sequence) }
+            self.enqueue_doorbell_arm()
         };
-        if let Err(error) = waited {
-            // The arm will run and find the op abandoned; it still releases the word.
-            self.abandon();
-            return Err(EnqueueError { error: Error::device(error), nothing_queued: false });
+        if let Err(error) = queued {
+            if error.nothing_queued {
+                self.abandon();
+            }
+            return Err(error);
         }
         self.driver.async_stats().submitted.fetch_add(1, Ordering::Relaxed);
         if let Some(receiver) = prefetch_gate {
@@ -553,6 +538,48 @@ impl AsyncOp {
             self.stream.start_deferred();
         }
         Ok(())
+    }
+
+    /// Doorbell arm (see [`crate::arm`]): "write my sequence into the doorbell", then
+    /// "wait until the release word reaches it"; the poller runs the arm when the
+    /// doorbell rings.
+    fn enqueue_doorbell_arm(self: &Arc<Self>) -> Result<(), EnqueueError> {
+        let nothing_queued = |error| EnqueueError { error, nothing_queued: true };
+        let poller = self.driver.arm_poller().map_err(nothing_queued)?;
+        let device = self.driver.device();
+        let handle = self.stream.handle;
+        let doorbell = self.stream.arm_queue().doorbell();
+        // SAFETY: the doorbell and release words live in the driver's word pool as long
+        // as the driver, which outlives every op (ops hold an Arc of it).
+        unsafe { device.stream_write_value32(handle, doorbell.device_addr, self.sequence) }
+            .map_err(|e| nothing_queued(Error::device(e)))?;
+        let word = self.stream.word();
+        // SAFETY: as above.
+        let waited = unsafe { device.stream_wait_value32(handle, word.device_addr, self.sequence) };
+        // The doorbell will ring either way: the arm runs and, for an op whose wait could
+        // not be queued, finds it abandoned and only releases the word.
+        let op = Arc::clone(self);
+        poller.watch(&self.stream, self.sequence, Box::new(move || op.arm()));
+        waited.map_err(|error| {
+            self.abandon();
+            EnqueueError { error: Error::device(error), nothing_queued: false }
+        })
+    }
+
+    /// Host-function arm, for devices without stream memory operations: the host
+    /// function arms the op and holds the stream until it has published (the documented
+    /// blocking fallback).
+    fn enqueue_host_function_arm(self: &Arc<Self>) -> Result<(), EnqueueError> {
+        let device = self.driver.device();
+        let raw = Arc::into_raw(Arc::clone(self)).cast_mut().cast::<c_void>();
+        // SAFETY: `raw` is an Arc reference that `arm_host_fn` takes back exactly once; the
+        // function is sound on any thread (it catches panics and calls no device API).
+        let launched = unsafe { device.launch_host_func(self.stream.handle, arm_host_fn, raw) };
+        launched.map_err(|error| {
+            // SAFETY: the launch failed, so the host function will never take `raw` back.
+            drop(unsafe { Arc::from_raw(raw.cast::<AsyncOp>()) });
+            EnqueueError { error: Error::device(error), nothing_queued: true }
+        })
     }
 
     /// Starts the prefetch of a fully FIXED read that the stream's window did not admit
@@ -601,7 +628,8 @@ impl AsyncOp {
         self.resources.lock().unwrap_or_else(|p| p.into_inner()).take();
     }
 
-    /// The stream reached the op (host function; O(1), no device calls).
+    /// The stream reached the op (on the arm poller, or in the host function of the
+    /// blocking fallback; O(1), no device calls).
     fn arm(self: Arc<Self>) {
         if self.abandoned.load(Ordering::SeqCst) {
             self.release_host();

@@ -21,6 +21,7 @@ use hipfile_core::{
     BufferSpan, Direction, OpError, Outcome, RawIo, StreamFlags, ValidIo, validate,
 };
 
+use crate::arm::ArmPoller;
 use crate::async_io::{AsyncStats, FileHazards};
 use crate::config::Config;
 use crate::device::{Device, MemoryType};
@@ -88,6 +89,7 @@ pub struct Driver {
     files: RwLock<HashMap<HandleId, Arc<FileHandle>>>,
     buffers: RwLock<BTreeMap<u64, Arc<RegisteredBuffer>>>,
     engine: OnceLock<Result<Engine, String>>,
+    arm_poller: OnceLock<Result<ArmPoller, String>>,
     next_executor: AtomicUsize,
     streams: StreamTable,
     hazards: Mutex<HashMap<usize, FileHazards>>,
@@ -114,6 +116,7 @@ impl Driver {
             files: RwLock::new(HashMap::new()),
             buffers: RwLock::new(BTreeMap::new()),
             engine: OnceLock::new(),
+            arm_poller: OnceLock::new(),
             next_executor: AtomicUsize::new(0),
             streams: StreamTable::new(Arc::clone(&device)),
             hazards: Mutex::new(HashMap::new()),
@@ -367,6 +370,20 @@ impl Driver {
         let started = self.engine.get_or_init(|| {
             Engine::start(&self.config, Arc::clone(&self.device)).map_err(|e| {
                 eprintln!("hipfile: {e}");
+                e.to_string()
+            })
+        });
+        started.as_ref().map_err(|_| Error::new(OpError::InternalError))
+    }
+
+    /// The thread that arms async ops by doorbell (started on first use).
+    ///
+    /// # Errors
+    /// `InternalError` when the thread cannot be started.
+    pub(crate) fn arm_poller(&self) -> Result<&ArmPoller, Error> {
+        let started = self.arm_poller.get_or_init(|| {
+            ArmPoller::start().map_err(|e| {
+                eprintln!("hipfile: starting the arm poller thread: {e}");
                 e.to_string()
             })
         });

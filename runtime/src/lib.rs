@@ -2,6 +2,7 @@
 //! API of hipfile-rs.
 
 pub mod api;
+mod arm;
 pub mod async_io;
 pub mod capi_support;
 pub mod config;

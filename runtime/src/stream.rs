@@ -6,13 +6,16 @@
 //! until word ≥ k" (cyclic comparison, as `CU_STREAM_WAIT_VALUE_GEQ`) and is released
 //! by storing k. Ops of one stream are armed in stream order, so the word only grows;
 //! taking the sequence number and enqueueing the commands happen under the stream's
-//! submit lock, so the two orders agree even with several submitting threads.
+//! submit lock, so the two orders agree even with several submitting threads. A second
+//! word, the *doorbell*, tells the library when the stream reached an op
+//! ([`crate::arm`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use hipfile_core::{OpError, StreamFlags};
 
+use crate::arm::ArmQueue;
 use crate::device::{Device, PinnedRegion, StreamHandle};
 use crate::error::Error;
 
@@ -30,6 +33,25 @@ const WORDS_PER_SLAB: usize = 1024;
 pub(crate) struct ReleaseWord {
     pub host_ptr: *mut u32,
     pub device_addr: u64,
+}
+
+impl ReleaseWord {
+    /// The word's value as the host sees it now.
+    pub(crate) fn load(&self) -> u32 {
+        // SAFETY: the word lies in a pinned slab of the driver's WordPool, which outlives
+        // every stream state and op holding the word; it is aligned and only accessed
+        // atomically (by the host) or by the device's stream memory operations.
+        unsafe { std::sync::atomic::AtomicU32::from_ptr(self.host_ptr) }
+            .load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Stores `value` as the host (the poller's unit tests ring doorbells with it).
+    #[cfg(test)]
+    pub(crate) fn store(&self, value: u32) {
+        // SAFETY: as in `load`; the tests' words outlive every reader.
+        unsafe { std::sync::atomic::AtomicU32::from_ptr(self.host_ptr) }
+            .store(value, std::sync::atomic::Ordering::Release);
+    }
 }
 
 // SAFETY: a ReleaseWord is the address of pinned memory owned by the driver's WordPool,
@@ -92,6 +114,7 @@ pub struct StreamState {
     /// Whether the user registered it.
     pub registered: bool,
     word: ReleaseWord,
+    arms: ArmQueue,
     next_sequence: Mutex<u32>,
     prefetch_bytes: std::sync::atomic::AtomicU64,
     deferred: Mutex<std::collections::VecDeque<DeferredPrefetch>>,
@@ -132,6 +155,28 @@ impl std::fmt::Debug for StreamState {
 impl StreamState {
     pub(crate) fn word(&self) -> ReleaseWord {
         self.word
+    }
+
+    /// A state over `arms` with a dangling release word, for the poller's unit tests.
+    #[cfg(test)]
+    pub(crate) fn for_arm_tests(arms: ArmQueue) -> StreamState {
+        StreamState {
+            handle: StreamHandle::NULL,
+            flags: StreamFlags::empty(),
+            device_ordinal: 0,
+            executor: 0,
+            registered: false,
+            word: ReleaseWord { host_ptr: std::ptr::null_mut(), device_addr: 0 },
+            arms,
+            next_sequence: Mutex::new(0),
+            prefetch_bytes: std::sync::atomic::AtomicU64::new(0),
+            deferred: Mutex::new(std::collections::VecDeque::new()),
+        }
+    }
+
+    /// The stream's doorbell and the ops waiting for it (see [`crate::arm`]).
+    pub(crate) fn arm_queue(&self) -> &ArmQueue {
+        &self.arms
     }
 
     /// Takes `len_bytes` of the stream's prefetch window; `false` when it would
@@ -282,6 +327,7 @@ impl StreamTable {
             executor,
             registered,
             word: self.words.take()?,
+            arms: ArmQueue::new(self.words.take()?),
             next_sequence: Mutex::new(0),
             prefetch_bytes: std::sync::atomic::AtomicU64::new(0),
             deferred: Mutex::new(std::collections::VecDeque::new()),

@@ -72,3 +72,11 @@ pub(crate) fn page_size_bytes() -> u64 {
     let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     u64::try_from(size).ok().filter(|s| s.is_power_of_two()).unwrap_or(4096)
 }
+
+/// Sets the calling thread's timer slack (how late the kernel may wake a sleeping thread)
+/// to `slack_ns`; the default 50 µs would dominate short polling sleeps. Best effort.
+pub(crate) fn set_thread_timer_slack_ns(slack_ns: u64) {
+    // SAFETY: PR_SET_TIMERSLACK takes an unsigned long by value and only changes this
+    // thread's slack; a failure leaves the default, which is harmless.
+    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, slack_ns as libc::c_ulong) };
+}

@@ -20,7 +20,7 @@
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, mpsc};
+use std::sync::{Arc, OnceLock, mpsc};
 use std::time::{Duration, Instant};
 
 use hipfile_core::{Direction, OpError};
@@ -112,6 +112,10 @@ pub struct Rig {
     pub driver: Arc<Driver>,
     /// The same device as a [`CpuDevice`] when the backend is `cpu`.
     pub cpu: Option<Arc<CpuDevice>>,
+    /// Staging of [`Rig::dev_bytes`] / [`Rig::set_dev_bytes`], allocated once: freeing
+    /// pinned memory synchronizes a CUDA device, which never finishes while a test holds
+    /// a stream.
+    staging: OnceLock<Pinned>,
 }
 
 impl Rig {
@@ -133,7 +137,7 @@ impl Rig {
         let (device, cpu) = open_backend(devices);
         let base: Arc<dyn Device> = Arc::clone(&device) as Arc<dyn Device>;
         let driver = Driver::new(config, base);
-        Rig { device, driver, cpu }
+        Rig { device, driver, cpu, staging: OnceLock::new() }
     }
 
     /// The backend's name (`cpu`, `cuda`, ...).
@@ -190,6 +194,9 @@ impl Rig {
 
     /// Pauses `stream` at this point: later work waits until the gate is released.
     pub fn pause(&self, stream: StreamHandle) -> Result<StreamGate, DeviceError> {
+        // Allocated before any stream is held, so reading device memory while held
+        // allocates nothing.
+        self.staging();
         StreamGate::pause(&self.device, stream)
     }
 
@@ -306,14 +313,19 @@ impl Rig {
         self.submit(Direction::Write, h, buffer, p, s).expect("write_async accepted");
     }
 
-    /// Copies `len` bytes of device memory at `addr` (see [`read_device`]).
+    /// Copies `len` bytes of device memory at `addr` (see [`read_device`]); allowed
+    /// while a stream of the rig is held.
     pub fn dev_bytes(&self, addr: u64, len: usize) -> Vec<u8> {
-        read_device(&self.device, addr, len)
+        read_device_through(&self.device, self.staging(), addr, len)
     }
 
     /// Writes `bytes` to device memory at `addr` (see [`write_device`]).
     pub fn set_dev_bytes(&self, addr: u64, bytes: &[u8]) {
-        write_device(&self.device, addr, bytes);
+        write_device_through(&self.device, self.staging(), addr, bytes);
+    }
+
+    fn staging(&self) -> &Pinned {
+        self.staging.get_or_init(|| Pinned::new(&self.device, STAGING))
     }
 }
 
@@ -403,11 +415,24 @@ const STAGING: usize = 16 * MIB;
 /// Callers read only ranges that no stream or executor is writing at the time (the
 /// stream was synchronized, or is held before the op that would write them). Not for
 /// host functions (use [`Rig::snapshot`]).
+///
+/// It allocates and frees pinned staging, which on CUDA waits for every stream of the
+/// device: not while a stream is held (use [`Rig::dev_bytes`] there).
 pub fn read_device(device: &Arc<dyn UserDevice>, addr: u64, len: usize) -> Vec<u8> {
+    read_device_through(device, &Pinned::new(device, len.min(STAGING)), addr, len)
+}
+
+/// [`read_device`] through `staging` (of at least `len.min(STAGING)` bytes).
+fn read_device_through(
+    device: &Arc<dyn UserDevice>,
+    staging: &Pinned,
+    addr: u64,
+    len: usize,
+) -> Vec<u8> {
     check_device_range(&**device, addr, len);
+    assert!(staging.region.len_bytes >= len.min(STAGING), "staging too small");
     let ordinal = device.pointer_info(addr).expect("pointer_info").device_ordinal;
     let stream = device.create_user_stream(ordinal).expect("create stream");
-    let staging = Pinned::new(device, len.min(STAGING));
     let mut out = Vec::with_capacity(len);
     let mut at = 0;
     while at < len {
@@ -424,12 +449,18 @@ pub fn read_device(device: &Arc<dyn UserDevice>, addr: u64, len: usize) -> Vec<u
     out
 }
 
-/// The single place the tests write device memory directly (to prepare a buffer).
+/// The single place the tests write device memory directly (to prepare a buffer); like
+/// [`read_device`], not while a stream is held.
 pub fn write_device(device: &Arc<dyn UserDevice>, addr: u64, bytes: &[u8]) {
+    write_device_through(device, &Pinned::new(device, bytes.len().min(STAGING)), addr, bytes);
+}
+
+/// [`write_device`] through `staging` (of at least `bytes.len().min(STAGING)` bytes).
+fn write_device_through(device: &Arc<dyn UserDevice>, staging: &Pinned, addr: u64, bytes: &[u8]) {
     check_device_range(&**device, addr, bytes.len());
+    assert!(staging.region.len_bytes >= bytes.len().min(STAGING), "staging too small");
     let ordinal = device.pointer_info(addr).expect("pointer_info").device_ordinal;
     let stream = device.create_user_stream(ordinal).expect("create stream");
-    let staging = Pinned::new(device, bytes.len().min(STAGING));
     for (i, chunk) in bytes.chunks(STAGING).enumerate() {
         staging.fill(chunk);
         let target = addr + (i * STAGING) as u64;

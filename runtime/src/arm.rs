@@ -1,0 +1,324 @@
+//! Arming ops by doorbell: how the library learns that a user stream has reached an op.
+//!
+//! Each op enqueues on the user's stream "write the op's sequence number into the
+//! stream's *doorbell* word" (pinned, device-mapped) followed by the wait on its release
+//! word. One poller thread per driver watches the doorbells of the streams that have ops
+//! waiting to be armed and runs each op's arm, in stream order, once the doorbell shows
+//! its number.
+//!
+//! The alternative, a host function per op, costs the driver's callback-thread wake-up
+//! (~16 µs on the H200) on every op, and CUDA blocks the submitting thread once ~55 host
+//! functions are queued behind a busy stream; a stream write is a few bytes of push
+//! buffer (~510 ops fit before an enqueue blocks; `benches/probes/doorbell_probe.c`).
+//!
+//! The poller spins while arms are due soon, backs off to short sleeps (at most
+//! [`MAX_SLEEP`], [`MAX_SLEEP_LONG_WAIT`] once nothing was armed for [`LONG_WAIT`]) while
+//! streams hold their ops back, and parks when no op waits: an idle driver costs no CPU.
+
+use std::collections::VecDeque;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::{JoinHandle, ThreadId};
+use std::time::{Duration, Instant};
+
+use crate::stream::{ReleaseWord, StreamState};
+
+/// Name of the poller thread.
+pub const ARM_THREAD_NAME: &str = "hipfile-arm";
+
+/// How long the poller keeps spinning after it last armed an op or was woken.
+const SPIN: Duration = Duration::from_micros(100);
+/// First sleep once spinning found nothing.
+const MIN_SLEEP: Duration = Duration::from_micros(5);
+/// Longest sleep between two looks at the doorbells while ops wait (the most the poller
+/// adds to an op reached while it slept).
+const MAX_SLEEP: Duration = Duration::from_micros(50);
+/// After this long without an arm, streams are busy with long work: the poller sleeps up
+/// to [`MAX_SLEEP_LONG_WAIT`] (adding at most that to ops held longer than this).
+const LONG_WAIT: Duration = Duration::from_millis(5);
+/// See [`LONG_WAIT`].
+const MAX_SLEEP_LONG_WAIT: Duration = Duration::from_micros(200);
+/// Timer slack of the poller thread, so that its short sleeps are short.
+const TIMER_SLACK_NS: u64 = 2_000;
+
+/// An op's arm, run once the stream reached it.
+pub(crate) type ArmFn = Box<dyn FnOnce() + Send>;
+
+/// One stream's ops waiting to be armed, in sequence order, and its doorbell.
+pub(crate) struct ArmQueue {
+    doorbell: ReleaseWord,
+    pending: Mutex<VecDeque<(u32, ArmFn)>>,
+    /// The oldest pending sequence, or [`NONE_DUE`]: lets the poller look without the
+    /// lock.
+    next_due: AtomicU64,
+    /// In the poller's watch list.
+    watched: AtomicBool,
+}
+
+impl ArmQueue {
+    pub(crate) fn new(doorbell: ReleaseWord) -> ArmQueue {
+        ArmQueue {
+            doorbell,
+            pending: Mutex::new(VecDeque::new()),
+            next_due: AtomicU64::new(NONE_DUE),
+            watched: AtomicBool::new(false),
+        }
+    }
+
+    /// The word the stream writes each op's sequence number into when it reaches it.
+    pub(crate) fn doorbell(&self) -> ReleaseWord {
+        self.doorbell
+    }
+
+    fn pending(&self) -> MutexGuard<'_, VecDeque<(u32, ArmFn)>> {
+        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn push(&self, sequence: u32, arm: ArmFn) {
+        let mut pending = self.pending();
+        if pending.is_empty() {
+            self.next_due.store(u64::from(sequence), Ordering::SeqCst);
+        }
+        pending.push_back((sequence, arm));
+    }
+
+    /// Takes the arms the doorbell has reached, oldest first; `false` when none waits.
+    fn take_reached(&self, into: &mut Vec<ArmFn>) -> bool {
+        let next_due = self.next_due.load(Ordering::SeqCst);
+        if next_due == NONE_DUE {
+            return false;
+        }
+        let rung = self.doorbell.load();
+        if !reached(rung, next_due as u32) {
+            return true;
+        }
+        let mut pending = self.pending();
+        while let Some(&(sequence, _)) = pending.front() {
+            if !reached(rung, sequence) {
+                break;
+            }
+            into.push(pending.pop_front().expect("front exists").1);
+        }
+        let next = pending.front().map_or(NONE_DUE, |&(sequence, _)| u64::from(sequence));
+        self.next_due.store(next, Ordering::SeqCst);
+        next != NONE_DUE
+    }
+}
+
+/// [`ArmQueue::next_due`] of an empty queue.
+const NONE_DUE: u64 = u64::MAX;
+
+/// Whether a doorbell showing `rung` has reached `sequence` (cyclic, as the stream's
+/// GEQ wait).
+fn reached(rung: u32, sequence: u32) -> bool {
+    (rung.wrapping_sub(sequence) as i32) >= 0
+}
+
+/// The poller thread and the streams it watches.
+pub(crate) struct ArmPoller {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+    thread_id: ThreadId,
+}
+
+struct Shared {
+    watched: Mutex<Vec<Arc<StreamState>>>,
+    /// Bumped whenever a stream joins `watched`.
+    generation: AtomicU64,
+    wake: Condvar,
+    stop: AtomicBool,
+}
+
+impl ArmPoller {
+    /// Starts the poller thread.
+    ///
+    /// # Errors
+    /// The thread could not be spawned.
+    pub(crate) fn start() -> std::io::Result<ArmPoller> {
+        let shared = Arc::new(Shared {
+            watched: Mutex::new(Vec::new()),
+            generation: AtomicU64::new(0),
+            wake: Condvar::new(),
+            stop: AtomicBool::new(false),
+        });
+        let for_thread = Arc::clone(&shared);
+        let thread = std::thread::Builder::new()
+            .name(ARM_THREAD_NAME.into())
+            .spawn(move || poll_doorbells(&for_thread))?;
+        let thread_id = thread.thread().id();
+        Ok(ArmPoller { shared, thread: Some(thread), thread_id })
+    }
+
+    /// Queues `arm` to run once `stream`'s doorbell reaches `sequence`. Called under the
+    /// stream's submit lock, after the doorbell write was enqueued, so the queue stays in
+    /// sequence order.
+    pub(crate) fn watch(&self, stream: &Arc<StreamState>, sequence: u32, arm: ArmFn) {
+        let queue = stream.arm_queue();
+        queue.push(sequence, arm);
+        // After the push: the poller drops a stream from its list only after seeing its
+        // queue empty under the list lock, and clears `watched` there. It parks only with
+        // an empty list, so a stream already listed needs no wake-up.
+        if !queue.watched.swap(true, Ordering::SeqCst) {
+            let mut watched = self.shared.watched();
+            watched.push(Arc::clone(stream));
+            self.shared.generation.fetch_add(1, Ordering::SeqCst);
+            drop(watched);
+            self.shared.wake.notify_one();
+        }
+    }
+}
+
+impl Shared {
+    fn watched(&self) -> MutexGuard<'_, Vec<Arc<StreamState>>> {
+        self.watched.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Drop for ArmPoller {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        self.shared.wake.notify_all();
+        // The last driver reference may go away on the poller thread itself (an arm that
+        // published at once); it cannot join itself and ends on its own.
+        if let Some(thread) = self.thread.take()
+            && std::thread::current().id() != self.thread_id
+        {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The poller thread's loop.
+fn poll_doorbells(shared: &Shared) {
+    crate::sys::set_thread_timer_slack_ns(TIMER_SLACK_NS);
+    let mut streams: Vec<Arc<StreamState>> = Vec::new();
+    // The list generation `streams` was copied at; none yet.
+    let mut copied_generation = u64::MAX;
+    let mut due: Vec<ArmFn> = Vec::new();
+    let mut last_progress = Instant::now();
+    let mut sleep = MIN_SLEEP;
+    while !shared.stop.load(Ordering::SeqCst) {
+        let mut any_waiting = false;
+        for stream in &streams {
+            any_waiting |= stream.arm_queue().take_reached(&mut due);
+        }
+        let generation = shared.generation.load(Ordering::SeqCst);
+        if !any_waiting && due.is_empty() || generation != copied_generation {
+            let mut watched = shared.watched();
+            // Streams with nothing queued leave the list (see `watch` for the race).
+            watched.retain(|stream| {
+                let queue = stream.arm_queue();
+                let keep = !queue.pending().is_empty();
+                if !keep {
+                    queue.watched.store(false, Ordering::SeqCst);
+                }
+                keep
+            });
+            if watched.is_empty() && due.is_empty() {
+                streams.clear();
+                let woken = shared.wake.wait(watched).unwrap_or_else(|p| p.into_inner());
+                drop(woken);
+                last_progress = Instant::now();
+                sleep = MIN_SLEEP;
+                continue;
+            }
+            streams.clear();
+            streams.extend(watched.iter().cloned());
+            copied_generation = shared.generation.load(Ordering::SeqCst);
+        }
+        if !due.is_empty() {
+            for arm in due.drain(..) {
+                // An arm's panic is the op's to report (its Drop publishes -5030); it
+                // must not stop the poller.
+                let _ = catch_unwind(AssertUnwindSafe(arm));
+            }
+            last_progress = Instant::now();
+            sleep = MIN_SLEEP;
+            continue;
+        }
+        let waited = last_progress.elapsed();
+        if waited < SPIN {
+            std::hint::spin_loop();
+            continue;
+        }
+        std::thread::sleep(sleep);
+        let cap = if waited < LONG_WAIT { MAX_SLEEP } else { MAX_SLEEP_LONG_WAIT };
+        sleep = (sleep * 2).min(cap);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+
+    use super::*;
+
+    fn queue_over(word: &mut u32) -> ArmQueue {
+        let host_ptr: *mut u32 = word;
+        ArmQueue::new(ReleaseWord { host_ptr, device_addr: host_ptr as u64 })
+    }
+
+    fn counting_arm(runs: &Arc<AtomicUsize>, expect_index: usize) -> ArmFn {
+        let runs = Arc::clone(runs);
+        Box::new(move || {
+            assert_eq!(runs.fetch_add(1, Ordering::SeqCst), expect_index, "arms out of order");
+        })
+    }
+
+    #[test]
+    fn takes_exactly_the_reached_arms_in_order_across_the_wrap() {
+        let mut word = u32::MAX - 2;
+        let queue = queue_over(&mut word);
+        let runs = Arc::new(AtomicUsize::new(0));
+        // Sequences MAX-1, MAX, 0, 1, 2: the wrap lies inside the queue.
+        for (index, sequence) in [u32::MAX - 1, u32::MAX, 0, 1, 2].into_iter().enumerate() {
+            queue.push(sequence, counting_arm(&runs, index));
+        }
+        let mut due = Vec::new();
+        let ring = |queue: &ArmQueue, value: u32| queue.doorbell.store(value);
+        queue.take_reached(&mut due);
+        assert!(due.is_empty(), "nothing reached yet");
+        ring(&queue, u32::MAX);
+        queue.take_reached(&mut due);
+        assert_eq!(due.len(), 2, "MAX-1 and MAX reached");
+        ring(&queue, 1);
+        queue.take_reached(&mut due);
+        assert_eq!(due.len(), 4, "0 and 1 reached after the wrap");
+        assert_eq!(queue.pending().len(), 1, "2 still waits");
+        for arm in due.drain(..) {
+            arm();
+        }
+        assert_eq!(runs.load(Ordering::SeqCst), 4);
+    }
+
+    #[test]
+    fn the_poller_runs_arms_when_their_doorbell_rings_and_stops_on_drop() {
+        let mut word = 0u32;
+        let host_ptr: *mut u32 = &mut word;
+        let doorbell = ReleaseWord { host_ptr, device_addr: host_ptr as u64 };
+        let stream = Arc::new(StreamState::for_arm_tests(ArmQueue::new(doorbell)));
+        let poller = ArmPoller::start().expect("start poller");
+        let runs = Arc::new(AtomicUsize::new(0));
+        for index in 0..3 {
+            poller.watch(&stream, index as u32 + 1, counting_arm(&runs, index));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(runs.load(Ordering::SeqCst), 0, "no arm before its doorbell");
+        doorbell.store(2);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while runs.load(Ordering::SeqCst) < 2 {
+            assert!(Instant::now() < deadline, "arms 1 and 2 did not run");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(runs.load(Ordering::SeqCst), 2, "arm 3 waits for its doorbell");
+        doorbell.store(3);
+        while runs.load(Ordering::SeqCst) < 3 {
+            assert!(Instant::now() < deadline, "arm 3 did not run");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        drop(poller);
+        drop(stream);
+    }
+}
