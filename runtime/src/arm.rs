@@ -27,7 +27,8 @@ use crate::stream::{ReleaseWord, StreamState};
 /// Name of the poller thread.
 pub const ARM_THREAD_NAME: &str = "hipfile-arm";
 
-/// How long the poller keeps spinning after it last armed an op or was woken.
+/// How long the poller keeps spinning after it last armed an op or was woken (also with
+/// no op waiting, so that the next op of a burst finds it awake).
 const SPIN: Duration = Duration::from_micros(100);
 /// First sleep once spinning found nothing.
 const MIN_SLEEP: Duration = Duration::from_micros(5);
@@ -123,7 +124,7 @@ pub(crate) struct ArmPoller {
 }
 
 struct Shared {
-    watched: Mutex<Vec<Arc<StreamState>>>,
+    watched: Mutex<Watched>,
     /// Bumped whenever a stream joins `watched`.
     generation: AtomicU64,
     wake: Condvar,
@@ -137,7 +138,7 @@ impl ArmPoller {
     /// The thread could not be spawned.
     pub(crate) fn start() -> std::io::Result<ArmPoller> {
         let shared = Arc::new(Shared {
-            watched: Mutex::new(Vec::new()),
+            watched: Mutex::new(Watched { streams: Vec::new(), parked: false }),
             generation: AtomicU64::new(0),
             wake: Condvar::new(),
             stop: AtomicBool::new(false),
@@ -157,28 +158,40 @@ impl ArmPoller {
         let queue = stream.arm_queue();
         queue.push(sequence, arm);
         // After the push: the poller drops a stream from its list only after seeing its
-        // queue empty under the list lock, and clears `watched` there. It parks only with
-        // an empty list, so a stream already listed needs no wake-up.
+        // queue empty, and clears `watched` under the queue's lock. It parks only with an
+        // empty list, so a stream already listed needs no wake-up; a spinning poller
+        // needs none either (it rereads the list when the generation changes).
         if !queue.watched.swap(true, Ordering::SeqCst) {
             let mut watched = self.shared.watched();
-            watched.push(Arc::clone(stream));
+            watched.streams.push(Arc::clone(stream));
             self.shared.generation.fetch_add(1, Ordering::SeqCst);
-            drop(watched);
-            self.shared.wake.notify_one();
+            if watched.parked {
+                self.shared.wake.notify_one();
+            }
         }
     }
 }
 
+/// The streams with ops waiting to be armed, and whether the poller sleeps on `wake`.
+struct Watched {
+    streams: Vec<Arc<StreamState>>,
+    parked: bool,
+}
+
 impl Shared {
-    fn watched(&self) -> MutexGuard<'_, Vec<Arc<StreamState>>> {
+    fn watched(&self) -> MutexGuard<'_, Watched> {
         self.watched.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
 impl Drop for ArmPoller {
     fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::SeqCst);
-        self.shared.wake.notify_all();
+        {
+            // Under the list lock: the poller checks `stop` under it before it parks.
+            let _watched = self.shared.watched();
+            self.shared.stop.store(true, Ordering::SeqCst);
+            self.shared.wake.notify_all();
+        }
         // The last driver reference may go away on the poller thread itself (an arm that
         // published at once); it cannot join itself and ends on its own.
         if let Some(thread) = self.thread.take()
@@ -203,30 +216,6 @@ fn poll_doorbells(shared: &Shared) {
         for stream in &streams {
             any_waiting |= stream.arm_queue().take_reached(&mut due);
         }
-        let generation = shared.generation.load(Ordering::SeqCst);
-        if !any_waiting && due.is_empty() || generation != copied_generation {
-            let mut watched = shared.watched();
-            // Streams with nothing queued leave the list (see `watch` for the race).
-            watched.retain(|stream| {
-                let queue = stream.arm_queue();
-                let keep = !queue.pending().is_empty();
-                if !keep {
-                    queue.watched.store(false, Ordering::SeqCst);
-                }
-                keep
-            });
-            if watched.is_empty() && due.is_empty() {
-                streams.clear();
-                let woken = shared.wake.wait(watched).unwrap_or_else(|p| p.into_inner());
-                drop(woken);
-                last_progress = Instant::now();
-                sleep = MIN_SLEEP;
-                continue;
-            }
-            streams.clear();
-            streams.extend(watched.iter().cloned());
-            copied_generation = shared.generation.load(Ordering::SeqCst);
-        }
         if !due.is_empty() {
             for arm in due.drain(..) {
                 // An arm's panic is the op's to report (its Drop publishes -5030); it
@@ -236,6 +225,38 @@ fn poll_doorbells(shared: &Shared) {
             last_progress = Instant::now();
             sleep = MIN_SLEEP;
             continue;
+        }
+        if !any_waiting || shared.generation.load(Ordering::SeqCst) != copied_generation {
+            let mut watched = shared.watched();
+            // Streams with nothing queued leave the list. The queue's lock is held while
+            // `watched` is cleared: a push after it sees the flag clear and lists the
+            // stream again (see `watch`).
+            watched.streams.retain(|stream| {
+                let queue = stream.arm_queue();
+                let pending = queue.pending();
+                let keep = !pending.is_empty();
+                if !keep {
+                    queue.watched.store(false, Ordering::SeqCst);
+                }
+                keep
+            });
+            if watched.streams.is_empty() && last_progress.elapsed() >= SPIN {
+                if shared.stop.load(Ordering::SeqCst) {
+                    break;
+                }
+                streams.clear();
+                watched.parked = true;
+                let mut woken = shared.wake.wait(watched).unwrap_or_else(|p| p.into_inner());
+                woken.parked = false;
+                drop(woken);
+                copied_generation = u64::MAX;
+                last_progress = Instant::now();
+                sleep = MIN_SLEEP;
+                continue;
+            }
+            streams.clear();
+            streams.extend(watched.streams.iter().cloned());
+            copied_generation = shared.generation.load(Ordering::SeqCst);
         }
         let waited = last_progress.elapsed();
         if waited < SPIN {
@@ -320,5 +341,27 @@ mod tests {
         }
         drop(poller);
         drop(stream);
+    }
+
+    #[test]
+    fn no_arm_is_lost_when_a_queue_empties_and_refills_at_once() {
+        // Every op is due when queued, so the poller empties the queue (and may drop the
+        // stream from its list) just as the next op arrives: the window where a lost
+        // `watched` update would strand an op forever.
+        let mut word = 1 << 20;
+        let host_ptr: *mut u32 = &mut word;
+        let doorbell = ReleaseWord { host_ptr, device_addr: host_ptr as u64 };
+        let stream = Arc::new(StreamState::for_arm_tests(ArmQueue::new(doorbell)));
+        let poller = ArmPoller::start().expect("start poller");
+        let runs = Arc::new(AtomicUsize::new(0));
+        for index in 0..20_000 {
+            poller.watch(&stream, index as u32, counting_arm(&runs, index));
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while runs.load(Ordering::SeqCst) <= index {
+                assert!(Instant::now() < deadline, "arm {index} was never run");
+                std::hint::spin_loop();
+            }
+        }
+        drop(poller);
     }
 }
