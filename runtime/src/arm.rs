@@ -11,7 +11,8 @@
 //! functions are queued behind a busy stream; a stream write is a few bytes of push
 //! buffer (~510 ops fit before an enqueue blocks; `benches/probes/doorbell_probe.c`).
 //!
-//! The poller spins while arms are due soon, backs off to short sleeps (at most
+//! The poller spins while arms are likely due soon (for [`SPIN`] after a submission,
+//! [`SPIN_AFTER_ARM`] after arming), backs off to short sleeps (at most
 //! [`MAX_SLEEP`], [`MAX_SLEEP_LONG_WAIT`] once nothing was armed for [`LONG_WAIT`]) while
 //! streams hold their ops back, and parks when no op waits: an idle driver costs no CPU.
 
@@ -27,9 +28,14 @@ use crate::stream::{ReleaseWord, StreamState};
 /// Name of the poller thread.
 pub const ARM_THREAD_NAME: &str = "hipfile-arm";
 
-/// How long the poller keeps spinning after it last armed an op or was woken (also with
-/// no op waiting, so that the next op of a burst finds it awake).
+/// How long the poller keeps spinning after an op was submitted or it was woken (also
+/// with no op waiting, so that the next op of a burst finds it awake): an op on an idle
+/// stream rings its doorbell a few µs after submission.
 const SPIN: Duration = Duration::from_micros(100);
+/// How long it spins after arming ops: streams busy with earlier work ring their next
+/// doorbells much later, and a core spinning through every gap would compete with the
+/// executors.
+const SPIN_AFTER_ARM: Duration = Duration::from_micros(20);
 /// First sleep once spinning found nothing.
 const MIN_SLEEP: Duration = Duration::from_micros(5);
 /// Longest sleep between two looks at the doorbells while ops wait (the most the poller
@@ -127,26 +133,30 @@ struct Shared {
     watched: Mutex<Watched>,
     /// Bumped whenever a stream joins `watched`.
     generation: AtomicU64,
+    /// Bumped by every submission (restarts the poller's spin window).
+    submissions: AtomicU64,
     wake: Condvar,
     stop: AtomicBool,
 }
 
 impl ArmPoller {
-    /// Starts the poller thread.
+    /// Starts the poller thread; it spins only with `spin` (spare cores), else it goes
+    /// straight to short sleeps.
     ///
     /// # Errors
     /// The thread could not be spawned.
-    pub(crate) fn start() -> std::io::Result<ArmPoller> {
+    pub(crate) fn start(spin: bool) -> std::io::Result<ArmPoller> {
         let shared = Arc::new(Shared {
             watched: Mutex::new(Watched { streams: Vec::new(), parked: false }),
             generation: AtomicU64::new(0),
+            submissions: AtomicU64::new(0),
             wake: Condvar::new(),
             stop: AtomicBool::new(false),
         });
         let for_thread = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name(ARM_THREAD_NAME.into())
-            .spawn(move || poll_doorbells(&for_thread))?;
+            .spawn(move || poll_doorbells(&for_thread, spin))?;
         let thread_id = thread.thread().id();
         Ok(ArmPoller { shared, thread: Some(thread), thread_id })
     }
@@ -157,6 +167,7 @@ impl ArmPoller {
     pub(crate) fn watch(&self, stream: &Arc<StreamState>, sequence: u32, arm: ArmFn) {
         let queue = stream.arm_queue();
         queue.push(sequence, arm);
+        self.shared.submissions.fetch_add(1, Ordering::Relaxed);
         // After the push: the poller drops a stream from its list only after seeing its
         // queue empty, and clears `watched` under the queue's lock. It parks only with an
         // empty list, so a stream already listed needs no wake-up; a spinning poller
@@ -203,15 +214,26 @@ impl Drop for ArmPoller {
 }
 
 /// The poller thread's loop.
-fn poll_doorbells(shared: &Shared) {
+fn poll_doorbells(shared: &Shared, spin: bool) {
+    let (spin_after_submit, spin_after_arm) =
+        if spin { (SPIN, SPIN_AFTER_ARM) } else { (Duration::ZERO, Duration::ZERO) };
     crate::sys::set_thread_timer_slack_ns(TIMER_SLACK_NS);
     let mut streams: Vec<Arc<StreamState>> = Vec::new();
     // The list generation `streams` was copied at; none yet.
     let mut copied_generation = u64::MAX;
     let mut due: Vec<ArmFn> = Vec::new();
-    let mut last_progress = Instant::now();
+    // Spin until then; sleep (with `sleep` growing) after it.
+    let mut spin_until = Instant::now() + spin_after_submit;
+    let mut last_arm = Instant::now();
+    let mut seen_submissions = 0;
     let mut sleep = MIN_SLEEP;
     while !shared.stop.load(Ordering::SeqCst) {
+        let submissions = shared.submissions.load(Ordering::Relaxed);
+        if submissions != seen_submissions {
+            seen_submissions = submissions;
+            spin_until = spin_until.max(Instant::now() + spin_after_submit);
+            sleep = MIN_SLEEP;
+        }
         let mut any_waiting = false;
         for stream in &streams {
             any_waiting |= stream.arm_queue().take_reached(&mut due);
@@ -222,10 +244,12 @@ fn poll_doorbells(shared: &Shared) {
                 // must not stop the poller.
                 let _ = catch_unwind(AssertUnwindSafe(arm));
             }
-            last_progress = Instant::now();
+            last_arm = Instant::now();
+            spin_until = spin_until.max(last_arm + spin_after_arm);
             sleep = MIN_SLEEP;
             continue;
         }
+        let now = Instant::now();
         if !any_waiting || shared.generation.load(Ordering::SeqCst) != copied_generation {
             let mut watched = shared.watched();
             // Streams with nothing queued leave the list. The queue's lock is held while
@@ -240,7 +264,7 @@ fn poll_doorbells(shared: &Shared) {
                 }
                 keep
             });
-            if watched.streams.is_empty() && last_progress.elapsed() >= SPIN {
+            if watched.streams.is_empty() && now >= spin_until {
                 if shared.stop.load(Ordering::SeqCst) {
                     break;
                 }
@@ -250,7 +274,7 @@ fn poll_doorbells(shared: &Shared) {
                 woken.parked = false;
                 drop(woken);
                 copied_generation = u64::MAX;
-                last_progress = Instant::now();
+                spin_until = Instant::now() + spin_after_submit;
                 sleep = MIN_SLEEP;
                 continue;
             }
@@ -258,13 +282,12 @@ fn poll_doorbells(shared: &Shared) {
             streams.extend(watched.streams.iter().cloned());
             copied_generation = shared.generation.load(Ordering::SeqCst);
         }
-        let waited = last_progress.elapsed();
-        if waited < SPIN {
+        if now < spin_until {
             std::hint::spin_loop();
             continue;
         }
         std::thread::sleep(sleep);
-        let cap = if waited < LONG_WAIT { MAX_SLEEP } else { MAX_SLEEP_LONG_WAIT };
+        let cap = if now - last_arm < LONG_WAIT { MAX_SLEEP } else { MAX_SLEEP_LONG_WAIT };
         sleep = (sleep * 2).min(cap);
     }
 }
@@ -319,7 +342,7 @@ mod tests {
         let host_ptr: *mut u32 = &mut word;
         let doorbell = ReleaseWord { host_ptr, device_addr: host_ptr as u64 };
         let stream = Arc::new(StreamState::for_arm_tests(ArmQueue::new(doorbell)));
-        let poller = ArmPoller::start().expect("start poller");
+        let poller = ArmPoller::start(true).expect("start poller");
         let runs = Arc::new(AtomicUsize::new(0));
         for index in 0..3 {
             poller.watch(&stream, index as u32 + 1, counting_arm(&runs, index));
@@ -352,7 +375,7 @@ mod tests {
         let host_ptr: *mut u32 = &mut word;
         let doorbell = ReleaseWord { host_ptr, device_addr: host_ptr as u64 };
         let stream = Arc::new(StreamState::for_arm_tests(ArmQueue::new(doorbell)));
-        let poller = ArmPoller::start().expect("start poller");
+        let poller = ArmPoller::start(true).expect("start poller");
         let runs = Arc::new(AtomicUsize::new(0));
         for index in 0..20_000 {
             poller.watch(&stream, index as u32, counting_arm(&runs, index));

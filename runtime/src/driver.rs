@@ -382,7 +382,9 @@ impl Driver {
     /// `InternalError` when the thread cannot be started.
     pub(crate) fn arm_poller(&self) -> Result<&ArmPoller, Error> {
         let started = self.arm_poller.get_or_init(|| {
-            ArmPoller::start().map_err(|e| {
+            let executors = self.config.executor_cpus.len();
+            let spin = crate::engine::spare_cores_for_spinning(executors);
+            ArmPoller::start(spin).map_err(|e| {
                 eprintln!("hipfile: starting the arm poller thread: {e}");
                 e.to_string()
             })

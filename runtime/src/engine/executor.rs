@@ -33,18 +33,28 @@ pub(super) struct Setup {
     pub arena_bytes: usize,
     pub chunks_in_flight: usize,
     pub page_bytes: u64,
+    /// Spin before parking ([`spare_cores_for_spinning`]).
+    pub spin: bool,
     pub receiver: flume::Receiver<Request>,
 }
 
 /// How long an executor keeps polling after its last work before it parks: a job posted
 /// within it starts without the park/wake-up round trip (~7 µs of the 21 µs hop,
 /// shared/reference/glommio.md); an idle executor parks, costing no CPU.
-const SPIN_BEFORE_PARK: std::time::Duration = std::time::Duration::from_micros(100);
+const SPIN_BEFORE_PARK: std::time::Duration = std::time::Duration::from_micros(50);
+
+/// Whether the machine has cores to spare for spinning threads besides `executors`
+/// executors (two more: the arm poller and the application). Without them, a spinning
+/// thread takes CPU from the work it waits for.
+pub(crate) fn spare_cores_for_spinning(executors: usize) -> bool {
+    std::thread::available_parallelism().is_ok_and(|cores| cores.get() >= executors + 2)
+}
 
 /// Spawns the executor thread.
 pub(super) fn spawn(setup: Setup) -> glommio::Result<glommio::ExecutorJoinHandle<()>, ()> {
-    LocalExecutorBuilder::new(Placement::Fixed(setup.cpu))
-        .spin_before_park(SPIN_BEFORE_PARK)
+    let builder = LocalExecutorBuilder::new(Placement::Fixed(setup.cpu));
+    let builder = if setup.spin { builder.spin_before_park(SPIN_BEFORE_PARK) } else { builder };
+    builder
         .name(&format!("{}{}", super::EXECUTOR_THREAD_PREFIX, setup.index))
         .io_memory(setup.arena_bytes)
         .spawn(move || async move { Executor::new(setup).run().await })

@@ -20,6 +20,7 @@ use crate::config::Config;
 use crate::device::{Device, DeviceError, InternalStream};
 use crate::file::{FileHandle, OpGuard};
 
+pub(crate) use executor::spare_cores_for_spinning;
 pub(crate) use staging::FallbackPool;
 
 /// Executor threads are named with this prefix and their index.
@@ -209,6 +210,7 @@ impl Engine {
                 arena_bytes: config.staging_per_executor_bytes,
                 chunks_in_flight: config.chunks_in_flight,
                 page_bytes: crate::sys::page_size_bytes(),
+                spin: executor::spare_cores_for_spinning(config.executor_cpus.len()),
                 receiver,
             };
             let thread = executor::spawn(setup).map_err(|e| EngineError {
