@@ -337,3 +337,39 @@ fn an_engine_that_cannot_start_fails_submissions_without_hanging() {
     }
     rig.sync(stream);
 }
+
+#[test]
+fn a_read_the_kernel_fails_publishes_minus_errno_and_the_stream_goes_on() {
+    // A real kernel failure of an accepted op: /proc/self/mem fails reads of unmapped
+    // addresses (address 0 never is) with EIO through read(2), and io_uring refuses the
+    // file with EINVAL (it has no read_iter). Either is published as -errno; the stream
+    // must be released and later ops on it must work.
+    for flags in [None, Some(0), Some(7), Some(15)] {
+        let rig = Rig::new();
+        let mem = std::fs::File::open("/proc/self/mem").expect("open /proc/self/mem");
+        let failing = rig.register(&mem);
+        let data = pattern(66, 64 * KIB);
+        let file = TempFile::new("after-eio", &data);
+        let fd = file.open_rw();
+        let good = rig.register(&fd);
+        let buffer = rig.alloc(MIB);
+        rig.set_dev_bytes(buffer, &vec![0x5a; MIB]);
+        let stream = rig.stream_with(flags);
+        let failed = params(256 * KIB, 0, 0);
+        rig.read(failing, buffer, &failed, stream);
+        let after = params(64 * KIB, 0, (MIB - 64 * KIB) as i64);
+        rig.read(good, buffer, &after, stream);
+        rig.sync(stream);
+        let failure = bytes(&failed);
+        assert!(
+            [-(libc::EIO as isize), -(libc::EINVAL as isize)].contains(&failure),
+            "flags {flags:?}: {failure}"
+        );
+        assert_eq!(bytes(&after), (64 * KIB) as isize, "flags {flags:?}: the stream goes on");
+        assert_bytes(
+            &rig.dev_bytes(buffer + (MIB - 64 * KIB) as u64, 64 * KIB),
+            &data,
+            "read after the failure",
+        );
+    }
+}
