@@ -29,6 +29,13 @@ use crate::cli::{Cli, Command, DeviceArg};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if std::env::var_os("CUDA_DEVICE_MAX_CONNECTIONS").is_none() {
+        // Streams blocked on a wait-value must not share a hardware queue with the
+        // engine's copy streams (README, Known limits); CUDA reads this at cuInit.
+        // SAFETY: the start of main, before the process has other threads (nothing can
+        // read the environment concurrently).
+        unsafe { std::env::set_var("CUDA_DEVICE_MAX_CONNECTIONS", "32") };
+    }
     // cuFile reads its environment when it loads: set it while the process has one thread.
     let cufile_json = match (&cli.command, cli.run.device) {
         (None, Some(DeviceArg::Cpu)) | (Some(_), _) => None,

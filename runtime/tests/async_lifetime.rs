@@ -88,6 +88,9 @@ fn dropping_the_driver_right_after_sync() {
                 phases.mark("driver dropped");
                 assert_eq!(bytes(&p), (256 * KIB) as isize);
                 assert_bytes(&read_device(&device, buffer, 256 * KIB), &data, "read");
+                // Few streams at once on a GPU: CUDA maps them onto at most 32 hardware
+                // queues (README, Known limits).
+                device.destroy_user_stream(stream).expect("destroy stream");
                 phases.mark("verified");
                 if i < 3 {
                     println!("driver {i}: {phases}");
