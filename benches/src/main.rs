@@ -29,7 +29,8 @@ use crate::cli::{Cli, Command, DeviceArg};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if std::env::var_os("CUDA_DEVICE_MAX_CONNECTIONS").is_none() {
+    // Not for `check`, which reports the caller's own setting.
+    if cli.command.is_none() && std::env::var_os("CUDA_DEVICE_MAX_CONNECTIONS").is_none() {
         // Streams blocked on a wait-value must not share a hardware queue with the
         // engine's copy streams (README, Known limits); CUDA reads this at cuInit.
         // SAFETY: the start of main, before the process has other threads (nothing can
