@@ -91,16 +91,15 @@ fn devices(arg: Option<DeviceArg>, config: &Config) -> Option<Arc<dyn UserDevice
         None => config.device,
     };
     match open_device(DeviceSelection::Cuda, 1) {
-        Ok(cuda) => item("cuda backend", format!("{} device(s)", cuda.device_count())),
+        Ok(cuda) => {
+            item("cuda backend", format!("{} device(s)", cuda.device_count()));
+            // Streams held on a wait-value block the streams sharing their hardware queue.
+            if let Some(setting) = cuda.hardware_queue_setting() {
+                item("cuda hardware queues", setting);
+            }
+        }
         Err(reason) => item("cuda backend", format!("not available ({reason})")),
     }
-    // Streams held on a wait-value block the streams sharing their hardware queue.
-    let connections = match std::env::var("CUDA_DEVICE_MAX_CONNECTIONS") {
-        Ok(value) if value.trim() == "32" => "32 (the maximum: good)".to_string(),
-        Ok(value) => format!("{value} (set 32 when many streams wait on async ops)"),
-        Err(_) => "unset = 8 (set 32 when many streams wait on async ops)".to_string(),
-    };
-    item("CUDA_DEVICE_MAX_CONNECTIONS", connections);
     item("rocm backend", "not built (cargo feature `rocm`)");
     item(
         "cpu backend",

@@ -42,7 +42,15 @@ fn ops_on_many_held_streams_arm_in_order_and_an_idle_poller_costs_no_cpu() {
     const STREAMS: usize = 8;
     const OPS_PER_STREAM: usize = 16;
     const OP: usize = 4 * KIB;
+    let variable_before = std::env::var_os("CUDA_DEVICE_MAX_CONNECTIONS");
     let rig = Rig::new();
+    // Eight held streams need more than CUDA's default 8 hardware queues: the cuda
+    // backend raises them to 32 when it starts CUDA and the caller left the variable unset.
+    if variable_before.is_none() && rig.backend() == "cuda" {
+        let setting = rig.device.hardware_queue_setting().expect("cuda reports its queues");
+        assert!(setting.contains("set by hipFile"), "{setting}");
+        assert_eq!(std::env::var("CUDA_DEVICE_MAX_CONNECTIONS").as_deref(), Ok("32"));
+    }
     if !rig.device.supports_stream_memops(0) {
         println!("skipped on {}: no stream memory operations (host-function arm)", rig.backend());
         return;

@@ -342,6 +342,12 @@ pub trait Device: Send + Sync + 'static {
     /// Whether [`Device::stream_wait_value32`] / write-value work on `device_ordinal`.
     fn supports_stream_memops(&self, device_ordinal: u32) -> bool;
 
+    /// How user streams and the engine's copy streams share the GPU's hardware queues,
+    /// where that can stall copies behind held streams (`None`: it cannot).
+    fn hardware_queue_setting(&self) -> Option<String> {
+        None
+    }
+
     /// Blocks until every op enqueued on a user stream has completed (tests, tools,
     /// NULL-stream synchronous calls).
     ///

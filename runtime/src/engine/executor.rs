@@ -777,9 +777,13 @@ impl Executor {
             if self.setup.device.event_done(event)? {
                 return Ok(());
             }
-            if started.elapsed() < EVENT_SPIN {
+            let waited = started.elapsed();
+            if waited < EVENT_SPIN {
                 glommio::executor().yield_task_queue_now().await;
             } else {
+                if waited >= COPY_STALL_WARNING {
+                    warn_copy_stalled(&*self.setup.device, waited);
+                }
                 glommio::timer::sleep(Duration::from_micros(sleep_us)).await;
                 sleep_us = (sleep_us * 2).min(200);
             }
@@ -789,6 +793,26 @@ impl Executor {
 
 /// How long [`Executor::wait_event`] polls by yielding before it sleeps.
 const EVENT_SPIN: Duration = Duration::from_micros(200);
+
+/// How long a staging copy may stay incomplete before the process is warned (once) that
+/// it is probably queued behind a held stream on a shared hardware queue.
+const COPY_STALL_WARNING: Duration = Duration::from_secs(5);
+
+/// Warns once per process that a copy on an internal stream has not completed after
+/// `waited`: the one cause we know is a user stream, held on an async op's wait-value,
+/// that shares the copy stream's hardware queue (README, Known limits).
+fn warn_copy_stalled(device: &dyn Device, waited: Duration) {
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        return;
+    }
+    let setting = device.hardware_queue_setting().unwrap_or_default();
+    eprintln!(
+        "hipfile: warning: a staging copy has not completed after {} s; it is probably \
+         queued behind a stream held on an async op that shares its hardware queue ({setting})",
+        waited.as_secs()
+    );
+}
 
 type PlanIter = hipfile_core::ChunkPlan;
 

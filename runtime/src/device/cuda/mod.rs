@@ -50,7 +50,66 @@ pub struct CudaDevice {
         reason = "EventHandle values are the boxes' addresses, which must not move"
     )]
     event_pools: Vec<Mutex<Vec<Box<EventEntry>>>>,
+    hardware_queues: HardwareQueues,
 }
+
+/// The CUDA variable that sets how many hardware queues a context's streams share.
+const MAX_CONNECTIONS_VARIABLE: &str = "CUDA_DEVICE_MAX_CONNECTIONS";
+/// CUDA's largest (and our) `CUDA_DEVICE_MAX_CONNECTIONS`; its default is 8.
+const MAX_CONNECTIONS: &str = "32";
+
+/// How many hardware queues the streams of our contexts share, and who decided.
+///
+/// CUDA maps streams onto `CUDA_DEVICE_MAX_CONNECTIONS` hardware queues, round-robin.
+/// A user stream blocked on an async op's wait-value blocks the work queued after it on
+/// its queue, so an engine copy stream sharing that queue stalls, and the op that would
+/// release the stream never completes. 32 queues make that sharing rare (it needs about
+/// 30 streams held at once); the default 8 makes it likely from the 7th held stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HardwareQueues {
+    /// The application set `CUDA_DEVICE_MAX_CONNECTIONS` (its value).
+    FromEnvironment(String),
+    /// hipFile set it to 32 before CUDA started (`cuInit`).
+    SetByHipfile,
+    /// CUDA started (`cuInit`) before hipFile, with the variable unset: 8 queues.
+    CudaStartedFirst,
+}
+
+impl HardwareQueues {
+    /// One line for `hipfile-bench check` and warnings.
+    pub fn describe(&self) -> String {
+        match self {
+            HardwareQueues::FromEnvironment(value) if value.trim() == MAX_CONNECTIONS => {
+                format!("{MAX_CONNECTIONS_VARIABLE}={value} (set by the application; the maximum)")
+            }
+            HardwareQueues::FromEnvironment(value) => format!(
+                "{MAX_CONNECTIONS_VARIABLE}={value} (set by the application); streams held on \
+                 async ops can stall the engine's copies once they fill the hardware queues: \
+                 {MAX_CONNECTIONS} is safest"
+            ),
+            HardwareQueues::SetByHipfile => format!(
+                "{MAX_CONNECTIONS_VARIABLE}={MAX_CONNECTIONS} (set by hipFile before CUDA \
+                 started; set the variable yourself to choose)"
+            ),
+            HardwareQueues::CudaStartedFirst => format!(
+                "CUDA started before hipFile with {MAX_CONNECTIONS_VARIABLE} unset, so streams \
+                 share 8 hardware queues and about 7 streams held on async ops at once can \
+                 stall the engine's copies for good; set {MAX_CONNECTIONS_VARIABLE}=\
+                 {MAX_CONNECTIONS} before CUDA starts, or open the driver first"
+            ),
+        }
+    }
+}
+
+/// Sets `CUDA_DEVICE_MAX_CONNECTIONS=32` for the contexts CUDA has yet to create.
+fn set_max_connections() -> HardwareQueues {
+    // SAFETY: setenv races with a concurrent getenv or setenv on another thread. hipFile
+    // calls this once, while opening its driver (an application's start-up), only when
+    // the variable is unset and CUDA, which reads it in cuInit, has not started. An application that cannot allow this sets the variable itself.
+    unsafe { std::env::set_var(MAX_CONNECTIONS_VARIABLE, MAX_CONNECTIONS) };
+    HardwareQueues::SetByHipfile
+}
+
 
 impl std::fmt::Debug for CudaDevice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -76,6 +135,21 @@ impl CudaDevice {
     /// no device.
     pub fn open() -> Result<Arc<CudaDevice>, String> {
         let api = Api::load()?;
+        // CUDA reads CUDA_DEVICE_MAX_CONNECTIONS in cuInit (measured on the H200: set
+        // after cuInit, even before any context exists, it has no effect). Before cuInit
+        // every call but a few answers CUDA_ERROR_NOT_INITIALIZED, which tells whether the
+        // application started CUDA already.
+        let mut probe_count: c_int = 0;
+        // SAFETY: `probe_count` is a valid out-pointer; the call only reports state.
+        let started = unsafe { (api.cuDeviceGetCount)(&mut probe_count) } != CUDA_ERROR_NOT_INITIALIZED;
+        let hardware_queues = match std::env::var(MAX_CONNECTIONS_VARIABLE) {
+            Ok(value) => HardwareQueues::FromEnvironment(value),
+            Err(_) if !started => set_max_connections(),
+            Err(_) => HardwareQueues::CudaStartedFirst,
+        };
+        if hardware_queues == HardwareQueues::CudaStartedFirst {
+            eprintln!("hipfile: warning: {}", hardware_queues.describe());
+        }
         // SAFETY: cuInit takes flags (0) and has no other precondition.
         check(&api, unsafe { (api.cuInit)(0) }).map_err(|e| format!("cuInit: {e}"))?;
         let mut count: c_int = 0;
@@ -92,7 +166,7 @@ impl CudaDevice {
             memops.push(supports);
         }
         let event_pools = (0..count).map(|_| Mutex::new(Vec::new())).collect();
-        Ok(Arc::new(CudaDevice { api, contexts, memops, event_pools }))
+        Ok(Arc::new(CudaDevice { api, contexts, memops, event_pools, hardware_queues }))
     }
 
     fn error(&self, code: CUresult, what: &'static str) -> DeviceError {
@@ -613,6 +687,10 @@ impl Device for CudaDevice {
             },
             "cuStreamWriteValue32",
         )
+    }
+
+    fn hardware_queue_setting(&self) -> Option<String> {
+        Some(self.hardware_queues.describe())
     }
 
     fn supports_stream_memops(&self, device_ordinal: u32) -> bool {

@@ -22,6 +22,7 @@ pub type CUevent = *mut c_void;
 pub type CUhostFn = unsafe extern "C" fn(*mut c_void);
 
 pub const CUDA_SUCCESS: CUresult = 0;
+pub const CUDA_ERROR_NOT_INITIALIZED: CUresult = 3;
 pub const CUDA_ERROR_NOT_READY: CUresult = 600;
 
 pub const CU_MEMHOSTALLOC_PORTABLE: c_uint = 0x1;
