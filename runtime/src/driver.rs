@@ -108,6 +108,10 @@ impl std::fmt::Debug for Driver {
 impl Driver {
     /// A driver over `device`.
     pub fn new(config: Config, device: Arc<dyn Device>) -> Arc<Driver> {
+        // Prefetches may hold half the staging arenas; the other half serves the ops the
+        // streams have reached (stream.rs, PrefetchBudget).
+        let prefetch_cap_bytes =
+            (config.staging_per_executor_bytes as u64 * config.executor_count() as u64) / 2;
         Arc::new(Driver {
             config,
             page_size_bytes: crate::sys::page_size_bytes(),
@@ -118,7 +122,7 @@ impl Driver {
             engine: OnceLock::new(),
             arm_poller: OnceLock::new(),
             next_executor: AtomicUsize::new(0),
-            streams: StreamTable::new(Arc::clone(&device)),
+            streams: StreamTable::new(Arc::clone(&device), prefetch_cap_bytes),
             hazards: Mutex::new(HashMap::new()),
             async_stats: AsyncStats::default(),
             device,

@@ -110,7 +110,6 @@ fn set_max_connections() -> HardwareQueues {
     HardwareQueues::SetByHipfile
 }
 
-
 impl std::fmt::Debug for CudaDevice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CudaDevice").field("devices", &self.contexts.len()).finish()
@@ -141,7 +140,8 @@ impl CudaDevice {
         // application started CUDA already.
         let mut probe_count: c_int = 0;
         // SAFETY: `probe_count` is a valid out-pointer; the call only reports state.
-        let started = unsafe { (api.cuDeviceGetCount)(&mut probe_count) } != CUDA_ERROR_NOT_INITIALIZED;
+        let started =
+            unsafe { (api.cuDeviceGetCount)(&mut probe_count) } != CUDA_ERROR_NOT_INITIALIZED;
         let hardware_queues = match std::env::var(MAX_CONNECTIONS_VARIABLE) {
             Ok(value) => HardwareQueues::FromEnvironment(value),
             Err(_) if !started => set_max_connections(),
