@@ -8,13 +8,15 @@
 //!    (5022, `hipfile_core::validate`), buffer device = stream device (5022).
 //! 2. `*bytes_p = 0`. Size 0: done, nothing is enqueued. NULL stream: the I/O runs now
 //!    and `*bytes_p` holds the result when the call returns.
-//! 3. Under the stream's submit lock: take sequence k; enqueue a host function **arm**
-//!    and a **wait-value** "release word ≥ k" on the user's stream.
+//! 3. Under the stream's submit lock: take sequence k; enqueue a **write-value**
+//!    "doorbell word = k" and a **wait-value** "release word ≥ k" on the user's stream.
 //! 4. A read whose size and offsets are all FIXED is posted to the engine at once
 //!    (*prefetch*: disk → staging now; copies to the device wait for arm), unless an
-//!    unfinished write overlaps its range in the same file.
+//!    unfinished write overlaps its range in the same file or the stream's window or the
+//!    driver's prefetch budget is full (`stream::PrefetchBudget`).
 //!
-//! Arm (the device's callback thread, O(1), no device calls, never waits for I/O): binds
+//! Arm (the driver's arm poller, `crate::arm`, once the doorbell reaches k; O(1), no
+//! device calls, never waits for I/O): binds
 //! the parameters that are not FIXED, re-validates them (`*bytes_p = -5022` and release
 //! when invalid or the size grew), and posts the job to the stream's executor.
 //!
