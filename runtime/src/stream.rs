@@ -8,7 +8,7 @@
 //! taking the sequence number and enqueueing the commands happen under the stream's
 //! submit lock, so the two orders agree even with several submitting threads. A second
 //! word, the *doorbell*, tells the library when the stream reached an op
-//! ([`crate::arm`]).
+//! (`arm.rs`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
