@@ -49,6 +49,7 @@ struct ConfigInfo {
     pinned_cap_bytes: usize,
     request_parallelism: usize,
     chunks_in_flight: usize,
+    prefetch_cap_bytes: usize,
     direct_policy: String,
     direct_effective: bool,
     stream_flags: u32,
@@ -138,11 +139,12 @@ fn describe_env(env: &Env, path: &Path, size: u64, args: &RunArgs) {
         c.executor_cpus
     );
     println!(
-        "config: chunk {} KiB, staging {} MiB/executor, queue depth {}, request parallelism {}, pinned cap {} MiB, O_DIRECT policy {:?}",
+        "config: chunk {} KiB, staging {} MiB/executor, queue depth {}, request parallelism {}, prefetch {} MiB, pinned cap {} MiB, O_DIRECT policy {:?}",
         c.staging_chunk_bytes >> 10,
         c.staging_per_executor_bytes >> 20,
         c.chunks_in_flight,
         c.request_parallelism,
+        c.prefetch_cap_bytes() >> 20,
         c.pinned_cap_bytes() >> 20,
         c.direct
     );
@@ -367,6 +369,7 @@ fn json_report(
             pinned_cap_bytes: c.pinned_cap_bytes(),
             request_parallelism: c.request_parallelism,
             chunks_in_flight: c.chunks_in_flight,
+            prefetch_cap_bytes: c.prefetch_cap_bytes(),
             direct_policy: format!("{:?}", c.direct),
             direct_effective: b.env.direct.effective,
             stream_flags: b.flags,

@@ -29,6 +29,7 @@ const PINNED_FALLBACK_MB: &str = "HIPFILE_PINNED_FALLBACK_MB";
 const ODIRECT: &str = "HIPFILE_ODIRECT";
 const REQUEST_PARALLELISM: &str = "HIPFILE_REQUEST_PARALLELISM";
 const QUEUE_DEPTH: &str = "HIPFILE_QUEUE_DEPTH";
+const PREFETCH_MB: &str = "HIPFILE_PREFETCH_MB";
 const CPU_DEVICES: &str = "HIPFILE_CPU_DEVICES";
 const ALLOW_COMPAT_MODE: &str = "HIPFILE_ALLOW_COMPAT_MODE";
 
@@ -71,6 +72,7 @@ const REASON_FALLBACK_CHUNK: &str =
     "must hold at least one chunk of HIPFILE_CHUNK_KB (the engine's backpressure needs one)";
 const REASON_PARALLELISM: &str = "must be an integer between 1 and the executor count";
 const REASON_QUEUE_DEPTH: &str = "must be an integer between 1 and 64";
+const REASON_PREFETCH: &str = "must be an integer number of MiB that fits in usize";
 const REASON_CPU_DEVICES: &str = "must be an integer between 1 and 16";
 
 /// Every variable, with a one-line description that states its default.
@@ -95,6 +97,11 @@ pub const ENV_VARS: &[(&str, &str)] = &[
         "executors one large request may fan out to, 1..=executor count (default: all)",
     ),
     (QUEUE_DEPTH, "chunks in flight per op, 1..=64 (default 4)"),
+    (
+        PREFETCH_MB,
+        "MiB of fully FIXED async reads all streams together may read ahead of their \
+         streams; 0 turns prefetch off (default: half the staging arenas)",
+    ),
     (CPU_DEVICES, "devices the cpu backend exposes, 1..=16 (default 1)"),
     (
         ALLOW_COMPAT_MODE,
@@ -161,6 +168,10 @@ pub struct Config {
     pub request_parallelism: usize,
     /// Chunks in flight per op, 1..=64 (`HIPFILE_QUEUE_DEPTH`).
     pub chunks_in_flight: usize,
+    /// Bytes of fully FIXED async reads all streams together may prefetch; 0 = off;
+    /// `None`: half the staging arenas (`HIPFILE_PREFETCH_MB`). See
+    /// [`Config::prefetch_cap_bytes`].
+    pub prefetch_budget_bytes: Option<usize>,
     /// Devices the cpu backend exposes, 1..=16 (`HIPFILE_CPU_DEVICES`).
     pub cpu_device_count: u32,
     /// Whether the POSIX compatibility path is allowed (`HIPFILE_ALLOW_COMPAT_MODE`).
@@ -178,6 +189,15 @@ impl Config {
     /// Number of executors (`executor_cpus.len()`).
     pub fn executor_count(&self) -> usize {
         self.executor_cpus.len()
+    }
+
+    /// Bytes of fully FIXED async reads all streams together may prefetch ahead of their
+    /// streams (0: none): `HIPFILE_PREFETCH_MB`, else half of executors x staging, so
+    /// that the other half serves the ops the streams have reached.
+    pub fn prefetch_cap_bytes(&self) -> usize {
+        self.prefetch_budget_bytes.unwrap_or_else(|| {
+            self.executor_count().saturating_mul(self.staging_per_executor_bytes) / 2
+        })
     }
 
     /// The most pinned staging memory the engine ever holds: every executor's arena
@@ -247,6 +267,10 @@ impl Config {
             DEFAULT_CHUNKS_IN_FLIGHT,
             REASON_QUEUE_DEPTH,
         )?;
+        config.prefetch_budget_bytes = match get(PREFETCH_MB) {
+            None => None,
+            raw => Some(parse_mib(PREFETCH_MB, raw, 0, 0, REASON_PREFETCH)?),
+        };
         let max_devices = MAX_CPU_DEVICES as usize;
         let cpu_devices =
             parse_count(CPU_DEVICES, get(CPU_DEVICES), 1..=max_devices, 1, REASON_CPU_DEVICES)?;
@@ -318,6 +342,7 @@ impl Config {
         Config {
             device: DeviceSelection::Auto,
             request_parallelism: executor_cpus.len(),
+            prefetch_budget_bytes: None,
             executor_cpus,
             staging_chunk_bytes: DEFAULT_CHUNK_KB * KIB,
             staging_per_executor_bytes: DEFAULT_STAGING_MB * MIB,

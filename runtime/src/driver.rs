@@ -108,10 +108,9 @@ impl std::fmt::Debug for Driver {
 impl Driver {
     /// A driver over `device`.
     pub fn new(config: Config, device: Arc<dyn Device>) -> Arc<Driver> {
-        // Prefetches may hold half the staging arenas; the other half serves the ops the
-        // streams have reached (stream.rs, PrefetchBudget).
-        let prefetch_cap_bytes =
-            (config.staging_per_executor_bytes as u64 * config.executor_count() as u64) / 2;
+        // By default prefetches may hold half the staging arenas; the other half serves
+        // the ops the streams have reached (stream.rs, PrefetchBudget).
+        let prefetch_cap_bytes = config.prefetch_cap_bytes() as u64;
         Arc::new(Driver {
             config,
             page_size_bytes: crate::sys::page_size_bytes(),

@@ -42,9 +42,12 @@ impl PrefetchBudget {
     }
 
     /// Takes `len_bytes` of `used` unless that would pass `cap_bytes`; a lone op larger
-    /// than the cap is admitted when nothing else is held.
+    /// than the cap is admitted when nothing else is held. A cap of 0 admits nothing.
     fn take(used: &std::sync::atomic::AtomicU64, cap_bytes: u64, len_bytes: u64) -> bool {
         use std::sync::atomic::Ordering::SeqCst;
+        if cap_bytes == 0 {
+            return false;
+        }
         let mut current = used.load(SeqCst);
         loop {
             if current > 0 && current + len_bytes > cap_bytes {
@@ -413,5 +416,8 @@ mod tests {
         assert_eq!(budget.used_bytes.load(std::sync::atomic::Ordering::SeqCst), 0);
         // An op larger than the whole budget still prefetches when nothing else is held.
         assert!(a.admit_prefetch(64 * MIB));
+        // HIPFILE_PREFETCH_MB=0: nothing prefetches, not even a lone op.
+        let off = stream_sharing(&Arc::new(PrefetchBudget::new(0)));
+        assert!(!off.admit_prefetch(4096));
     }
 }

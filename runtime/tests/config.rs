@@ -206,6 +206,11 @@ fn each_variable_is_parsed() {
     assert!(!parse_ok(&[("HIPFILE_ALLOW_COMPAT_MODE", "false")]).allow_compat_mode);
     let config = parse_ok(&[("HIPFILE_THREADS", "2"), ("HIPFILE_REQUEST_PARALLELISM", "2")]);
     assert_eq!((config.executor_count(), config.request_parallelism), (2, 2));
+    // Prefetch: half the arenas unless set; 0 turns it off.
+    let config = parse_ok(&[("HIPFILE_THREADS", "2"), ("HIPFILE_STAGING_MB", "64")]);
+    assert_eq!(config.prefetch_cap_bytes(), 64 * MIB);
+    assert_eq!(parse_ok(&[("HIPFILE_PREFETCH_MB", "0")]).prefetch_cap_bytes(), 0);
+    assert_eq!(parse_ok(&[("HIPFILE_PREFETCH_MB", "48")]).prefetch_cap_bytes(), 48 * MIB);
 }
 
 #[test]
@@ -219,6 +224,7 @@ fn invalid_values_are_rejected_naming_the_variable() {
         ("HIPFILE_PINNED_FALLBACK_MB", &["-1", "lots", "1.5", "99999999999999999999"]),
         ("HIPFILE_REQUEST_PARALLELISM", &["0", "5", "-1", "all"]),
         ("HIPFILE_QUEUE_DEPTH", &["0", "65", "-4", "four", "4 4"]),
+        ("HIPFILE_PREFETCH_MB", &["-1", "some", "2.5", "99999999999999999999"]),
         ("HIPFILE_CPU_DEVICES", &["0", "17", "-1", "one"]),
     ];
     for &(variable, values) in cases {

@@ -1,5 +1,6 @@
-//! The per-stream prefetch window: fully FIXED reads beyond it are queued and start
-//! prefetching as earlier ones finish (a sliding window), and every byte still lands.
+//! The per-stream prefetch window and the driver-wide prefetch budget
+//! (`HIPFILE_PREFETCH_MB`): fully FIXED reads beyond them are queued and start prefetching
+//! as earlier ones finish (a sliding window), and every byte still lands.
 
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
@@ -13,17 +14,16 @@ use hipfile_runtime::{AsyncParams, Driver};
 
 const MIB: usize = 1 << 20;
 
-#[test]
-fn reads_beyond_the_window_prefetch_as_earlier_ones_finish() {
-    let ops = (PREFETCH_WINDOW_BYTES as usize / MIB) + 16;
+/// Submits `ops` 1 MiB fully FIXED reads on a held stream under `config`, releases it,
+/// checks every byte, and returns the prefetch count while held and at the end.
+fn prefetched_while_held_and_in_all(config: Config, ops: usize) -> (u64, u64) {
     let data: Vec<u8> = (0..ops * MIB).map(|i| (i * 31 + i / 4096) as u8).collect();
-    let dir = std::env::temp_dir().join(format!("hf-window-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("hf-window-{}-{ops}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("data");
     std::fs::write(&path, &data).unwrap();
     let file = std::fs::File::open(&path).unwrap();
     let device = CpuDevice::new(1);
-    let config = Config { executor_cpus: vec![0, 1], request_parallelism: 1, ..Config::default() };
     let driver = Driver::new(config, device.clone());
     driver.open();
     let handle = driver.handle_register(file.as_raw_fd()).unwrap();
@@ -39,13 +39,9 @@ fn reads_beyond_the_window_prefetch_as_earlier_ones_finish() {
             p
         })
         .collect();
-    let window_ops = (PREFETCH_WINDOW_BYTES as usize / MIB) as u64;
-    assert_eq!(driver.async_stats().prefetched.load(Ordering::SeqCst), window_ops);
+    let held = driver.async_stats().prefetched.load(Ordering::SeqCst);
     gate.release();
     device.synchronize_stream(stream).unwrap();
-    // The first op to finish frees room while the stream is still far from the queued
-    // ones, so at least one deferred read started early.
-    assert!(driver.async_stats().prefetched.load(Ordering::SeqCst) > window_ops);
     for p in &params {
         assert_eq!(p.bytes_done.load(Ordering::SeqCst), MIB as isize);
     }
@@ -53,4 +49,35 @@ fn reads_beyond_the_window_prefetch_as_earlier_ones_finish() {
     let got = unsafe { std::slice::from_raw_parts(buffer as *const u8, ops * MIB) };
     assert!(got == &data[..], "data differs");
     std::fs::remove_dir_all(&dir).unwrap();
+    (held, driver.async_stats().prefetched.load(Ordering::SeqCst))
+}
+
+fn two_executors() -> Config {
+    // 2 x 64 MiB of staging: the default budget (half) is 64 MiB, above one window.
+    Config {
+        executor_cpus: vec![0, 1],
+        request_parallelism: 1,
+        staging_per_executor_bytes: 64 * MIB,
+        ..Config::default()
+    }
+}
+
+#[test]
+fn reads_beyond_the_window_prefetch_as_earlier_ones_finish() {
+    let window_ops = PREFETCH_WINDOW_BYTES / MIB as u64;
+    let (held, in_all) =
+        prefetched_while_held_and_in_all(two_executors(), window_ops as usize + 16);
+    assert_eq!(held, window_ops);
+    // The first op to finish frees room while the stream is still far from the queued
+    // ones, so at least one deferred read started early.
+    assert!(in_all > window_ops, "{in_all}");
+}
+
+#[test]
+fn the_drivers_prefetch_budget_bounds_every_stream_and_zero_turns_it_off() {
+    let budget = Config { prefetch_budget_bytes: Some(8 * MIB), ..two_executors() };
+    let (held, _) = prefetched_while_held_and_in_all(budget, 24);
+    assert_eq!(held, 8, "8 MiB of budget holds eight 1 MiB reads");
+    let off = Config { prefetch_budget_bytes: Some(0), ..two_executors() };
+    assert_eq!(prefetched_while_held_and_in_all(off, 24), (0, 0));
 }
