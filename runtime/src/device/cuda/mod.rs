@@ -60,11 +60,13 @@ const MAX_CONNECTIONS: &str = "32";
 
 /// How many hardware queues the streams of our contexts share, and who decided.
 ///
-/// CUDA maps streams onto `CUDA_DEVICE_MAX_CONNECTIONS` hardware queues, round-robin.
-/// A user stream blocked on an async op's wait-value blocks the work queued after it on
-/// its queue, so an engine copy stream sharing that queue stalls, and the op that would
-/// release the stream never completes. 32 queues make that sharing rare (it needs about
-/// 30 streams held at once); the default 8 makes it likely from the 7th held stream.
+/// CUDA maps a context's streams onto `CUDA_DEVICE_MAX_CONNECTIONS` hardware queues,
+/// round-robin in creation order. A user stream blocked on an async op's wait-value blocks
+/// the work queued after it on its queue, so an engine copy stream (one per executor)
+/// sharing that queue stalls, and the op that would release the stream never completes.
+/// With 32 queues no two streams share one until the context has more than 32 streams;
+/// with the default 8, the executors' copy streams and the user's streams share them
+/// as soon as there are more than 8 in all (measured: `benches/probes/connections_probe.c`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HardwareQueues {
     /// The application set `CUDA_DEVICE_MAX_CONNECTIONS` (its value).
@@ -83,19 +85,20 @@ impl HardwareQueues {
                 format!("{MAX_CONNECTIONS_VARIABLE}={value} (set by the application; the maximum)")
             }
             HardwareQueues::FromEnvironment(value) => format!(
-                "{MAX_CONNECTIONS_VARIABLE}={value} (set by the application); streams held on \
-                 async ops can stall the engine's copies once they fill the hardware queues: \
-                 {MAX_CONNECTIONS} is safest"
+                "{MAX_CONNECTIONS_VARIABLE}={value} (set by the application); once the \
+                 context has more streams than hardware queues, streams held on async ops \
+                 can stall the engine's copies: {MAX_CONNECTIONS} is safest"
             ),
             HardwareQueues::SetByHipfile => format!(
                 "{MAX_CONNECTIONS_VARIABLE}={MAX_CONNECTIONS} (set by hipFile before CUDA \
                  started; set the variable yourself to choose)"
             ),
             HardwareQueues::CudaStartedFirst => format!(
-                "CUDA started before hipFile with {MAX_CONNECTIONS_VARIABLE} unset, so streams \
-                 share 8 hardware queues and about 7 streams held on async ops at once can \
-                 stall the engine's copies for good; set {MAX_CONNECTIONS_VARIABLE}=\
-                 {MAX_CONNECTIONS} before CUDA starts, or open the driver first"
+                "CUDA started before hipFile with {MAX_CONNECTIONS_VARIABLE} unset, so all \
+                 streams share 8 hardware queues, and once the executors' copy streams and \
+                 yours outnumber them, a stream held on an async op can stall the engine's \
+                 copies for good; set {MAX_CONNECTIONS_VARIABLE}={MAX_CONNECTIONS} before \
+                 CUDA starts, or open the driver first"
             ),
         }
     }
@@ -105,7 +108,8 @@ impl HardwareQueues {
 fn set_max_connections() -> HardwareQueues {
     // SAFETY: setenv races with a concurrent getenv or setenv on another thread. hipFile
     // calls this once, while opening its driver (an application's start-up), only when
-    // the variable is unset and CUDA, which reads it in cuInit, has not started. An application that cannot allow this sets the variable itself.
+    // the variable is unset and CUDA, which reads it in cuInit, has not started. An
+    // application that cannot allow this sets the variable itself.
     unsafe { std::env::set_var(MAX_CONNECTIONS_VARIABLE, MAX_CONNECTIONS) };
     HardwareQueues::SetByHipfile
 }
