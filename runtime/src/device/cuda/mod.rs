@@ -64,9 +64,11 @@ const MAX_CONNECTIONS: &str = "32";
 /// round-robin in creation order. A user stream blocked on an async op's wait-value blocks
 /// the work queued after it on its queue, so an engine copy stream (one per executor)
 /// sharing that queue stalls, and the op that would release the stream never completes.
-/// With 32 queues no two streams share one until the context has more than 32 streams;
-/// with the default 8, the executors' copy streams and the user's streams share them
-/// as soon as there are more than 8 in all (measured: `benches/probes/connections_probe.c`).
+/// Measured on the H200 (`benches/probes/connections_probe.c`): with the default 8
+/// queues, a copy stream created before the user's streams stalls behind the 8th held
+/// stream; with 32, 12 held streams never stall it. When sharing starts in other creation
+/// orders was not measured; earlier 1- and 8-stream runs with 8 queues and 8 executors
+/// did not stall, so it is not simply "more streams than queues".
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HardwareQueues {
     /// The application set `CUDA_DEVICE_MAX_CONNECTIONS` (its value).
