@@ -87,9 +87,9 @@ impl HardwareQueues {
                 format!("{MAX_CONNECTIONS_VARIABLE}={value} (set by the application; the maximum)")
             }
             HardwareQueues::FromEnvironment(value) => format!(
-                "{MAX_CONNECTIONS_VARIABLE}={value} (set by the application); once the \
-                 context has more streams than hardware queues, streams held on async ops \
-                 can stall the engine's copies: {MAX_CONNECTIONS} is safest"
+                "{MAX_CONNECTIONS_VARIABLE}={value} (set by the application); with fewer \
+                 hardware queues than streams, a stream held on an async op can stall the \
+                 engine's copies: {MAX_CONNECTIONS} is safest"
             ),
             HardwareQueues::SetByHipfile => format!(
                 "{MAX_CONNECTIONS_VARIABLE}={MAX_CONNECTIONS} (set by hipFile before CUDA \
@@ -97,10 +97,10 @@ impl HardwareQueues {
             ),
             HardwareQueues::CudaStartedFirst => format!(
                 "CUDA started before hipFile with {MAX_CONNECTIONS_VARIABLE} unset, so all \
-                 streams share 8 hardware queues, and once the executors' copy streams and \
-                 yours outnumber them, a stream held on an async op can stall the engine's \
-                 copies for good; set {MAX_CONNECTIONS_VARIABLE}={MAX_CONNECTIONS} before \
-                 CUDA starts, or open the driver first"
+                 streams share 8 hardware queues, and a stream held on an async op can then \
+                 stall the engine's copies for good (measured with 8 held streams); set \
+                 {MAX_CONNECTIONS_VARIABLE}={MAX_CONNECTIONS} before CUDA starts, or open the \
+                 driver first"
             ),
         }
     }
