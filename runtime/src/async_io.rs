@@ -42,7 +42,7 @@ use hipfile_core::{
     StreamFlags, ValidIo, WriteHazards, revalidate, validate,
 };
 
-use crate::device::{DeviceError, StreamHandle};
+use crate::device::{DeviceError, StreamHandle, WriteThenWaitError};
 use crate::driver::{BufferUse, Driver, HandleId, ResolvedBuffer};
 use crate::engine::{Completion, Engine, IoJob, JobEnd};
 use crate::error::Error;
@@ -549,23 +549,37 @@ impl AsyncOp {
         let nothing_queued = |error| EnqueueError { error, nothing_queued: true };
         let poller = self.driver.arm_poller().map_err(nothing_queued)?;
         let device = self.driver.device();
-        let handle = self.stream.handle;
         let doorbell = self.stream.arm_queue().doorbell();
+        let word = self.stream.word();
         // SAFETY: the doorbell and release words live in the driver's word pool as long
         // as the driver, which outlives every op (ops hold an Arc of it).
-        unsafe { device.stream_write_value32(handle, doorbell.device_addr, self.sequence) }
-            .map_err(|e| nothing_queued(Error::device(e)))?;
-        let word = self.stream.word();
-        // SAFETY: as above.
-        let waited = unsafe { device.stream_wait_value32(handle, word.device_addr, self.sequence) };
+        let queued = unsafe {
+            device.stream_write_then_wait_value32(
+                self.stream.handle,
+                doorbell.device_addr,
+                self.sequence,
+                word.device_addr,
+                self.sequence,
+            )
+        };
+        let wait_failed = match queued {
+            Ok(()) => None,
+            Err(WriteThenWaitError::NothingQueued(error)) => {
+                return Err(nothing_queued(Error::device(error)));
+            }
+            Err(WriteThenWaitError::WaitNotQueued(error)) => Some(error),
+        };
         // The doorbell will ring either way: the arm runs and, for an op whose wait could
         // not be queued, finds it abandoned and only releases the word.
         let op = Arc::clone(self);
         poller.watch(&self.stream, self.sequence, Box::new(move || op.arm()));
-        waited.map_err(|error| {
-            self.abandon();
-            EnqueueError { error: Error::device(error), nothing_queued: false }
-        })
+        match wait_failed {
+            None => Ok(()),
+            Some(error) => {
+                self.abandon();
+                Err(EnqueueError { error: Error::device(error), nothing_queued: false })
+            }
+        }
     }
 
     /// Host-function arm, for devices without stream memory operations: the host

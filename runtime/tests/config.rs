@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 
 use hipfile_runtime::config::{
     Config, ConfigError, DEFAULT_MAX_EXECUTORS, DeviceSelection, ENV_VARS, MAX_EXECUTORS,
-    usable_cpus,
+    default_executor_count, usable_cpus,
 };
 use hipfile_runtime::file::DirectPolicy;
 use proptest::prelude::*;
@@ -69,7 +69,8 @@ fn default_matches_an_empty_environment_and_the_affinity_mask() {
     let config = Config::default();
     assert_eq!(Config::from_lookup(|_| None), Ok(config.clone()));
     let usable = usable_cpus();
-    let expected: Vec<usize> = usable.iter().copied().take(DEFAULT_MAX_EXECUTORS).collect();
+    let count = default_executor_count(usable.len());
+    let expected: Vec<usize> = usable.iter().copied().take(count).collect();
     assert_eq!(config.executor_cpus, expected);
     assert_eq!(config.request_parallelism, expected.len());
     assert_eq!(config.validate(), Ok(()));
@@ -82,21 +83,27 @@ fn empty_values_count_as_unset() {
 }
 
 #[test]
-fn executor_count_is_capped_at_8_by_default() {
-    let config = parse(&[], &cpus(32)).expect("defaults");
-    assert_eq!(config.executor_cpus, cpus(8));
-    assert_eq!(config.request_parallelism, 8);
-    let sparse = [1, 3, 5, 7, 9, 11, 13, 15, 17, 19];
+fn default_executor_count_leaves_two_cpus_beyond_8_and_stops_at_16() {
+    assert_eq!(DEFAULT_MAX_EXECUTORS, 16);
+    let expected =
+        [(1, 1), (2, 2), (8, 8), (9, 8), (10, 8), (12, 10), (16, 14), (18, 16), (64, 16)];
+    for (usable, executors) in expected {
+        assert_eq!(default_executor_count(usable), executors, "{usable} usable CPUs");
+        let config = parse(&[], &cpus(usable)).expect("defaults");
+        assert_eq!(config.executor_cpus, cpus(executors), "{usable} usable CPUs");
+        assert_eq!(config.request_parallelism, executors);
+    }
+    let sparse: Vec<usize> = (1..40).step_by(2).collect();
     let config = parse(&[], &sparse).expect("defaults");
-    assert_eq!(config.executor_cpus, sparse[..8].to_vec(), "the first usable CPUs, in order");
+    assert_eq!(config.executor_cpus, sparse[..16].to_vec(), "the first usable CPUs, in order");
 }
 
 #[test]
 fn threads_picks_the_first_cpus_and_reuses_them_round_robin() {
     let config = parse(&[("HIPFILE_THREADS", "3")], &cpus(16)).expect("3 threads");
     assert_eq!(config.executor_cpus, vec![0, 1, 2]);
-    let config = parse(&[("HIPFILE_THREADS", "12")], &cpus(16)).expect("12 threads");
-    assert_eq!(config.executor_cpus, cpus(12), "above the default cap when asked");
+    let config = parse(&[("HIPFILE_THREADS", "24")], &cpus(32)).expect("24 threads");
+    assert_eq!(config.executor_cpus, cpus(24), "above the default cap when asked");
     let config = parse(&[("HIPFILE_THREADS", " 5 ")], &[4, 6]).expect("5 threads");
     assert_eq!(config.executor_cpus, vec![4, 6, 4, 6, 4]);
     assert_eq!(config.request_parallelism, 5);
@@ -206,9 +213,12 @@ fn each_variable_is_parsed() {
     assert!(!parse_ok(&[("HIPFILE_ALLOW_COMPAT_MODE", "false")]).allow_compat_mode);
     let config = parse_ok(&[("HIPFILE_THREADS", "2"), ("HIPFILE_REQUEST_PARALLELISM", "2")]);
     assert_eq!((config.executor_count(), config.request_parallelism), (2, 2));
-    // Prefetch: half the arenas unless set; 0 turns it off.
-    let config = parse_ok(&[("HIPFILE_THREADS", "2"), ("HIPFILE_STAGING_MB", "64")]);
+    // Prefetch: 64 MiB or half the arenas, whichever is less, unless set; 0 turns it off.
+    let config = parse_ok(&[("HIPFILE_THREADS", "2"), ("HIPFILE_STAGING_MB", "48")]);
+    assert_eq!(config.prefetch_cap_bytes(), 48 * MIB);
+    let config = parse_ok(&[("HIPFILE_THREADS", "16"), ("HIPFILE_STAGING_MB", "32")]);
     assert_eq!(config.prefetch_cap_bytes(), 64 * MIB);
+    assert_eq!(config.prefetch_cap_bytes(), hipfile_runtime::config::DEFAULT_PREFETCH_CAP_BYTES);
     assert_eq!(parse_ok(&[("HIPFILE_PREFETCH_MB", "0")]).prefetch_cap_bytes(), 0);
     assert_eq!(parse_ok(&[("HIPFILE_PREFETCH_MB", "48")]).prefetch_cap_bytes(), 48 * MIB);
 }

@@ -6,6 +6,7 @@
 #define SAME(name, value) _Static_assert((long long)(name) == (long long)(value), #name " differs from sys.rs")
 SAME(CUDA_SUCCESS, 0);
 SAME(CUDA_ERROR_NOT_READY, 600);
+SAME(CUDA_ERROR_NOT_INITIALIZED, 3);
 SAME(CU_MEMHOSTALLOC_PORTABLE, 0x1);
 SAME(CU_MEMHOSTALLOC_DEVICEMAP, 0x2);
 SAME(CU_MEMHOSTREGISTER_PORTABLE, 0x1);
@@ -23,6 +24,18 @@ SAME(CU_MEMORYTYPE_DEVICE, 2);
 SAME(CU_MEMORYTYPE_ARRAY, 3);
 SAME(CU_MEMORYTYPE_UNIFIED, 4);
 SAME(CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1, 92);
+SAME(CU_STREAM_MEM_OP_WAIT_VALUE_32, 1);
+SAME(CU_STREAM_MEM_OP_WRITE_VALUE_32, 2);
+/* sys.rs's CUstreamBatchMemOpParams: one 48-byte entry, these offsets. */
+#include <stddef.h>
+SAME(sizeof(CUstreamBatchMemOpParams), 48);
+SAME(offsetof(CUstreamBatchMemOpParams, waitValue.address), 8);
+SAME(offsetof(CUstreamBatchMemOpParams, waitValue.value), 16);
+SAME(offsetof(CUstreamBatchMemOpParams, waitValue.flags), 24);
+SAME(offsetof(CUstreamBatchMemOpParams, waitValue.alias), 32);
+SAME(offsetof(CUstreamBatchMemOpParams, writeValue.address), 8);
+SAME(offsetof(CUstreamBatchMemOpParams, writeValue.value), 16);
+SAME(offsetof(CUstreamBatchMemOpParams, writeValue.flags), 24);
 int main(void) {
     int version = 0;
     cuInit(0);

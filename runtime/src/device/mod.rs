@@ -148,6 +148,15 @@ pub struct InternalStream(pub usize);
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct EventHandle(pub usize);
 
+/// How [`Device::stream_write_then_wait_value32`] failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WriteThenWaitError {
+    /// Nothing was enqueued.
+    NothingQueued(DeviceError),
+    /// The write was enqueued, the wait was not.
+    WaitNotQueued(DeviceError),
+}
+
 /// What the engine and the stream protocol need from a GPU runtime.
 ///
 /// Every method may be called from any thread. Methods that enqueue work return once it
@@ -326,6 +335,34 @@ pub trait Device: Send + Sync + 'static {
         word_device_addr: u64,
         value: u32,
     ) -> Result<(), DeviceError>;
+
+    /// Enqueues on a user stream "store `write_value` to the word at `write_addr`" and
+    /// then "wait until the word at `wait_addr` is `>= wait_value`" (as
+    /// [`Device::stream_write_value32`] then [`Device::stream_wait_value32`]). A backend
+    /// that can enqueue both in one call overrides it (CUDA: `cuStreamBatchMemOp`, one
+    /// driver call instead of two on every async submission).
+    ///
+    /// # Errors
+    /// [`WriteThenWaitError::NothingQueued`] when neither was enqueued;
+    /// [`WriteThenWaitError::WaitNotQueued`] when the write was and the wait was not.
+    ///
+    /// # Safety
+    /// As [`Device::stream_write_value32`] and [`Device::stream_wait_value32`].
+    unsafe fn stream_write_then_wait_value32(
+        &self,
+        stream: StreamHandle,
+        write_addr: u64,
+        write_value: u32,
+        wait_addr: u64,
+        wait_value: u32,
+    ) -> Result<(), WriteThenWaitError> {
+        // SAFETY: the caller's contract.
+        unsafe { self.stream_write_value32(stream, write_addr, write_value) }
+            .map_err(WriteThenWaitError::NothingQueued)?;
+        // SAFETY: the caller's contract.
+        unsafe { self.stream_wait_value32(stream, wait_addr, wait_value) }
+            .map_err(WriteThenWaitError::WaitNotQueued)
+    }
 
     /// Stores `value` into a pinned 32-bit word from the host (release ordering), and
     /// wakes whatever waits on it. GPUs poll the word themselves, so the default is a

@@ -21,7 +21,7 @@ use sys::*;
 
 use super::{
     Device, DeviceError, DeviceKind, EventHandle, HostFn, InternalStream, MemoryType, PinnedRegion,
-    PointerInfo, StreamHandle, handle,
+    PointerInfo, StreamHandle, WriteThenWaitError, handle,
 };
 
 /// Most idle events kept per device for reuse.
@@ -693,6 +693,49 @@ impl Device for CudaDevice {
             },
             "cuStreamWriteValue32",
         )
+    }
+
+    unsafe fn stream_write_then_wait_value32(
+        &self,
+        stream: StreamHandle,
+        write_addr: u64,
+        write_value: u32,
+        wait_addr: u64,
+        wait_value: u32,
+    ) -> Result<(), WriteThenWaitError> {
+        self.ensure_any_current().map_err(WriteThenWaitError::NothingQueued)?;
+        let mut ops = [
+            CUstreamBatchMemOpParams {
+                operation: CU_STREAM_MEM_OP_WRITE_VALUE_32,
+                address: write_addr,
+                value64: u64::from(write_value),
+                flags: CU_STREAM_WRITE_VALUE_DEFAULT,
+                ..CUstreamBatchMemOpParams::default()
+            },
+            CUstreamBatchMemOpParams {
+                operation: CU_STREAM_MEM_OP_WAIT_VALUE_32,
+                address: wait_addr,
+                value64: u64::from(wait_value),
+                flags: CU_STREAM_WAIT_VALUE_GEQ,
+                ..CUstreamBatchMemOpParams::default()
+            },
+        ];
+        // SAFETY: two initialized entries in cuda.h's layout (checked by the
+        // const assertions in sys.rs); the caller keeps both words allocated.
+        let code =
+            unsafe { (self.api.cuStreamBatchMemOp)(stream.0 as CUstream, 2, ops.as_mut_ptr(), 0) };
+        if code == CUDA_SUCCESS {
+            return Ok(());
+        }
+        // The batch failed: enqueue the two ops one by one, which reports which failed.
+        // Should the batch have enqueued part of itself, a repeated write of the same
+        // value and a repeated wait for it change nothing.
+        // SAFETY: the caller's contract.
+        unsafe { self.stream_write_value32(stream, write_addr, write_value) }
+            .map_err(WriteThenWaitError::NothingQueued)?;
+        // SAFETY: the caller's contract.
+        unsafe { self.stream_wait_value32(stream, wait_addr, wait_value) }
+            .map_err(WriteThenWaitError::WaitNotQueued)
     }
 
     fn hardware_queue_setting(&self) -> Option<String> {

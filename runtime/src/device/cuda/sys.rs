@@ -33,6 +33,31 @@ pub const CU_STREAM_NON_BLOCKING: c_uint = 0x1;
 pub const CU_EVENT_DISABLE_TIMING: c_uint = 0x2;
 pub const CU_STREAM_WAIT_VALUE_GEQ: c_uint = 0x0;
 pub const CU_STREAM_WRITE_VALUE_DEFAULT: c_uint = 0x0;
+pub const CU_STREAM_MEM_OP_WAIT_VALUE_32: c_uint = 1;
+pub const CU_STREAM_MEM_OP_WRITE_VALUE_32: c_uint = 2;
+
+/// One entry of `cuStreamBatchMemOp`: cuda.h's `CUstreamBatchMemOpParams` union (48
+/// bytes), in the layout its wait-value and write-value members share.
+#[repr(C, align(8))]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CUstreamBatchMemOpParams {
+    /// `CUstreamBatchMemOpType`.
+    pub operation: c_uint,
+    pub address: CUdeviceptr,
+    /// `value` (32-bit ops use the low half of the `value`/`value64` union: CUDA runs on
+    /// little-endian hosts only).
+    pub value64: u64,
+    pub flags: c_uint,
+    /// For the driver's use.
+    pub alias: CUdeviceptr,
+    pub pad: u64,
+}
+
+const _: () = assert!(size_of::<CUstreamBatchMemOpParams>() == 48);
+const _: () = assert!(std::mem::offset_of!(CUstreamBatchMemOpParams, address) == 8);
+const _: () = assert!(std::mem::offset_of!(CUstreamBatchMemOpParams, value64) == 16);
+const _: () = assert!(std::mem::offset_of!(CUstreamBatchMemOpParams, flags) == 24);
+const _: () = assert!(std::mem::offset_of!(CUstreamBatchMemOpParams, alias) == 32);
 
 pub const CU_POINTER_ATTRIBUTE_MEMORY_TYPE: c_int = 2;
 pub const CU_POINTER_ATTRIBUTE_IS_MANAGED: c_int = 8;
@@ -107,6 +132,7 @@ driver_api! {
     cuLaunchHostFunc: fn(CUstream, CUhostFn, *mut c_void) = ["cuLaunchHostFunc"];
     cuStreamWaitValue32: fn(CUstream, CUdeviceptr, u32, c_uint) = ["cuStreamWaitValue32_v2", "cuStreamWaitValue32"];
     cuStreamWriteValue32: fn(CUstream, CUdeviceptr, u32, c_uint) = ["cuStreamWriteValue32_v2", "cuStreamWriteValue32"];
+    cuStreamBatchMemOp: fn(CUstream, c_uint, *mut CUstreamBatchMemOpParams, c_uint) = ["cuStreamBatchMemOp_v2", "cuStreamBatchMemOp"];
     cuPointerGetAttributes: fn(c_uint, *mut c_int, *mut *mut c_void, CUdeviceptr) = ["cuPointerGetAttributes"];
     cuGetErrorName: fn(CUresult, *mut *const c_char) = ["cuGetErrorName"];
 }
