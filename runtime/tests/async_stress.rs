@@ -366,3 +366,54 @@ fn staging_pressure_with_the_smallest_fallback() {
     // (HIPFILE_PINNED_FALLBACK_MB=0 is rejected: the engine's backpressure needs one).
     staging_pressure(256 << 10);
 }
+
+/// Many streams on executors whose arenas hold two chunks each: every chunk waits for its
+/// share of the arena (`StagingBudget`), reached ops and prefetching ones compete for
+/// it, and ops are split over both executors. Every op must move all its bytes (a job
+/// that gave up when no share was free once published short counts) and every byte must
+/// land, for reads and then writes.
+#[test]
+fn arenas_of_two_chunks_serve_eight_streams_of_large_ops() {
+    const CHUNK: usize = 256 * KIB;
+    const OP: usize = 4 * MIB;
+    const PER_STREAM: usize = 3;
+    const STREAMS_HERE: usize = 8;
+    let config = hipfile_runtime::config::Config {
+        staging_per_executor_bytes: 2 * CHUNK,
+        staging_chunk_bytes: CHUNK,
+        pinned_fallback_cap_bytes: CHUNK,
+        ..small_config()
+    };
+    config.validate().expect("config");
+    let rig = Rig::with(1, config);
+    let data = pattern(93, STREAMS_HERE * PER_STREAM * OP);
+    let file = TempFile::new("arena-admission", &data);
+    let fd = file.open_rw();
+    let handle = rig.register(&fd);
+    let buffer = rig.alloc(data.len());
+    let streams: Vec<StreamHandle> = (0..STREAMS_HERE)
+        .map(|k| rig.stream_with(if k % 2 == 0 { Some(7) } else { None }))
+        .collect();
+    let run = |direction: Direction| {
+        let mut ops = Vec::new();
+        for i in 0..PER_STREAM {
+            for (k, &stream) in streams.iter().enumerate() {
+                let at = ((k * PER_STREAM + i) * OP) as i64;
+                let p = params(OP, at, at);
+                rig.submit(direction, handle, buffer, &p, stream).expect("submit");
+                ops.push(p);
+            }
+        }
+        for &stream in &streams {
+            rig.sync(stream);
+        }
+        let counts: Vec<isize> = ops.iter().map(|p| bytes(p)).collect();
+        assert!(counts.iter().all(|&n| n == OP as isize), "{direction:?} byte counts {counts:?}");
+    };
+    run(Direction::Read);
+    assert_bytes(&rig.dev_bytes(buffer, data.len()), &data, "every byte read");
+    let new_data = pattern(94, data.len());
+    rig.set_dev_bytes(buffer, &new_data);
+    run(Direction::Write);
+    assert_bytes(&file.contents(), &new_data, "every byte written");
+}

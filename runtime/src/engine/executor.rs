@@ -16,7 +16,7 @@ use hipfile_core::{
     StreamFlags, validate,
 };
 
-use super::staging::{Arena, FallbackChunk, FallbackPool};
+use super::staging::{Arena, FallbackChunk, FallbackPool, StagingBudget, StagingShare};
 use super::{EngineStats, IoJob, Request};
 use crate::device::{Device, DeviceError, EventHandle, InternalStream};
 use crate::file::{FileHandle, pread_full, pwrite_full};
@@ -72,6 +72,8 @@ enum Staging {
 struct InFlightCopy {
     event: EventHandle,
     _staging: Staging,
+    /// The staging's share of the arena, given back with it.
+    _share: Option<StagingShare>,
 }
 
 /// The executor's descriptors for one registered file.
@@ -96,12 +98,15 @@ struct Executor {
     probed_devices: RefCell<HashSet<(u32, u32)>>,
     active_jobs: Cell<usize>,
     detached_copies: Cell<usize>,
+    /// Admission to the arena (see [`StagingBudget`]).
+    staging_budget: StagingBudget,
 }
 
 const EOPNOTSUPP: i32 = libc::EOPNOTSUPP;
 
 impl Executor {
     fn new(setup: Setup) -> Rc<Executor> {
+        let staging_budget = StagingBudget::new(setup.arena_bytes);
         Rc::new(Executor {
             setup,
             arena: Cell::new(None),
@@ -111,6 +116,7 @@ impl Executor {
             probed_devices: RefCell::new(HashSet::new()),
             active_jobs: Cell::new(0),
             detached_copies: Cell::new(0),
+            staging_budget,
         })
     }
 
@@ -354,21 +360,52 @@ impl Executor {
         mut arm_gate: Option<&flume::Receiver<bool>>,
     ) -> (Outcome, Option<DeviceError>, VecDeque<InFlightCopy>) {
         let mut copies = VecDeque::new();
-        let mut chunks = match self.plan(files, file, range) {
+        let chunks = match self.plan(files, file, range) {
             Ok(plan) => plan,
             Err(code) => return (Outcome::Library(code), None, copies),
         };
         let depth = self.setup.chunks_in_flight.max(1);
-        let mut reads: VecDeque<(Chunk, Task<Result<Staging, i32>>)> = VecDeque::new();
+        let mut chunks = chunks.peekable();
+        let mut reads: VecDeque<(Chunk, Option<StagingShare>, Task<Result<Staging, i32>>)> =
+            VecDeque::new();
         let mut total_bytes = 0u64;
         let mut stop = false;
         let mut failure: Option<(Outcome, Option<DeviceError>)> = None;
         loop {
             while !stop && reads.len() < depth {
-                let Some(chunk) = chunks.next() else { break };
-                reads.push_back((chunk, self.spawn_chunk_read(files, file, chunk)));
+                let Some(&chunk) = chunks.peek() else { break };
+                let len = chunk.len_bytes as usize;
+                let share = if arm_gate.is_some() {
+                    self.staging_budget.take_for_prefetch(len)
+                } else {
+                    let holds_none = reads.is_empty() && copies.is_empty();
+                    self.staging_budget.take(len, holds_none).await
+                };
+                let Some(share) = share else { break };
+                chunks.next();
+                reads.push_back((chunk, Some(share), self.spawn_chunk_read(files, file, chunk)));
             }
-            let Some((chunk, task)) = reads.pop_front() else { break };
+            let Some((chunk, share, task)) = reads.pop_front() else {
+                if stop || chunks.peek().is_none() {
+                    break;
+                }
+                // No read in flight and no free share for the next chunk. A prefetch waits
+                // until the stream reaches the op, then reads as a reached op; a reached op
+                // waits for its oldest copy, which gives its share back.
+                if let Some(gate) = arm_gate.take() {
+                    if gate.recv_async().await != Ok(true) {
+                        failure = Some((Outcome::Library(OpError::InternalError), None));
+                        stop = true;
+                    }
+                } else if let Err(error) = {
+                    let in_flight = copies.len();
+                    self.reap(&mut copies, in_flight).await
+                } {
+                    failure = Some((Outcome::Library(OpError::HipDriverError), Some(error)));
+                    stop = true;
+                }
+                continue;
+            };
             let result = task.await;
             if stop {
                 continue;
@@ -399,7 +436,7 @@ impl Executor {
                                 continue;
                             }
                         };
-                        match self.copy_to_device(stream, target, staging, got) {
+                        match self.copy_to_device(stream, target, staging, share, got) {
                             Ok(copy) => copies.push_back(copy),
                             Err(error) => {
                                 failure =
@@ -545,6 +582,7 @@ impl Executor {
         stream: InternalStream,
         target: u64,
         staging: Staging,
+        share: Option<StagingShare>,
         len: usize,
     ) -> Result<InFlightCopy, DeviceError> {
         let device = &*self.setup.device;
@@ -558,7 +596,7 @@ impl Executor {
         // lies in the job's validated device range.
         unsafe { device.copy_to_device_async(stream, target, staging_ptr(&staging), len)? };
         let event = device.record_event(stream)?;
-        Ok(InFlightCopy { event, _staging: staging })
+        Ok(InFlightCopy { event, _staging: staging, _share: share })
     }
 
     async fn write_range(
@@ -580,13 +618,18 @@ impl Executor {
             Err(code) => return (Outcome::Library(code), None, VecDeque::new()),
         };
         let depth = self.setup.chunks_in_flight.max(1);
-        let mut staged: VecDeque<(Chunk, EventHandle, WriteStaging)> = VecDeque::new();
+        let mut staged: VecDeque<(Chunk, EventHandle, WriteStaging, StagingShare)> =
+            VecDeque::new();
         let mut writes: VecDeque<(Chunk, Task<Result<usize, i32>>)> = VecDeque::new();
         let mut total_bytes = 0u64;
         let mut failure: Option<(Outcome, Option<DeviceError>)> = None;
         loop {
             while failure.is_none() && staged.len() < depth {
-                let Some(chunk) = chunks.pop_front() else { break };
+                let Some(&chunk) = chunks.front() else { break };
+                let holds_none = staged.is_empty() && writes.is_empty();
+                let len = chunk.len_bytes as usize;
+                let Some(share) = self.staging_budget.take(len, holds_none).await else { break };
+                chunks.pop_front();
                 match self
                     .stage_from_device(
                         files,
@@ -596,13 +639,13 @@ impl Executor {
                     )
                     .await
                 {
-                    Ok((event, staging)) => staged.push_back((chunk, event, staging)),
+                    Ok((event, staging)) => staged.push_back((chunk, event, staging, share)),
                     Err(error) => {
                         failure = Some((Outcome::Library(OpError::HipDriverError), Some(error)))
                     }
                 }
             }
-            if let Some((chunk, event, staging)) = staged.pop_front() {
+            if let Some((chunk, event, staging, share)) = staged.pop_front() {
                 let waited = self.wait_event(event).await;
                 if let (Err(error), None) = (waited, &failure) {
                     failure = Some((Outcome::Library(OpError::HipDriverError), Some(error)));
@@ -612,7 +655,8 @@ impl Executor {
                     self.drain_writes(file, &mut writes, &mut total_bytes, &mut failure).await;
                 }
                 if failure.is_none() {
-                    writes.push_back((chunk, self.spawn_chunk_write(files, file, chunk, staging)));
+                    let task = self.spawn_chunk_write(files, file, chunk, staging, share);
+                    writes.push_back((chunk, task));
                 }
             }
             if writes.len() >= depth || (staged.is_empty() && !writes.is_empty()) {
@@ -685,11 +729,16 @@ impl Executor {
         file: &Arc<FileHandle>,
         chunk: Chunk,
         staging: WriteStaging,
+        share: StagingShare,
     ) -> Task<Result<usize, i32>> {
         let me = Rc::clone(self);
         let files = Rc::clone(files);
         let file = Arc::clone(file);
-        glommio::spawn_local(async move { me.write_chunk(&files, &file, chunk, staging).await })
+        glommio::spawn_local(async move {
+            let written = me.write_chunk(&files, &file, chunk, staging).await;
+            drop(share);
+            written
+        })
     }
 
     async fn write_chunk(

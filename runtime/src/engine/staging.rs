@@ -8,7 +8,10 @@
 //! one outside it is copied through a [`FallbackChunk`] instead. Correctness never
 //! depends on the arena trick, only speed does.
 
+use std::rc::Rc;
 use std::sync::{Arc, Mutex};
+
+use glommio::sync::{Semaphore, StaticPermit};
 
 use crate::device::{Device, DeviceError, PinnedRegion};
 
@@ -140,5 +143,143 @@ impl FallbackChunk {
 impl Drop for FallbackChunk {
     fn drop(&mut self) {
         self.pool.lock().free.push(self.region);
+    }
+}
+
+/// Admission to an executor's arena: a chunk takes its share before its read (or its
+/// device → host copy) starts and gives it back when its staging is dropped, so that the
+/// jobs of one executor together never ask glommio for more than the arena holds — past
+/// it, glommio hands out heap memory that must be copied again into fallback chunks.
+///
+/// Rules that keep every job moving:
+/// - a job that holds no share yet may wait for one; a job that holds some only takes
+///   more when they are free (it goes on with what it has otherwise), so no job waits
+///   while holding what another waits for;
+/// - reads not yet reached by their stream (prefetch) take shares only when free, and
+///   at most half of the arena: reached ops always find the other half.
+///
+/// Shares are counted in glommio's buddy blocks (a power of two, at least 4 KiB).
+pub(crate) struct StagingBudget {
+    arena: Rc<Semaphore>,
+    prefetch: Rc<Semaphore>,
+}
+
+/// One chunk's share of the arena, given back on drop.
+pub(crate) struct StagingShare {
+    _arena: StaticPermit,
+    _prefetch: Option<StaticPermit>,
+}
+
+/// Size of the unit shares are counted in.
+const SHARE_UNIT_BYTES: usize = 4096;
+
+impl StagingBudget {
+    /// A budget over an arena of `arena_bytes` (at least two chunks, `Config::validate`).
+    pub(crate) fn new(arena_bytes: usize) -> StagingBudget {
+        let units = (arena_bytes / SHARE_UNIT_BYTES) as u64;
+        StagingBudget {
+            arena: Rc::new(Semaphore::new(units)),
+            prefetch: Rc::new(Semaphore::new(units / 2)),
+        }
+    }
+
+    fn units(len_bytes: usize) -> u64 {
+        (len_bytes.max(SHARE_UNIT_BYTES).next_power_of_two() / SHARE_UNIT_BYTES) as u64
+    }
+
+    /// A share for a chunk of `len_bytes`: waits for it when `holds_none` (the job has
+    /// no share in use), else takes it only if free. `None`: not free now.
+    pub(crate) async fn take(&self, len_bytes: usize, holds_none: bool) -> Option<StagingShare> {
+        let units = Self::units(len_bytes);
+        let arena = if holds_none {
+            self.arena.acquire_static_permit(units).await.ok()?
+        } else {
+            self.arena.try_acquire_static_permit(units).ok()?
+        };
+        Some(StagingShare { _arena: arena, _prefetch: None })
+    }
+
+    /// A share for a chunk read ahead of its stream: only if free, within the prefetch
+    /// half.
+    pub(crate) fn take_for_prefetch(&self, len_bytes: usize) -> Option<StagingShare> {
+        let units = Self::units(len_bytes);
+        let prefetch = self.prefetch.try_acquire_static_permit(units).ok()?;
+        let arena = self.arena.try_acquire_static_permit(units).ok()?;
+        Some(StagingShare { _arena: arena, _prefetch: Some(prefetch) })
+    }
+
+    /// Units free in the arena (tests).
+    #[cfg(test)]
+    fn free_units(&self) -> u64 {
+        self.arena.available()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+    use std::rc::Rc;
+
+    use super::*;
+
+    const MIB: usize = 1 << 20;
+
+    fn on_glommio<F: Future<Output = ()> + 'static>(test: impl FnOnce() -> F + Send + 'static) {
+        glommio::LocalExecutorBuilder::default()
+            .spawn(move || async move { test().await })
+            .expect("executor")
+            .join()
+            .expect("test ran");
+    }
+
+    #[test]
+    fn shares_are_counted_in_buddy_blocks() {
+        assert_eq!(StagingBudget::units(1), 1);
+        assert_eq!(StagingBudget::units(4096), 1);
+        assert_eq!(StagingBudget::units(4097), 2);
+        assert_eq!(StagingBudget::units(MIB + 4096), 512, "rounded up to 2 MiB");
+    }
+
+    #[test]
+    fn a_job_holding_shares_never_waits_and_prefetch_keeps_to_half() {
+        on_glommio(|| async {
+            let budget = StagingBudget::new(8 * MIB);
+            let prefetched: Vec<_> =
+                std::iter::from_fn(|| budget.take_for_prefetch(MIB)).take(16).collect();
+            assert_eq!(prefetched.len(), 4, "prefetch stops at half the arena");
+            let mut held = Vec::new();
+            while let Some(share) = budget.take(MIB, false).await {
+                held.push(share);
+            }
+            assert_eq!(held.len(), 4, "reached ops get the other half");
+            assert_eq!(budget.free_units(), 0);
+            assert!(budget.take_for_prefetch(MIB).is_none());
+            drop(prefetched);
+            assert_eq!(budget.free_units(), (4 * MIB / SHARE_UNIT_BYTES) as u64);
+        });
+    }
+
+    #[test]
+    fn a_job_holding_nothing_waits_until_a_share_is_given_back() {
+        on_glommio(|| async {
+            let budget = Rc::new(StagingBudget::new(2 * MIB));
+            let first = budget.take(MIB, true).await.expect("free");
+            let second = budget.take(MIB, true).await.expect("free");
+            assert!(budget.take(MIB, false).await.is_none(), "full: no share without waiting");
+            let got = Rc::new(Cell::new(false));
+            let waiter = {
+                let (budget, got) = (Rc::clone(&budget), Rc::clone(&got));
+                glommio::spawn_local(async move {
+                    let share = budget.take(MIB, true).await;
+                    got.set(share.is_some());
+                })
+            };
+            glommio::timer::sleep(std::time::Duration::from_millis(5)).await;
+            assert!(!got.get(), "waits while the arena is full");
+            drop(first);
+            waiter.await;
+            assert!(got.get(), "woken by the share given back");
+            drop(second);
+        });
     }
 }
