@@ -68,12 +68,15 @@ enum Staging {
     Fallback(FallbackChunk),
 }
 
+/// A chunk read in flight: the chunk, its share of the arena, the read.
+type ChunkRead = (Chunk, StagingShare, Task<Result<Staging, i32>>);
+
 /// A device copy in flight and the staging it reads or writes.
 struct InFlightCopy {
     event: EventHandle,
     _staging: Staging,
     /// The staging's share of the arena, given back with it.
-    _share: Option<StagingShare>,
+    _share: StagingShare,
 }
 
 /// The executor's descriptors for one registered file.
@@ -366,8 +369,7 @@ impl Executor {
         };
         let depth = self.setup.chunks_in_flight.max(1);
         let mut chunks = chunks.peekable();
-        let mut reads: VecDeque<(Chunk, Option<StagingShare>, Task<Result<Staging, i32>>)> =
-            VecDeque::new();
+        let mut reads: VecDeque<ChunkRead> = VecDeque::new();
         let mut total_bytes = 0u64;
         let mut stop = false;
         let mut failure: Option<(Outcome, Option<DeviceError>)> = None;
@@ -383,7 +385,7 @@ impl Executor {
                 };
                 let Some(share) = share else { break };
                 chunks.next();
-                reads.push_back((chunk, Some(share), self.spawn_chunk_read(files, file, chunk)));
+                reads.push_back((chunk, share, self.spawn_chunk_read(files, file, chunk)));
             }
             let Some((chunk, share, task)) = reads.pop_front() else {
                 if stop || chunks.peek().is_none() {
@@ -582,7 +584,7 @@ impl Executor {
         stream: InternalStream,
         target: u64,
         staging: Staging,
-        share: Option<StagingShare>,
+        share: StagingShare,
         len: usize,
     ) -> Result<InFlightCopy, DeviceError> {
         let device = &*self.setup.device;
