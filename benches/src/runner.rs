@@ -72,6 +72,7 @@ struct StatsInfo {
     arena_chunks: u64,
     fallback_chunks: u64,
     sync_retry_chunks: u64,
+    caller_thread_requests: u64,
     async_submitted: u64,
     async_prefetched: u64,
     device_releases: u64,
@@ -312,6 +313,7 @@ fn stats(b: &Bench) -> Option<StatsInfo> {
         arena_chunks: engine.arena_chunks,
         fallback_chunks: engine.fallback_chunks,
         sync_retry_chunks: engine.sync_retry_chunks,
+        caller_thread_requests: engine.caller_thread_requests,
         async_submitted: load(&a.submitted),
         async_prefetched: load(&a.prefetched),
         device_releases: load(&a.device_releases),
@@ -325,11 +327,12 @@ fn stats(b: &Bench) -> Option<StatsInfo> {
 
 fn print_stats(s: &StatsInfo) {
     println!(
-        "hipfile-rs counters: {} engine jobs ({} arena chunks, {} fallback, {} sync retries); async {} submitted, {} prefetched, {} device / {} host releases; file {} MiB O_DIRECT + {} MiB buffered read, {} MiB O_DIRECT + {} MiB buffered written",
+        "hipfile-rs counters: {} engine jobs ({} arena chunks, {} fallback, {} sync retries), {} requests on the caller's thread; async {} submitted, {} prefetched, {} device / {} host releases; file {} MiB O_DIRECT + {} MiB buffered read, {} MiB O_DIRECT + {} MiB buffered written",
         s.engine_jobs,
         s.arena_chunks,
         s.fallback_chunks,
         s.sync_retry_chunks,
+        s.caller_thread_requests,
         s.async_submitted,
         s.async_prefetched,
         s.device_releases,

@@ -692,3 +692,51 @@ fn api_from_env_opens_the_global_driver() {
     drop(same);
     assert_eq!(hipfile.driver().use_count(), count);
 }
+
+/// Requests of at most one chunk run on the caller's thread (`pread`/`pwrite` + one
+/// device copy, no executor hand-off); larger ones go to the executors. Both keep the
+/// O_DIRECT choice of the engine: aligned requests direct, unaligned ones buffered.
+#[test]
+fn requests_of_one_chunk_run_on_the_callers_thread() {
+    let data = pattern(4 * MIB, 15);
+    let file = TempFile::new(&ext4_dir(), &data);
+    let client = file.open_rw();
+    let (driver, device) = driver();
+    let handle = driver.handle_register(client.as_raw_fd()).unwrap();
+    let buf = device.malloc_device(0, 2 * MIB).unwrap();
+    let engine = driver.engine().unwrap();
+    let on_caller = || engine.stats().caller_thread_requests;
+    let jobs = || engine.stats().jobs;
+    let (caller_before, jobs_before) = (on_caller(), jobs());
+    assert_eq!(driver.io_sync(Direction::Read, handle, buf, raw(CHUNK, 4096, 0)), Ok(CHUNK));
+    assert!(device_bytes(buf, CHUNK) == data[4096..4096 + CHUNK]);
+    assert_eq!(driver.io_sync(Direction::Read, handle, buf, raw(7, 3, 5)), Ok(7));
+    assert!(device_bytes(buf + 5, 7) == data[3..10]);
+    assert_eq!((on_caller() - caller_before, jobs() - jobs_before), (2, 0), "no executor job");
+    // One byte more than a chunk: the executors.
+    assert_eq!(driver.io_sync(Direction::Read, handle, buf, raw(CHUNK + 1, 0, 0)), Ok(CHUNK + 1));
+    assert_eq!(on_caller() - caller_before, 2);
+    assert!(jobs() > jobs_before, "larger requests are executor jobs");
+    // Writes, then read back through the file.
+    let new_data = pattern(CHUNK, 16);
+    fill_device(buf, &new_data);
+    assert_eq!(driver.io_sync(Direction::Write, handle, buf, raw(CHUNK, MIB, 0)), Ok(CHUNK));
+    assert_eq!(driver.io_sync(Direction::Write, handle, buf, raw(100, 2 * MIB + 1, 0)), Ok(100));
+    assert_eq!(on_caller() - caller_before, 4);
+    let contents = file.contents();
+    assert!(contents[MIB..MIB + CHUNK] == new_data[..]);
+    assert!(contents[2 * MIB + 1..2 * MIB + 101] == new_data[..100]);
+    // Short count at the end of the file.
+    let end = data.len();
+    assert_eq!(driver.io_sync(Direction::Read, handle, buf, raw(4096, end - 10, 0)), Ok(10));
+    assert_eq!(driver.io_sync(Direction::Read, handle, buf, raw(4096, end, 0)), Ok(0));
+    if direct_alignment(&driver, handle).is_some() {
+        let counters = counters(&driver, handle);
+        // Aligned: the two CHUNK reads' worth read direct and the CHUNK write written
+        // direct; the 7-byte read, the 100-byte write and the tail reads buffered.
+        assert!(counters.direct_read_bytes >= 2 * CHUNK as u64, "{counters:?}");
+        assert_eq!(counters.direct_written_bytes, CHUNK as u64, "{counters:?}");
+        assert_eq!(counters.buffered_written_bytes, 100, "{counters:?}");
+    }
+    driver.handle_deregister(handle);
+}

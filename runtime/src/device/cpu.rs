@@ -850,6 +850,8 @@ pub struct CpuDevice {
     /// Workers of destroyed streams, still draining (joined at drop).
     retired: Mutex<Vec<JoinHandle<()>>>,
     events: Mutex<HashMap<usize, EventEntry>>,
+    /// Streams for [`Device::copy_now`] on callers' threads, per device, reused.
+    caller_streams: Mutex<Vec<(u32, usize)>>,
 }
 
 impl core::fmt::Debug for CpuDevice {
@@ -876,6 +878,7 @@ impl CpuDevice {
             streams: RwLock::default(),
             retired: Mutex::default(),
             events: Mutex::default(),
+            caller_streams: Mutex::default(),
         })
     }
 
@@ -1350,6 +1353,43 @@ impl Device for CpuDevice {
 
     fn synchronize_internal(&self, stream: InternalStream) -> Result<(), DeviceError> {
         self.synchronize_stream(StreamHandle(stream.0))
+    }
+
+    fn copies_on_caller_thread(&self) -> bool {
+        true
+    }
+
+    unsafe fn copy_now(
+        &self,
+        device_ordinal: u32,
+        direction: hipfile_core::Direction,
+        device_addr: u64,
+        host: *mut u8,
+        len_bytes: usize,
+    ) -> Result<(), DeviceError> {
+        use hipfile_core::Direction;
+        self.check_ordinal(device_ordinal)?;
+        let pooled = {
+            let mut pool = lock(&self.caller_streams);
+            let index = pool.iter().position(|&(ordinal, _)| ordinal == device_ordinal);
+            index.map(|index| pool.swap_remove(index).1)
+        };
+        let stream = match pooled {
+            Some(stream) => stream,
+            None => self.create_stream(device_ordinal)?.0,
+        };
+        let host = host as usize as u64;
+        let enqueued = match direction {
+            Direction::Read => {
+                self.enqueue_copy(stream, device_addr, host, len_bytes, CopyRule::HostToDevice)
+            }
+            Direction::Write => {
+                self.enqueue_copy(stream, host, device_addr, len_bytes, CopyRule::DeviceToHost)
+            }
+        };
+        let synced = self.synchronize_stream(StreamHandle(stream));
+        lock(&self.caller_streams).push((device_ordinal, stream));
+        enqueued.and(synced)
     }
 
     unsafe fn write_value32_internal(

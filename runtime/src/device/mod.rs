@@ -16,6 +16,8 @@ pub mod user;
 use core::ffi::c_void;
 use core::fmt;
 
+use hipfile_core::Direction;
+
 /// A user stream, as the C API passes it (`hipStream_t` / `CUstream` cast to an integer).
 /// `StreamHandle(0)` is the NULL (default) stream.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -274,6 +276,37 @@ pub trait Device: Send + Sync + 'static {
     /// # Errors
     /// An asynchronous error of the stream's work.
     fn synchronize_internal(&self, stream: InternalStream) -> Result<(), DeviceError>;
+
+    /// Whether [`Device::copy_now`] works: the engine then moves small synchronous
+    /// requests on the caller's thread instead of handing them to an executor.
+    fn copies_on_caller_thread(&self) -> bool {
+        false
+    }
+
+    /// Copies `len_bytes` between pinned host memory and device memory of
+    /// `device_ordinal` and returns once the copy is complete: host → device for
+    /// [`Direction::Read`], device → host for [`Direction::Write`]. Runs on the calling
+    /// thread, an application thread: on a library-owned stream that does not wait for the
+    /// application's streams, leaving the thread's current device or context as it was.
+    ///
+    /// # Errors
+    /// Not supported ([`Device::copies_on_caller_thread`] is `false`), invalid
+    /// addresses, or the backend failed.
+    ///
+    /// # Safety
+    /// `host` is pinned memory of `len_bytes`, readable (reads) or writable (writes) for
+    /// the call; the device range is memory the caller may read or write.
+    unsafe fn copy_now(
+        &self,
+        device_ordinal: u32,
+        direction: Direction,
+        device_addr: u64,
+        host: *mut u8,
+        len_bytes: usize,
+    ) -> Result<(), DeviceError> {
+        let _ = (device_ordinal, direction, device_addr, host, len_bytes);
+        Err(DeviceError::new(DeviceError::HIP_ERROR_NOT_SUPPORTED, "copy_now"))
+    }
 
     /// Enqueues on an internal stream: store `value` to the 32-bit word at `word_device_addr`
     /// once the stream's earlier work has completed.

@@ -929,7 +929,7 @@ fn os_errno(error: &io::Error) -> i32 {
     error.raw_os_error().unwrap_or(libc::EIO)
 }
 
-fn os_outcome(error: &io::Error) -> Outcome {
+pub(super) fn os_outcome(error: &io::Error) -> Outcome {
     Outcome::OsError(os_errno(error))
 }
 

@@ -17,6 +17,8 @@ use std::cell::Cell;
 use std::ffi::{CStr, c_int, c_void};
 use std::sync::{Arc, Mutex};
 
+use hipfile_core::Direction;
+
 use sys::*;
 
 use super::{
@@ -50,6 +52,9 @@ pub struct CudaDevice {
         reason = "EventHandle values are the boxes' addresses, which must not move"
     )]
     event_pools: Vec<Mutex<Vec<Box<EventEntry>>>>,
+    /// Per device: non-blocking streams for [`Device::copy_now`] on callers' threads
+    /// (`CUstream` as `usize`), reused; like the event pools, kept for the process.
+    caller_streams: Vec<Mutex<Vec<usize>>>,
     hardware_queues: HardwareQueues,
 }
 
@@ -172,7 +177,15 @@ impl CudaDevice {
             memops.push(supports);
         }
         let event_pools = (0..count).map(|_| Mutex::new(Vec::new())).collect();
-        Ok(Arc::new(CudaDevice { api, contexts, memops, event_pools, hardware_queues }))
+        let caller_streams = (0..count).map(|_| Mutex::new(Vec::new())).collect();
+        Ok(Arc::new(CudaDevice {
+            api,
+            contexts,
+            memops,
+            event_pools,
+            caller_streams,
+            hardware_queues,
+        }))
     }
 
     fn error(&self, code: CUresult, what: &'static str) -> DeviceError {
@@ -270,6 +283,61 @@ impl CudaDevice {
         let code = unsafe { (self.api.cuStreamCreate)(&mut stream, CU_STREAM_NON_BLOCKING) };
         self.call(code, "cuStreamCreate")?;
         Ok(StreamHandle(stream as usize))
+    }
+
+    /// [`Device::copy_now`] with device `ordinal`'s context current: a pooled
+    /// non-blocking stream, the copy, a synchronize.
+    ///
+    /// # Safety
+    /// As [`Device::copy_now`].
+    unsafe fn copy_now_in_context(
+        &self,
+        ordinal: u32,
+        direction: Direction,
+        device_addr: u64,
+        host: *mut u8,
+        len_bytes: usize,
+    ) -> Result<(), DeviceError> {
+        let pool = &self.caller_streams[ordinal as usize];
+        let pooled = pool.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let stream = match pooled {
+            Some(stream) => stream as CUstream,
+            None => {
+                let mut stream: CUstream = std::ptr::null_mut();
+                // SAFETY: valid out-pointer; the device's context is current.
+                let code =
+                    unsafe { (self.api.cuStreamCreate)(&mut stream, CU_STREAM_NON_BLOCKING) };
+                self.call(code, "cuStreamCreate")?;
+                stream
+            }
+        };
+        let enqueued = match direction {
+            Direction::Read => self.call(
+                // SAFETY: the caller's contract (pinned host memory, valid device range).
+                unsafe {
+                    (self.api.cuMemcpyHtoDAsync)(
+                        device_addr,
+                        host.cast_const().cast(),
+                        len_bytes,
+                        stream,
+                    )
+                },
+                "cuMemcpyHtoDAsync",
+            ),
+            Direction::Write => self.call(
+                // SAFETY: the caller's contract (pinned host memory, valid device range).
+                unsafe {
+                    (self.api.cuMemcpyDtoHAsync)(host.cast(), device_addr, len_bytes, stream)
+                },
+                "cuMemcpyDtoHAsync",
+            ),
+        };
+        // SAFETY: our stream. Synchronized even after a failed enqueue, so that nothing
+        // of ours still uses the host memory when we return.
+        let synced =
+            self.call(unsafe { (self.api.cuStreamSynchronize)(stream) }, "cuStreamSynchronize");
+        pool.lock().unwrap_or_else(|p| p.into_inner()).push(stream as usize);
+        enqueued.and(synced)
     }
 
     /// Destroys a user stream (its pending work still completes).
@@ -736,6 +804,37 @@ impl Device for CudaDevice {
         // SAFETY: the caller's contract.
         unsafe { self.stream_wait_value32(stream, wait_addr, wait_value) }
             .map_err(WriteThenWaitError::WaitNotQueued)
+    }
+
+    fn copies_on_caller_thread(&self) -> bool {
+        true
+    }
+
+    unsafe fn copy_now(
+        &self,
+        device_ordinal: u32,
+        direction: Direction,
+        device_addr: u64,
+        host: *mut u8,
+        len_bytes: usize,
+    ) -> Result<(), DeviceError> {
+        let context = *self
+            .contexts
+            .get(device_ordinal as usize)
+            .ok_or(DeviceError::new(DeviceError::HIP_ERROR_INVALID_DEVICE, "no such device"))?;
+        // The caller's context goes back on top when we pop ours; the thread-local cache
+        // of `make_current` is not involved (it describes executor threads).
+        // SAFETY: a primary context we retained.
+        let pushed = unsafe { (self.api.cuCtxPushCurrent)(context as CUcontext) };
+        self.call(pushed, "cuCtxPushCurrent")?;
+        // SAFETY: the caller's contract; our context is current.
+        let copied = unsafe {
+            self.copy_now_in_context(device_ordinal, direction, device_addr, host, len_bytes)
+        };
+        let mut popped: CUcontext = std::ptr::null_mut();
+        // SAFETY: pops the context pushed above.
+        let popped_code = unsafe { (self.api.cuCtxPopCurrent)(&mut popped) };
+        copied.and(self.call(popped_code, "cuCtxPopCurrent"))
     }
 
     fn hardware_queue_setting(&self) -> Option<String> {
