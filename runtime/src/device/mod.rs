@@ -159,6 +159,27 @@ pub enum WriteThenWaitError {
     WaitNotQueued(DeviceError),
 }
 
+/// [`Device::stream_write_then_wait_value32`] as two enqueues (the default, and a
+/// backend's fallback when its one-call form fails).
+///
+/// # Safety
+/// As [`Device::stream_write_then_wait_value32`].
+pub(crate) unsafe fn write_then_wait_one_by_one<D: Device + ?Sized>(
+    device: &D,
+    stream: StreamHandle,
+    write_addr: u64,
+    write_value: u32,
+    wait_addr: u64,
+    wait_value: u32,
+) -> Result<(), WriteThenWaitError> {
+    // SAFETY: the caller's contract.
+    unsafe { device.stream_write_value32(stream, write_addr, write_value) }
+        .map_err(WriteThenWaitError::NothingQueued)?;
+    // SAFETY: the caller's contract.
+    unsafe { device.stream_wait_value32(stream, wait_addr, wait_value) }
+        .map_err(WriteThenWaitError::WaitNotQueued)
+}
+
 /// What the engine and the stream protocol need from a GPU runtime.
 ///
 /// Every method may be called from any thread. Methods that enqueue work return once it
@@ -390,11 +411,9 @@ pub trait Device: Send + Sync + 'static {
         wait_value: u32,
     ) -> Result<(), WriteThenWaitError> {
         // SAFETY: the caller's contract.
-        unsafe { self.stream_write_value32(stream, write_addr, write_value) }
-            .map_err(WriteThenWaitError::NothingQueued)?;
-        // SAFETY: the caller's contract.
-        unsafe { self.stream_wait_value32(stream, wait_addr, wait_value) }
-            .map_err(WriteThenWaitError::WaitNotQueued)
+        unsafe {
+            write_then_wait_one_by_one(self, stream, write_addr, write_value, wait_addr, wait_value)
+        }
     }
 
     /// Stores `value` into a pinned 32-bit word from the host (release ordering), and

@@ -799,11 +799,16 @@ impl Device for CudaDevice {
         // Should the batch have enqueued part of itself, a repeated write of the same
         // value and a repeated wait for it change nothing.
         // SAFETY: the caller's contract.
-        unsafe { self.stream_write_value32(stream, write_addr, write_value) }
-            .map_err(WriteThenWaitError::NothingQueued)?;
-        // SAFETY: the caller's contract.
-        unsafe { self.stream_wait_value32(stream, wait_addr, wait_value) }
-            .map_err(WriteThenWaitError::WaitNotQueued)
+        unsafe {
+            super::write_then_wait_one_by_one(
+                self,
+                stream,
+                write_addr,
+                write_value,
+                wait_addr,
+                wait_value,
+            )
+        }
     }
 
     fn copies_on_caller_thread(&self) -> bool {
