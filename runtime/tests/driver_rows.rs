@@ -388,8 +388,9 @@ fn d17_buf_deregister_while_read_in_flight_5030_deterministic() {
     let handle = driver.handle_register(client.as_raw_fd()).unwrap();
     let buf = device.malloc_device(0, len).unwrap();
     driver.buf_register(buf, len as u64, 0).unwrap();
-    // A first read creates the executor's internal stream.
-    assert_eq!(driver.io_sync(Direction::Read, handle, buf, raw(4096, 0, 0)), Ok(4096));
+    // A first read creates the executor's internal stream (larger than a chunk: smaller
+    // requests run on the caller's thread and use no executor).
+    assert_eq!(driver.io_sync(Direction::Read, handle, buf, raw(len, 0, 0)), Ok(len));
     let file_handle = driver.file(handle).unwrap();
 
     // The first read's op may still be finishing on the executor after it returned.
