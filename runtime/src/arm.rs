@@ -78,6 +78,11 @@ impl ArmQueue {
         self.doorbell
     }
 
+    /// Ops submitted on the stream that it has not reached yet (their arm waits).
+    pub(crate) fn waiting(&self) -> usize {
+        self.pending().len()
+    }
+
     fn pending(&self) -> MutexGuard<'_, VecDeque<(u32, ArmFn)>> {
         self.pending.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -180,6 +185,19 @@ impl ArmPoller {
                 self.shared.wake.notify_one();
             }
         }
+    }
+}
+
+impl ArmPoller {
+    /// One line for [`crate::Driver::pending_report`]: streams watched, parked or not.
+    pub(crate) fn describe(&self) -> String {
+        let watched = self.shared.watched();
+        format!(
+            "arm poller: {} stream(s) watched, {}, {} submission(s) seen",
+            watched.streams.len(),
+            if watched.parked { "parked" } else { "polling" },
+            self.shared.submissions.load(Ordering::Relaxed)
+        )
     }
 }
 

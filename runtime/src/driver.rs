@@ -166,6 +166,58 @@ impl Driver {
         &self.async_stats
     }
 
+    /// What the async path holds right now, for a watchdog that found a stream stuck:
+    /// every stream with its submitted / reached (doorbell) / released sequence numbers,
+    /// the arm poller, the async and engine counters, the device's queue setting. Idle
+    /// streams are summed up in one line. Never blocks on device work.
+    pub fn pending_report(&self) -> String {
+        use std::fmt::Write as _;
+        let mut report = String::new();
+        let streams = self.streams.all();
+        let idle = streams.iter().filter(|state| state.idle()).count();
+        let _ = writeln!(
+            report,
+            "hipfile pending report: device {}, {} stream(s) known, {idle} idle",
+            self.device.kind().name(),
+            streams.len()
+        );
+        for state in streams.iter().filter(|state| !state.idle()) {
+            let _ = writeln!(report, "  {}", state.describe());
+        }
+        match self.arm_poller.get() {
+            Some(Ok(poller)) => {
+                let _ = writeln!(report, "  {}", poller.describe());
+            }
+            Some(Err(error)) => {
+                let _ = writeln!(report, "  arm poller failed to start: {error}");
+            }
+            None => {
+                let _ = writeln!(report, "  arm poller not started");
+            }
+        }
+        let stats = &self.async_stats;
+        let _ = writeln!(
+            report,
+            "  async: {} submitted, {} prefetched, {} released device-side, {} host-side",
+            stats.submitted.load(Ordering::Relaxed),
+            stats.prefetched.load(Ordering::Relaxed),
+            stats.device_releases.load(Ordering::Relaxed),
+            stats.host_releases.load(Ordering::Relaxed),
+        );
+        if let Some(Ok(engine)) = self.engine.get() {
+            let _ = writeln!(
+                report,
+                "  engine: {} executor(s), {:?}",
+                engine.executor_count(),
+                engine.stats()
+            );
+        }
+        if let Some(setting) = self.device.hardware_queue_setting() {
+            let _ = writeln!(report, "  device: {setting}");
+        }
+        report
+    }
+
     /// The configuration in force.
     pub fn config(&self) -> &Config {
         &self.config

@@ -258,6 +258,32 @@ impl StreamState {
         self.prefetch_bytes.fetch_sub(len_bytes, SeqCst);
     }
 
+    /// One line for [`crate::Driver::pending_report`]: the stream, its sequence numbers
+    /// (submitted, reached = doorbell, released = release word) and the ops between.
+    pub(crate) fn describe(&self) -> String {
+        let submitted = *self.next_sequence.lock().unwrap_or_else(|p| p.into_inner());
+        let reached = self.arms.doorbell().load();
+        let released = self.word.load();
+        format!(
+            "stream {:#x} ({}, flags {:#x}, device {}, executor {}): submitted {submitted}, \
+             reached {reached}, released {released}; {} op(s) not reached, {} reached and \
+             not released; prefetching {} B",
+            self.handle.0,
+            if self.registered { "registered" } else { "unregistered" },
+            self.flags.bits(),
+            self.device_ordinal,
+            self.executor,
+            self.arms.waiting(),
+            reached.wrapping_sub(released) as i32,
+            self.prefetch_bytes.load(std::sync::atomic::Ordering::SeqCst),
+        )
+    }
+
+    /// Whether every op submitted on the stream was released.
+    pub(crate) fn idle(&self) -> bool {
+        *self.next_sequence.lock().unwrap_or_else(|p| p.into_inner()) == self.word.load()
+    }
+
     /// Locks the stream for one submission; the guard yields the op's sequence number.
     pub(crate) fn lock_submit(&self) -> SubmitGuard<'_> {
         SubmitGuard(self.next_sequence.lock().unwrap_or_else(|p| p.into_inner()))
@@ -299,6 +325,14 @@ impl StreamTable {
             seen: RwLock::new(HashMap::new()),
             next_executor: Mutex::new(0),
         }
+    }
+
+    /// Every stream the table knows (registered first), busy ones before idle ones.
+    pub(crate) fn all(&self) -> Vec<Arc<StreamState>> {
+        let mut all: Vec<Arc<StreamState>> = read(&self.registered).values().cloned().collect();
+        all.extend(read(&self.seen).values().cloned());
+        all.sort_by_key(|state| state.idle());
+        all
     }
 
     /// `hipFileStreamRegister`: already registered → 5022 (checked first), unknown flag

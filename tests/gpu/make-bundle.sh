@@ -6,7 +6,7 @@ cd "$(dirname "$0")/../.."
 out=target/gpu-bundle
 rm -rf "$out"; mkdir -p "$out/tests"
 suites=(device_contract async_rows async_paused async_streams async_errors async_stress
-        async_direct async_lifetime async_arm)
+        async_direct async_lifetime async_arm async_sweep)
 for suite in "${suites[@]}"; do
   exe=$(cargo test --release -p hipfile-runtime --test "$suite" --no-run --message-format=json 2>/dev/null \
         | grep -o '"executable":"[^"]*"' | tail -1 | cut -d'"' -f4)
@@ -21,7 +21,7 @@ mkdir -p "$out/lib" "$out/include" "$out/c"
 cp target/release/libhipfile.so "$out/lib/libhipfile.so.0"
 ln -sf libhipfile.so.0 "$out/lib/libhipfile.so"
 cp capi/include/*.h "$out/include/"
-cp tests/gpu/cuda_async.c "$out/c/"
+cp tests/gpu/cuda_async.c tests/gpu/stream_sweep.c "$out/c/"
 # hipfile-bench, for the measurements.
 cargo build --release -p hipfile-bench >/dev/null
 mkdir -p "$out/bin" && cp target/release/hipfile-bench "$out/bin/"

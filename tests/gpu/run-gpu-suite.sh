@@ -31,8 +31,13 @@ if command -v gcc >/dev/null && [ -f "$cuda_inc/cuda_runtime_api.h" ]; then
   run "C cuda_async.c (hipfile.h + CUDA runtime)" bash -c "gcc -std=c11 -Wall -Wextra -I'$bundle/include' -I'$cuda_inc' \
     '$bundle/c/cuda_async.c' -L'$bundle/lib' -lhipfile -L'$cuda_lib' -lcudart -lcuda -o /tmp/hf-cuda-async \
     && LD_LIBRARY_PATH='$bundle/lib:$cuda_lib' timeout 60 /tmp/hf-cuda-async"
+  # The never-hang sweep from C: every stream count 1..256 x flags x sizes, reads and
+  # writes, each case in a child process that is killed and reported HANG past 60 s.
+  run "C stream_sweep.c (never-hang sweep, 360 cases)" bash -c "gcc -std=c11 -O2 -Wall -Wextra -I'$bundle/include' -I'$cuda_inc' \
+    '$bundle/c/stream_sweep.c' -L'$bundle/lib' -lhipfile -L'$cuda_lib' -lcudart -lcuda -o /tmp/hf-stream-sweep \
+    && LD_LIBRARY_PATH='$bundle/lib:$cuda_lib' /tmp/hf-stream-sweep 60"
 else
-  results+=("SKIP C program (no gcc or CUDA runtime headers)")
+  results+=("SKIP C programs (no gcc or CUDA runtime headers)")
 fi
 per_test_timeout=${HIPFILE_GPU_TEST_TIMEOUT:-60}
 for test in "$bundle"/tests/*; do

@@ -431,8 +431,8 @@ pub trait Device: Send + Sync + 'static {
     /// Whether [`Device::stream_wait_value32`] / write-value work on `device_ordinal`.
     fn supports_stream_memops(&self, device_ordinal: u32) -> bool;
 
-    /// How user streams and the engine's copy streams share the GPU's hardware queues,
-    /// where that can stall copies behind held streams (`None`: it cannot).
+    /// How streams share the GPU's hardware queues and whether the engine's copies run
+    /// apart from the application's streams (`None`: no hardware queues to speak of).
     fn hardware_queue_setting(&self) -> Option<String> {
         None
     }

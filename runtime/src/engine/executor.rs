@@ -850,8 +850,9 @@ const EVENT_SPIN: Duration = Duration::from_micros(200);
 const COPY_STALL_WARNING: Duration = Duration::from_secs(5);
 
 /// Warns once per process that a copy on an internal stream has not completed after
-/// `waited`: the one cause we know is a user stream, held on an async op's wait-value,
-/// that shares the copy stream's hardware queue (README, Known limits).
+/// `waited`. With the engine's copies in a context of their own this is not expected;
+/// when the backend could not make one, the known cause is a user stream, held on an
+/// async op's wait-value, sharing the copy stream's hardware queue (README, Known limits).
 fn warn_copy_stalled(device: &dyn Device, waited: Duration) {
     static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     if WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
@@ -859,8 +860,7 @@ fn warn_copy_stalled(device: &dyn Device, waited: Duration) {
     }
     let setting = device.hardware_queue_setting().unwrap_or_default();
     eprintln!(
-        "hipfile: warning: a staging copy has not completed after {} s; it is probably \
-         queued behind a stream held on an async op that shares its hardware queue ({setting})",
+        "hipfile: warning: a staging copy has not completed after {} s ({setting})",
         waited.as_secs()
     );
 }

@@ -588,3 +588,40 @@ pub fn assert_all(got: &[u8], value: u8, what: &str) {
         panic!("{what}: byte {i} is {:#04x}, want {value:#04x}", got[i]);
     }
 }
+
+/// Fails the whole test process, instead of letting it hang, when it is not dropped
+/// within `limit`: it prints what the case was, the driver's
+/// [`Driver::pending_report`] (every stream's submitted / reached / released sequence
+/// numbers, the arm poller, the engine) and exits with status 101 (as a failed test).
+pub struct Watchdog {
+    done: Option<mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Watchdog {
+    /// Arms the watchdog for the case `what` on `driver`.
+    pub fn arm(driver: &Arc<Driver>, what: String, limit: Duration) -> Watchdog {
+        let (done, wait) = mpsc::channel::<()>();
+        let driver = Arc::clone(driver);
+        let thread = std::thread::spawn(move || {
+            if let Err(mpsc::RecvTimeoutError::Timeout) = wait.recv_timeout(limit) {
+                eprintln!(
+                    "HANG: {what} did not finish within {} s\n{}",
+                    limit.as_secs(),
+                    driver.pending_report()
+                );
+                std::process::exit(101);
+            }
+        });
+        Watchdog { done: Some(done), thread: Some(thread) }
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        drop(self.done.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}

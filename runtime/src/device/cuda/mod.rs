@@ -1,12 +1,25 @@
 //! The `cuda` device: NVIDIA GPUs through the CUDA driver API, loaded at run time.
 //!
 //! HIP on the NVIDIA platform makes `hipStream_t` a `CUstream` and device pointers
-//! `CUdeviceptr`s, so the C API's values pass straight through. Engine threads make the
-//! right device's primary context current before each call (cached per thread). Pinned
-//! staging is device-mapped and portable; copies run on per-executor non-blocking
-//! streams; completion is polled with `cuEventQuery` (never a blocking call on an
-//! executor); the release word is waited on with `cuStreamWaitValue32` (GEQ) and written
-//! with `cuStreamWriteValue32`.
+//! `CUdeviceptr`s, so the C API's values pass straight through.
+//!
+//! **Isolation.** Every copy, event and device-side release of the engine runs in an
+//! *engine context*: a CUDA context hipFile creates itself per device (`cuCtxCreate`,
+//! not the primary context the application's streams live in). CUDA maps a context's
+//! streams round-robin onto its `CUDA_DEVICE_MAX_CONNECTIONS` hardware queues, and a user
+//! stream held on an op's wait-value blocks whatever shares its queue; the engine's
+//! streams belong to another context, so they never share a queue with an application
+//! stream, and a user stream's release never waits behind one. Measured on the H200: a
+//! copy from the engine context into memory the application allocated in the primary
+//! context is correct and as fast (54.6 GB/s), and it completes while 24 of the
+//! application's streams are held. Executor threads keep the engine context current
+//! (cached per thread); any other thread (a caller's sync read, driver set-up) pushes it
+//! for the call and pops it again, so the application's current context never changes.
+//!
+//! Pinned staging is device-mapped and portable (usable from both contexts); copies run
+//! on per-executor non-blocking streams; completion is polled with `cuEventQuery` (never
+//! a blocking call on an executor); the release word is waited on with
+//! `cuStreamWaitValue32` (GEQ) and written with `cuStreamWriteValue32`.
 //!
 //! CUDA's error numbers are reported as the `hipError_t` value directly (HIP's enum
 //! mirrors CUDA's numbering for the errors these calls return).
@@ -42,18 +55,37 @@ struct EventEntry {
     ordinal: u32,
 }
 
+/// The context engine work of one device runs in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct EngineContext {
+    /// The `CUcontext` as `usize`.
+    context: usize,
+    /// `true`: a context of hipFile's own; `false`: `cuCtxCreate` failed and the engine
+    /// shares the primary context (the pre-isolation behaviour, with its hang risk).
+    isolated: bool,
+}
+
+/// Engine contexts per device ordinal, made on first use and kept for the process (as
+/// the retained primary contexts are): every `CudaDevice` of the process shares them, so
+/// opening the backend again costs no new context.
+static ENGINE_CONTEXTS: Mutex<Vec<Option<EngineContext>>> = Mutex::new(Vec::new());
+
 /// NVIDIA GPUs through the CUDA driver API.
 pub struct CudaDevice {
     api: Api,
+    /// Primary contexts (retained): the application's streams and memory live here.
     contexts: Vec<usize>,
+    /// Engine contexts, made on first use ([`ENGINE_CONTEXTS`]).
+    engine_contexts: Vec<std::sync::OnceLock<EngineContext>>,
     memops: Vec<bool>,
     #[allow(
         clippy::vec_box,
         reason = "EventHandle values are the boxes' addresses, which must not move"
     )]
     event_pools: Vec<Mutex<Vec<Box<EventEntry>>>>,
-    /// Per device: non-blocking streams for [`Device::copy_now`] on callers' threads
-    /// (`CUstream` as `usize`), reused; like the event pools, kept for the process.
+    /// Per device: non-blocking streams of the engine context for [`Device::copy_now`] on
+    /// callers' threads (`CUstream` as `usize`), reused; like the event pools, kept for
+    /// the process.
     caller_streams: Vec<Mutex<Vec<usize>>>,
     hardware_queues: HardwareQueues,
 }
@@ -63,17 +95,15 @@ const MAX_CONNECTIONS_VARIABLE: &str = "CUDA_DEVICE_MAX_CONNECTIONS";
 /// CUDA's largest (and our) `CUDA_DEVICE_MAX_CONNECTIONS`; its default is 8.
 const MAX_CONNECTIONS: &str = "32";
 
-/// How many hardware queues the streams of our contexts share, and who decided.
+/// How many hardware queues the streams of a context share, and who decided.
 ///
 /// CUDA maps a context's streams onto `CUDA_DEVICE_MAX_CONNECTIONS` hardware queues,
-/// round-robin in creation order. A user stream blocked on an async op's wait-value blocks
-/// the work queued after it on its queue, so an engine copy stream (one per executor)
-/// sharing that queue stalls, and the op that would release the stream never completes.
-/// Measured on the H200 (`benches/probes/connections_probe.c`): with the default 8
-/// queues, a copy stream created before the user's streams stalls behind the 8th held
-/// stream; with 32, 12 held streams never stall it. When sharing starts in other creation
-/// orders was not measured; earlier 1- and 8-stream runs with 8 queues and 8 executors
-/// did not stall, so it is not simply "more streams than queues".
+/// round-robin in creation order, and a stream blocked on a wait-value blocks the work
+/// queued after it on its queue. The engine's copies run in a context of their own, so
+/// this can no longer stall them; among the application's own streams, a stream held on
+/// an async op still delays the streams that share its queue until the op completes (it
+/// always completes). 32 queues make that sharing rarer, so hipFile sets the variable
+/// when it starts CUDA itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HardwareQueues {
     /// The application set `CUDA_DEVICE_MAX_CONNECTIONS` (its value).
@@ -85,27 +115,20 @@ pub enum HardwareQueues {
 }
 
 impl HardwareQueues {
-    /// One line for `hipfile-bench check` and warnings.
+    /// One line for `hipfile-bench check` and reports.
     pub fn describe(&self) -> String {
         match self {
-            HardwareQueues::FromEnvironment(value) if value.trim() == MAX_CONNECTIONS => {
-                format!("{MAX_CONNECTIONS_VARIABLE}={value} (set by the application; the maximum)")
+            HardwareQueues::FromEnvironment(value) => {
+                format!("{MAX_CONNECTIONS_VARIABLE}={value} (set by the application)")
             }
-            HardwareQueues::FromEnvironment(value) => format!(
-                "{MAX_CONNECTIONS_VARIABLE}={value} (set by the application); with fewer \
-                 hardware queues than streams, a stream held on an async op can stall the \
-                 engine's copies: {MAX_CONNECTIONS} is safest"
-            ),
             HardwareQueues::SetByHipfile => format!(
                 "{MAX_CONNECTIONS_VARIABLE}={MAX_CONNECTIONS} (set by hipFile before CUDA \
                  started; set the variable yourself to choose)"
             ),
             HardwareQueues::CudaStartedFirst => format!(
-                "CUDA started before hipFile with {MAX_CONNECTIONS_VARIABLE} unset, so all \
-                 streams share 8 hardware queues, and a stream held on an async op can then \
-                 stall the engine's copies for good (measured with 8 held streams); set \
-                 {MAX_CONNECTIONS_VARIABLE}={MAX_CONNECTIONS} before CUDA starts, or open the \
-                 driver first"
+                "{MAX_CONNECTIONS_VARIABLE} unset when CUDA started: the application's \
+                 streams share 8 hardware queues, so a stream held on an async op delays \
+                 the others on its queue until the op completes"
             ),
         }
     }
@@ -134,7 +157,23 @@ unsafe impl Send for CudaDevice {}
 unsafe impl Sync for CudaDevice {}
 
 thread_local! {
+    /// The context this thread made current through us (executor threads only).
     static CURRENT_CONTEXT: Cell<usize> = const { Cell::new(0) };
+    /// Whether this thread is an engine executor (decided once per thread).
+    static ENGINE_THREAD: Cell<Option<bool>> = const { Cell::new(None) };
+}
+
+/// Whether the calling thread is one of the engine's executors, which may keep the
+/// engine context current; every other thread belongs to the application.
+fn on_engine_thread() -> bool {
+    ENGINE_THREAD.with(|cached| match cached.get() {
+        Some(answer) => answer,
+        None => {
+            let answer = crate::engine::on_executor_thread();
+            cached.set(Some(answer));
+            answer
+        }
+    })
 }
 
 impl CudaDevice {
@@ -158,9 +197,6 @@ impl CudaDevice {
             Err(_) if !started => set_max_connections(),
             Err(_) => HardwareQueues::CudaStartedFirst,
         };
-        if hardware_queues == HardwareQueues::CudaStartedFirst {
-            eprintln!("hipfile: warning: {}", hardware_queues.describe());
-        }
         // SAFETY: cuInit takes flags (0) and has no other precondition.
         check(&api, unsafe { (api.cuInit)(0) }).map_err(|e| format!("cuInit: {e}"))?;
         let mut count: c_int = 0;
@@ -180,6 +216,7 @@ impl CudaDevice {
         let caller_streams = (0..count).map(|_| Mutex::new(Vec::new())).collect();
         Ok(Arc::new(CudaDevice {
             api,
+            engine_contexts: (0..count).map(|_| std::sync::OnceLock::new()).collect(),
             contexts,
             memops,
             event_pools,
@@ -210,6 +247,115 @@ impl CudaDevice {
         self.call(unsafe { (self.api.cuCtxSetCurrent)(context as CUcontext) }, "cuCtxSetCurrent")?;
         CURRENT_CONTEXT.set(context);
         Ok(())
+    }
+
+    /// Device `ordinal`'s engine context, made on first use (process-wide).
+    fn engine_context(&self, ordinal: u32) -> Result<EngineContext, DeviceError> {
+        let slot = self
+            .engine_contexts
+            .get(ordinal as usize)
+            .ok_or(DeviceError::new(DeviceError::HIP_ERROR_INVALID_DEVICE, "no such device"))?;
+        if let Some(context) = slot.get() {
+            return Ok(*context);
+        }
+        let mut made = ENGINE_CONTEXTS.lock().unwrap_or_else(|p| p.into_inner());
+        if made.len() <= ordinal as usize {
+            made.resize(ordinal as usize + 1, None);
+        }
+        let context = match made[ordinal as usize] {
+            Some(context) => context,
+            None => {
+                let context = self.create_engine_context(ordinal);
+                made[ordinal as usize] = Some(context);
+                context
+            }
+        };
+        Ok(*slot.get_or_init(|| context))
+    }
+
+    /// Creates device `ordinal`'s engine context and takes it off this thread's context
+    /// stack again (`cuCtxCreate` pushes it). Without `cuCtxCreate` (an old or unusual
+    /// driver, or a device in a compute mode that refuses a second context) the engine
+    /// shares the primary context, and a warning says what that risks.
+    fn create_engine_context(&self, ordinal: u32) -> EngineContext {
+        let primary = EngineContext { context: self.contexts[ordinal as usize], isolated: false };
+        let failed = |why: String| {
+            eprintln!(
+                "hipfile: warning: no engine context on CUDA device {ordinal} ({why}); the \
+                 engine shares the application's primary context, where a stream held on \
+                 an async op can stall the engine's copies"
+            );
+            primary
+        };
+        let Some(create) = self.api.cuCtxCreate_v2 else {
+            return failed("the driver lacks cuCtxCreate_v2".into());
+        };
+        let mut device: CUdevice = 0;
+        // SAFETY: valid out-pointer; ordinal < device count (engine_contexts' length).
+        let got = unsafe { (self.api.cuDeviceGet)(&mut device, ordinal as c_int) };
+        if let Err(error) = check(&self.api, got) {
+            return failed(error);
+        }
+        let mut context: CUcontext = std::ptr::null_mut();
+        // SAFETY: valid out-pointer and device; flags 0 = CU_CTX_SCHED_AUTO.
+        if let Err(error) = check(&self.api, unsafe { create(&mut context, 0, device) }) {
+            return failed(format!("cuCtxCreate: {error}"));
+        }
+        let mut popped: CUcontext = std::ptr::null_mut();
+        // SAFETY: cuCtxCreate pushed `context` on this thread's stack; pop it so the
+        // thread's current context is what it was.
+        unsafe { (self.api.cuCtxPopCurrent)(&mut popped) };
+        CURRENT_CONTEXT.set(0);
+        EngineContext { context: context as usize, isolated: true }
+    }
+
+    /// Runs `work` with device `ordinal`'s engine context current. An executor thread
+    /// keeps it current (cached); on any other thread it is pushed for the call and
+    /// popped after, so the caller's current context is left as it was.
+    fn in_engine_context<R>(
+        &self,
+        ordinal: u32,
+        work: impl FnOnce() -> Result<R, DeviceError>,
+    ) -> Result<R, DeviceError> {
+        let context = self.engine_context(ordinal)?.context;
+        if on_engine_thread() {
+            if CURRENT_CONTEXT.get() != context {
+                // SAFETY: an engine context we created and never destroy.
+                let code = unsafe { (self.api.cuCtxSetCurrent)(context as CUcontext) };
+                self.call(code, "cuCtxSetCurrent")?;
+                CURRENT_CONTEXT.set(context);
+            }
+            return work();
+        }
+        // SAFETY: an engine context we created and never destroy.
+        let pushed = unsafe { (self.api.cuCtxPushCurrent)(context as CUcontext) };
+        self.call(pushed, "cuCtxPushCurrent")?;
+        let result = work();
+        let mut popped: CUcontext = std::ptr::null_mut();
+        // SAFETY: pops the context pushed above.
+        let popped_code = unsafe { (self.api.cuCtxPopCurrent)(&mut popped) };
+        result.and_then(|value| self.call(popped_code, "cuCtxPopCurrent").map(|()| value))
+    }
+
+    /// Whether device `ordinal`'s engine work runs in a context of its own (for reports).
+    pub fn engine_isolated(&self, ordinal: u32) -> bool {
+        self.engine_context(ordinal).is_ok_and(|context| context.isolated)
+    }
+
+    /// Free and total device memory of `ordinal` (`cuMemGetInfo`), in bytes.
+    ///
+    /// # Errors
+    /// The driver lacks the call, or it fails.
+    pub fn memory_info(&self, ordinal: u32) -> Result<(usize, usize), DeviceError> {
+        let get = self.api.cuMemGetInfo.ok_or(DeviceError::new(
+            DeviceError::HIP_ERROR_NOT_SUPPORTED,
+            "cuMemGetInfo missing",
+        ))?;
+        self.make_current(ordinal)?;
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: valid out-pointers; a context of the device is current.
+        self.call(unsafe { get(&mut free, &mut total) }, "cuMemGetInfo")?;
+        Ok((free, total))
     }
 
     /// Ensures some context is current (the caller's own, else device 0's primary).
@@ -285,7 +431,7 @@ impl CudaDevice {
         Ok(StreamHandle(stream as usize))
     }
 
-    /// [`Device::copy_now`] with device `ordinal`'s context current: a pooled
+    /// [`Device::copy_now`] with device `ordinal`'s engine context current: a pooled
     /// non-blocking stream, the copy, a synchronize.
     ///
     /// # Safety
@@ -338,6 +484,46 @@ impl CudaDevice {
             self.call(unsafe { (self.api.cuStreamSynchronize)(stream) }, "cuStreamSynchronize");
         pool.lock().unwrap_or_else(|p| p.into_inner()).push(stream as usize);
         enqueued.and(synced)
+    }
+
+    /// Records a pooled (or new) event on `entry`'s stream; the engine context is current.
+    fn record_event_in_context(&self, entry: &InternalEntry) -> Result<EventHandle, DeviceError> {
+        let pooled = self.event_pools[entry.ordinal as usize]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop();
+        let event = match pooled {
+            Some(event) => event,
+            None => {
+                let mut event: CUevent = std::ptr::null_mut();
+                // SAFETY: valid out-pointer.
+                let code = unsafe { (self.api.cuEventCreate)(&mut event, CU_EVENT_DISABLE_TIMING) };
+                self.call(code, "cuEventCreate")?;
+                Box::new(EventEntry { event, ordinal: entry.ordinal })
+            }
+        };
+        // SAFETY: event and stream belong to the same (current, engine) context.
+        let code = unsafe { (self.api.cuEventRecord)(event.event, entry.stream) };
+        if let Err(error) = self.call(code, "cuEventRecord") {
+            self.pool_or_destroy_event(event);
+            return Err(error);
+        }
+        Ok(EventHandle(handle::leak(event)))
+    }
+
+    /// Keeps an idle event for reuse, or destroys it when the pool is full.
+    fn pool_or_destroy_event(&self, entry: Box<EventEntry>) {
+        let mut pool =
+            self.event_pools[entry.ordinal as usize].lock().unwrap_or_else(|p| p.into_inner());
+        if pool.len() < EVENT_POOL_CAP {
+            pool.push(entry);
+            return;
+        }
+        drop(pool);
+        let _ = self.in_engine_context(entry.ordinal, || {
+            // SAFETY: our event, destroyed once (CUDA defers the release if it is pending).
+            self.call(unsafe { (self.api.cuEventDestroy)(entry.event) }, "cuEventDestroy")
+        });
     }
 
     /// Destroys a user stream (its pending work still completes).
@@ -524,28 +710,32 @@ impl Device for CudaDevice {
     }
 
     fn alloc_pinned(&self, len_bytes: usize) -> Result<PinnedRegion, DeviceError> {
-        self.make_current(0)?;
-        let mut host: *mut c_void = std::ptr::null_mut();
-        let flags = CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP;
-        // SAFETY: valid out-pointer.
-        let code = unsafe { (self.api.cuMemHostAlloc)(&mut host, len_bytes, flags) };
-        self.call(code, "cuMemHostAlloc")?;
-        let mut device_addr: CUdeviceptr = 0;
-        // SAFETY: `host` is mapped pinned memory we just allocated.
-        let mapped = unsafe { (self.api.cuMemHostGetDevicePointer)(&mut device_addr, host, 0) };
-        if mapped != CUDA_SUCCESS {
-            // SAFETY: frees what we allocated above.
-            unsafe { (self.api.cuMemFreeHost)(host) };
-            return Err(self.error(mapped, "cuMemHostGetDevicePointer"));
-        }
-        Ok(PinnedRegion { host_ptr: host.cast(), device_addr, len_bytes })
+        // Portable and device-mapped: the engine context copies from it and the
+        // application's streams wait on words in it. Made in the engine context so that
+        // the caller's current context is left alone.
+        self.in_engine_context(0, || {
+            let mut host: *mut c_void = std::ptr::null_mut();
+            let flags = CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP;
+            // SAFETY: valid out-pointer.
+            let code = unsafe { (self.api.cuMemHostAlloc)(&mut host, len_bytes, flags) };
+            self.call(code, "cuMemHostAlloc")?;
+            let mut device_addr: CUdeviceptr = 0;
+            // SAFETY: `host` is mapped pinned memory we just allocated.
+            let mapped = unsafe { (self.api.cuMemHostGetDevicePointer)(&mut device_addr, host, 0) };
+            if mapped != CUDA_SUCCESS {
+                // SAFETY: frees what we allocated above.
+                unsafe { (self.api.cuMemFreeHost)(host) };
+                return Err(self.error(mapped, "cuMemHostGetDevicePointer"));
+            }
+            Ok(PinnedRegion { host_ptr: host.cast(), device_addr, len_bytes })
+        })
     }
 
     unsafe fn free_pinned(&self, region: PinnedRegion) {
-        if self.ensure_any_current().is_ok() {
+        let _ = self.in_engine_context(0, || {
             // SAFETY: the caller guarantees the region came from alloc_pinned and is idle.
-            unsafe { (self.api.cuMemFreeHost)(region.host_ptr.cast()) };
-        }
+            self.call(unsafe { (self.api.cuMemFreeHost)(region.host_ptr.cast()) }, "cuMemFreeHost")
+        });
     }
 
     unsafe fn register_host(
@@ -553,35 +743,42 @@ impl Device for CudaDevice {
         host_ptr: *mut u8,
         len_bytes: usize,
     ) -> Result<u64, DeviceError> {
-        self.make_current(0)?;
-        let flags = CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP;
-        // SAFETY: the caller guarantees the range is valid host memory that outlives the
-        // registration.
-        let code = unsafe { (self.api.cuMemHostRegister)(host_ptr.cast(), len_bytes, flags) };
-        self.call(code, "cuMemHostRegister")?;
-        let mut device_addr: CUdeviceptr = 0;
-        // SAFETY: registered, mapped host memory.
-        let mapped =
-            unsafe { (self.api.cuMemHostGetDevicePointer)(&mut device_addr, host_ptr.cast(), 0) };
-        if mapped != CUDA_SUCCESS {
-            // SAFETY: undo the registration above.
-            unsafe { (self.api.cuMemHostUnregister)(host_ptr.cast()) };
-            return Err(self.error(mapped, "cuMemHostGetDevicePointer"));
-        }
-        Ok(device_addr)
+        self.in_engine_context(0, || {
+            let flags = CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP;
+            // SAFETY: the caller guarantees the range is valid host memory that outlives
+            // the registration.
+            let code = unsafe { (self.api.cuMemHostRegister)(host_ptr.cast(), len_bytes, flags) };
+            self.call(code, "cuMemHostRegister")?;
+            let mut device_addr: CUdeviceptr = 0;
+            // SAFETY: registered, mapped host memory.
+            let mapped = unsafe {
+                (self.api.cuMemHostGetDevicePointer)(&mut device_addr, host_ptr.cast(), 0)
+            };
+            if mapped != CUDA_SUCCESS {
+                // SAFETY: undo the registration above.
+                unsafe { (self.api.cuMemHostUnregister)(host_ptr.cast()) };
+                return Err(self.error(mapped, "cuMemHostGetDevicePointer"));
+            }
+            Ok(device_addr)
+        })
     }
 
     unsafe fn unregister_host(&self, host_ptr: *mut u8) {
-        if self.ensure_any_current().is_ok() {
+        let _ = self.in_engine_context(0, || {
             // SAFETY: the caller guarantees it was registered and is idle.
-            unsafe { (self.api.cuMemHostUnregister)(host_ptr.cast()) };
-        }
+            let code = unsafe { (self.api.cuMemHostUnregister)(host_ptr.cast()) };
+            self.call(code, "cuMemHostUnregister")
+        });
     }
 
     fn create_internal_stream(&self, device_ordinal: u32) -> Result<InternalStream, DeviceError> {
-        let handle = self.create_stream(device_ordinal)?;
-        let entry =
-            Box::new(InternalEntry { stream: handle.0 as CUstream, ordinal: device_ordinal });
+        let stream = self.in_engine_context(device_ordinal, || {
+            let mut stream: CUstream = std::ptr::null_mut();
+            // SAFETY: valid out-pointer; the engine context is current.
+            let code = unsafe { (self.api.cuStreamCreate)(&mut stream, CU_STREAM_NON_BLOCKING) };
+            self.call(code, "cuStreamCreate").map(|()| stream)
+        })?;
+        let entry = Box::new(InternalEntry { stream, ordinal: device_ordinal });
         Ok(InternalStream(handle::leak(entry)))
     }
 
@@ -589,9 +786,10 @@ impl Device for CudaDevice {
         // SAFETY: the handle is a leaked Box<InternalEntry> from create_internal_stream,
         // destroyed once.
         let entry = unsafe { handle::reclaim::<InternalEntry>(stream.0) };
-        let _ = self.make_current(entry.ordinal);
-        // SAFETY: our own stream.
-        unsafe { (self.api.cuStreamDestroy)(entry.stream) };
+        let _ = self.in_engine_context(entry.ordinal, || {
+            // SAFETY: our own stream, of the engine context.
+            self.call(unsafe { (self.api.cuStreamDestroy)(entry.stream) }, "cuStreamDestroy")
+        });
     }
 
     unsafe fn copy_to_device_async(
@@ -602,12 +800,16 @@ impl Device for CudaDevice {
         len_bytes: usize,
     ) -> Result<(), DeviceError> {
         let entry = Self::internal(stream);
-        self.make_current(entry.ordinal)?;
-        // SAFETY: caller's contract (pinned source, valid device range).
-        self.call(
-            unsafe { (self.api.cuMemcpyHtoDAsync)(target, source.cast(), len_bytes, entry.stream) },
-            "cuMemcpyHtoDAsync",
-        )
+        self.in_engine_context(entry.ordinal, || {
+            // SAFETY: caller's contract (pinned source, valid device range); the engine
+            // context is current and owns the stream.
+            self.call(
+                unsafe {
+                    (self.api.cuMemcpyHtoDAsync)(target, source.cast(), len_bytes, entry.stream)
+                },
+                "cuMemcpyHtoDAsync",
+            )
+        })
     }
 
     unsafe fn copy_from_device_async(
@@ -618,71 +820,47 @@ impl Device for CudaDevice {
         len_bytes: usize,
     ) -> Result<(), DeviceError> {
         let entry = Self::internal(stream);
-        self.make_current(entry.ordinal)?;
-        // SAFETY: caller's contract.
-        self.call(
-            unsafe { (self.api.cuMemcpyDtoHAsync)(target.cast(), source, len_bytes, entry.stream) },
-            "cuMemcpyDtoHAsync",
-        )
+        self.in_engine_context(entry.ordinal, || {
+            // SAFETY: caller's contract; the engine context is current and owns the stream.
+            self.call(
+                unsafe {
+                    (self.api.cuMemcpyDtoHAsync)(target.cast(), source, len_bytes, entry.stream)
+                },
+                "cuMemcpyDtoHAsync",
+            )
+        })
     }
 
     fn record_event(&self, stream: InternalStream) -> Result<EventHandle, DeviceError> {
         let entry = Self::internal(stream);
-        self.make_current(entry.ordinal)?;
-        let pooled = self.event_pools[entry.ordinal as usize]
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .pop();
-        let event = match pooled {
-            Some(event) => event,
-            None => {
-                let mut event: CUevent = std::ptr::null_mut();
-                // SAFETY: valid out-pointer.
-                let code = unsafe { (self.api.cuEventCreate)(&mut event, CU_EVENT_DISABLE_TIMING) };
-                self.call(code, "cuEventCreate")?;
-                Box::new(EventEntry { event, ordinal: entry.ordinal })
-            }
-        };
-        // SAFETY: event and stream belong to the same (current) context.
-        let code = unsafe { (self.api.cuEventRecord)(event.event, entry.stream) };
-        if let Err(error) = self.call(code, "cuEventRecord") {
-            self.destroy_event(EventHandle(handle::leak(event)));
-            return Err(error);
-        }
-        Ok(EventHandle(handle::leak(event)))
+        self.in_engine_context(entry.ordinal, || self.record_event_in_context(entry))
     }
 
     fn event_done(&self, event: EventHandle) -> Result<bool, DeviceError> {
         let entry = Self::event(event);
-        self.make_current(entry.ordinal)?;
-        // SAFETY: a live event of ours.
-        match unsafe { (self.api.cuEventQuery)(entry.event) } {
-            CUDA_SUCCESS => Ok(true),
-            CUDA_ERROR_NOT_READY => Ok(false),
-            code => Err(self.error(code, "cuEventQuery")),
-        }
+        self.in_engine_context(entry.ordinal, || {
+            // SAFETY: a live event of ours.
+            match unsafe { (self.api.cuEventQuery)(entry.event) } {
+                CUDA_SUCCESS => Ok(true),
+                CUDA_ERROR_NOT_READY => Ok(false),
+                code => Err(self.error(code, "cuEventQuery")),
+            }
+        })
     }
 
     fn destroy_event(&self, event: EventHandle) {
         // SAFETY: a leaked Box<EventEntry> from record_event, released once.
         let entry = unsafe { handle::reclaim::<EventEntry>(event.0) };
-        let mut pool =
-            self.event_pools[entry.ordinal as usize].lock().unwrap_or_else(|p| p.into_inner());
-        if pool.len() < EVENT_POOL_CAP {
-            pool.push(entry);
-        } else {
-            drop(pool);
-            let _ = self.make_current(entry.ordinal);
-            // SAFETY: our event, destroyed once (CUDA defers the release if it is pending).
-            unsafe { (self.api.cuEventDestroy)(entry.event) };
-        }
+        self.pool_or_destroy_event(entry);
     }
 
     fn synchronize_internal(&self, stream: InternalStream) -> Result<(), DeviceError> {
         let entry = Self::internal(stream);
-        self.make_current(entry.ordinal)?;
-        // SAFETY: our stream.
-        self.call(unsafe { (self.api.cuStreamSynchronize)(entry.stream) }, "cuStreamSynchronize")
+        self.in_engine_context(entry.ordinal, || {
+            // SAFETY: our stream, of the engine context.
+            let code = unsafe { (self.api.cuStreamSynchronize)(entry.stream) };
+            self.call(code, "cuStreamSynchronize")
+        })
     }
 
     unsafe fn write_value32_internal(
@@ -692,21 +870,22 @@ impl Device for CudaDevice {
         value: u32,
     ) -> Result<(), DeviceError> {
         let entry = Self::internal(stream);
-        self.make_current(entry.ordinal)?;
-        // SAFETY: caller's contract: a live pinned word.
-        self.call(
-            unsafe {
-                (self.api.cuStreamWriteValue32)(
-                    entry.stream,
-                    word_device_addr,
-                    value,
-                    CU_STREAM_WRITE_VALUE_DEFAULT,
-                )
-            },
-            "cuStreamWriteValue32",
-        )
+        self.in_engine_context(entry.ordinal, || {
+            // SAFETY: caller's contract: a live pinned word (portable, so mapped in the
+            // engine context too).
+            self.call(
+                unsafe {
+                    (self.api.cuStreamWriteValue32)(
+                        entry.stream,
+                        word_device_addr,
+                        value,
+                        CU_STREAM_WRITE_VALUE_DEFAULT,
+                    )
+                },
+                "cuStreamWriteValue32",
+            )
+        })
     }
-
     unsafe fn launch_host_func(
         &self,
         stream: StreamHandle,
@@ -823,27 +1002,28 @@ impl Device for CudaDevice {
         host: *mut u8,
         len_bytes: usize,
     ) -> Result<(), DeviceError> {
-        let context = *self
-            .contexts
-            .get(device_ordinal as usize)
-            .ok_or(DeviceError::new(DeviceError::HIP_ERROR_INVALID_DEVICE, "no such device"))?;
-        // The caller's context goes back on top when we pop ours; the thread-local cache
-        // of `make_current` is not involved (it describes executor threads).
-        // SAFETY: a primary context we retained.
-        let pushed = unsafe { (self.api.cuCtxPushCurrent)(context as CUcontext) };
-        self.call(pushed, "cuCtxPushCurrent")?;
-        // SAFETY: the caller's contract; our context is current.
-        let copied = unsafe {
-            self.copy_now_in_context(device_ordinal, direction, device_addr, host, len_bytes)
-        };
-        let mut popped: CUcontext = std::ptr::null_mut();
-        // SAFETY: pops the context pushed above.
-        let popped_code = unsafe { (self.api.cuCtxPopCurrent)(&mut popped) };
-        copied.and(self.call(popped_code, "cuCtxPopCurrent"))
+        // In the engine context (pushed on a caller's thread, popped after): the copy runs
+        // on a stream of ours that no application stream shares a hardware queue with, so
+        // a sync read never waits behind a stream the caller holds.
+        self.in_engine_context(device_ordinal, || {
+            // SAFETY: the caller's contract; the engine context is current.
+            unsafe {
+                self.copy_now_in_context(device_ordinal, direction, device_addr, host, len_bytes)
+            }
+        })
     }
 
     fn hardware_queue_setting(&self) -> Option<String> {
-        Some(self.hardware_queues.describe())
+        let isolation: Vec<&str> = (0..self.contexts.len() as u32)
+            .map(|ordinal| {
+                if self.engine_isolated(ordinal) { "own context" } else { "SHARED primary context" }
+            })
+            .collect();
+        Some(format!(
+            "{}; engine copies per device: {}",
+            self.hardware_queues.describe(),
+            isolation.join(", ")
+        ))
     }
 
     fn supports_stream_memops(&self, device_ordinal: u32) -> bool {

@@ -72,11 +72,13 @@ pub const CU_MEMORYTYPE_UNIFIED: c_uint = 4;
 pub const CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1: c_int = 92;
 
 macro_rules! driver_api {
-    ($( $field:ident : fn($($arg:ty),*) = [$($symbol:literal),+]; )*) => {
-        /// The entry points, resolved once.
+    (required { $( $field:ident : fn($($arg:ty),*) = [$($symbol:literal),+]; )* }
+     optional { $( $opt_field:ident : fn($($opt_arg:ty),*) = [$($opt_symbol:literal),+]; )* }) => {
+        /// The entry points, resolved once (`Option` for those a driver may lack).
         #[allow(non_snake_case, reason = "names follow cuda.h")]
         pub struct Api {
             $( pub $field: unsafe extern "C" fn($($arg),*) -> CUresult, )*
+            $( pub $opt_field: Option<unsafe extern "C" fn($($opt_arg),*) -> CUresult>, )*
             _library: Library,
         }
 
@@ -92,6 +94,10 @@ macro_rules! driver_api {
                         // signature is exactly this function type (cuda.h).
                         unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn($($arg),*) -> CUresult>(address) }
                     }, )*
+                    $( $opt_field: library.symbol(&[$($opt_symbol),+]).ok().map(|address| {
+                        // SAFETY: as above.
+                        unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn($($opt_arg),*) -> CUresult>(address) }
+                    }), )*
                     _library: library,
                 })
             }
@@ -100,6 +106,7 @@ macro_rules! driver_api {
 }
 
 driver_api! {
+    required {
     cuInit: fn(c_uint) = ["cuInit"];
     cuDriverGetVersion: fn(*mut c_int) = ["cuDriverGetVersion"];
     cuDeviceGetCount: fn(*mut c_int) = ["cuDeviceGetCount"];
@@ -135,6 +142,12 @@ driver_api! {
     cuStreamBatchMemOp: fn(CUstream, c_uint, *mut CUstreamBatchMemOpParams, c_uint) = ["cuStreamBatchMemOp_v2", "cuStreamBatchMemOp"];
     cuPointerGetAttributes: fn(c_uint, *mut c_int, *mut *mut c_void, CUdeviceptr) = ["cuPointerGetAttributes"];
     cuGetErrorName: fn(CUresult, *mut *const c_char) = ["cuGetErrorName"];
+    }
+    optional {
+        // The CUDA 11/12 ABI of `cuCtxCreate` (flags, device); CUDA 13 drivers keep it.
+        cuCtxCreate_v2: fn(*mut CUcontext, c_uint, CUdevice) = ["cuCtxCreate_v2"];
+        cuMemGetInfo: fn(*mut usize, *mut usize) = ["cuMemGetInfo_v2"];
+    }
 }
 
 /// A `dlopen`ed library, closed on drop.
