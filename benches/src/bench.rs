@@ -2,7 +2,6 @@
 //! shares (cache control, pattern fills, verification).
 
 use std::fs::File;
-use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -16,11 +15,11 @@ use hipfile_runtime::{Driver, HandleId};
 
 use crate::cli::{DeviceArg, DirectArg};
 use crate::error::{Context, Failure, Result, fail};
-use crate::mem::{DeviceBuf, Pinned, StreamSet, download, upload};
+use crate::mem::{DeviceBuf, Pinned, download, memset, upload};
 use crate::{pattern, sys};
 
 /// Byte written over buffers before a read run, so that a read that did nothing fails.
-const POISON: u8 = 0xA5;
+pub const POISON: u8 = 0xA5;
 
 /// Device, driver and configuration in effect.
 pub struct Env {
@@ -149,31 +148,67 @@ pub fn default_file_path() -> PathBuf {
     std::env::temp_dir().join(format!("hipfile-bench-{}.dat", std::process::id()))
 }
 
-/// Creates the file and writes the pattern for `seed` from `host` (filled here).
-fn create_file(
-    path: &Path,
-    size: u64,
-    direct: bool,
-    keep: bool,
-    host: &mut Pinned,
-    seed: u64,
-) -> Result<TestFile> {
-    let mut plain = sys::open_rw(path, false, true).ctx(format!("creating {}", path.display()))?;
-    let remove = |e: Failure| {
-        if !keep {
-            let _ = std::fs::remove_file(path);
+impl TestFile {
+    /// Creates (overwrites) the file at `path` with the pattern for `seed`, written
+    /// through `scratch` in pieces of its length; removed on drop unless `keep`.
+    pub fn create(
+        path: &Path,
+        size: u64,
+        direct: bool,
+        keep: bool,
+        scratch: &mut [u8],
+        seed: u64,
+    ) -> Result<TestFile> {
+        let plain = sys::open_rw(path, false, true).ctx(format!("creating {}", path.display()))?;
+        let remove = |e: Failure| {
+            if !keep {
+                let _ = std::fs::remove_file(path);
+            }
+            e
+        };
+        plain.set_len(0).ctx("truncating the test file").map_err(remove)?;
+        write_pattern(&plain, 0, size, seed, scratch)
+            .ctx(format!("writing {}", path.display()))
+            .map_err(remove)?;
+        sys::fdatasync(&plain).ctx("fdatasync of the test file").map_err(remove)?;
+        let io = sys::open_rw(path, direct, false)
+            .ctx(format!("opening {}", path.display()))
+            .map_err(remove)?;
+        Ok(TestFile { path: path.to_owned(), io, plain, size, seed, keep })
+    }
+
+    /// Opens a file that another process made with [`TestFile::create`] and that holds
+    /// the pattern for `seed`; kept on drop.
+    pub fn open_existing(path: &Path, size: u64, direct: bool, seed: u64) -> Result<TestFile> {
+        let open = |direct| sys::open_rw(path, direct, false);
+        let plain = open(false).ctx(format!("opening {}", path.display()))?;
+        let len = plain.metadata().ctx(format!("stat {}", path.display()))?.len();
+        if len < size {
+            return fail(format!("{} is {len} bytes, expected {size}", path.display()));
         }
-        e
-    };
-    plain.set_len(0).ctx("truncating the test file").map_err(remove)?;
-    let bytes = &mut host.bytes_mut()[..size as usize];
-    pattern::fill(bytes, 0, seed);
-    plain.write_all(bytes).ctx(format!("writing {}", path.display())).map_err(remove)?;
-    sys::fdatasync(&plain).ctx("fdatasync of the test file").map_err(remove)?;
-    let io = sys::open_rw(path, direct, false)
-        .ctx(format!("opening {}", path.display()))
-        .map_err(remove)?;
-    Ok(TestFile { path: path.to_owned(), io, plain, size, seed, keep })
+        let io = open(direct).ctx(format!("opening {}", path.display()))?;
+        Ok(TestFile { path: path.to_owned(), io, plain, size, seed, keep: true })
+    }
+}
+
+/// Writes the file bytes `[offset, offset + len)` of the pattern for `seed` to `file`,
+/// through `scratch` (filled here) in pieces of its length.
+pub fn write_pattern(
+    file: &File,
+    offset: u64,
+    len: u64,
+    seed: u64,
+    scratch: &mut [u8],
+) -> std::io::Result<()> {
+    let piece_max = scratch.len().max(1) as u64;
+    let mut done = 0;
+    while done < len {
+        let piece = &mut scratch[..piece_max.min(len - done) as usize];
+        pattern::fill(piece, offset + done, seed);
+        hipfile_runtime::file::pwrite_full(file.as_raw_fd(), piece, offset + done)?;
+        done += piece.len() as u64;
+    }
+    Ok(())
 }
 
 /// What the cold-cache option could do.
@@ -269,7 +304,7 @@ impl Bench {
         let len = usize::try_from(size).ctx("file size")?;
         let mut host = Pinned::alloc(&env.device, len)?;
         let dev = DeviceBuf::alloc(&env.device, len)?;
-        let file = create_file(&path, size, env.direct.effective, keep, &mut host, 1)?;
+        let file = TestFile::create(&path, size, env.direct.effective, keep, host.bytes_mut(), 1)?;
         let handle = env.driver.handle_register(file.io.as_raw_fd()).ctx("handle_register")?;
         env.driver.buf_register(dev.addr, size, 0).ctx("buf_register")?;
         let cold = cold.then(|| ColdInfo {
@@ -331,11 +366,7 @@ impl Bench {
 
     /// Overwrites the device buffer with [`POISON`].
     pub fn poison_device(&self) -> std::result::Result<(), RunError> {
-        let streams = StreamSet::create(self.device(), 1).map_err(failed("poison"))?;
-        // SAFETY: the range is the device buffer we own; synchronized below.
-        unsafe { self.device().memset_on(streams.handles[0], self.dev.addr, POISON, self.dev.len) }
-            .map_err(|e| RunError::Failed(format!("memset: {e}")))?;
-        streams.sync_all().map_err(failed("poison"))
+        memset(self.device(), self.dev.addr, POISON, self.dev.len).map_err(failed("poison"))
     }
 
     /// Overwrites the host buffer with [`POISON`].

@@ -59,16 +59,19 @@ pub struct RunArgs {
     /// Test file size (default: 256M on the cpu device, 2G on a GPU).
     #[arg(long, value_parser = parse_size)]
     pub file_size: Option<u64>,
-    /// I/O size per op; a list is swept. Multiples of 4K.
-    #[arg(long, value_parser = parse_size, value_delimiter = ',', default_value = "16M")]
+    /// I/O size per op; a list is swept. Multiples of 4K (default: 16M; with
+    /// `--mode sweep`: 4K,1M,4M,16M).
+    #[arg(long, value_parser = parse_size, value_delimiter = ',')]
     pub io_size: Vec<u64>,
-    /// Streams (baselines: threads); a list is swept (default: usable CPUs, at most 8).
+    /// Streams (baselines: threads); a list is swept (default: usable CPUs, at most 8;
+    /// with `--mode sweep`: 1,2,4,8,16,24,28,32,33,40,48,64,128,256).
     #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=256))]
     pub streams: Vec<u32>,
     /// Engine executors (sets the executor CPUs; default: HIPFILE_THREADS / HIPFILE_CPUS).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub threads: Option<u32>,
-    /// I/O patterns to run, comma-separated.
+    /// I/O patterns to run, comma-separated; `sweep` (given alone) is the stream-count
+    /// sweep: every case in a child process under a time limit, HANG reported.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "read,write")]
     pub mode: Vec<Mode>,
     /// O_DIRECT: on, off or auto (default: HIPFILE_ODIRECT, else off = page cache).
@@ -110,6 +113,74 @@ pub struct RunArgs {
     /// libcufile to load for the cuFile baseline instead of the default search.
     #[arg(long, value_name = "PATH")]
     pub cufile: Option<PathBuf>,
+    /// `--mode sweep`: stream registration flag sets (fixed: every stream 0xF; none: 0;
+    /// mixed: 0xF and 0 alternating).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "fixed,none,mixed")]
+    pub sweep_flags: Vec<SweepFlags>,
+    /// `--mode sweep`: async ops per stream (lowered, then the op size, where a case would
+    /// exceed the file).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub ops_per_stream: u32,
+    /// `--mode sweep`: seconds a case may take before it is reported as HANG (and its
+    /// process asked for the driver's pending report, then killed).
+    #[arg(long, value_name = "SECS", default_value_t = 60,
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub case_timeout: u64,
+    /// `--mode sweep`, internal: run one case in this process (`read:24:mixed:4M:4`).
+    #[arg(long, hide = true, value_name = "CASE")]
+    pub sweep_case: Option<String>,
+    /// `--mode sweep`, for tests: every case pauses its streams for good before it
+    /// submits, so that it hangs and the HANG path runs.
+    #[arg(long, hide = true)]
+    pub sweep_selftest_hang: bool,
+}
+
+impl RunArgs {
+    /// `--io-size`, else 16M (4K,1M,4M,16M for `--mode sweep`).
+    pub fn io_sizes(&self) -> Vec<u64> {
+        match (self.io_size.is_empty(), self.is_sweep()) {
+            (false, _) => self.io_size.clone(),
+            (true, false) => vec![16 << 20],
+            (true, true) => vec![4 << 10, 1 << 20, 4 << 20, 16 << 20],
+        }
+    }
+
+    /// Whether `--mode` asks for the stream-count sweep.
+    pub fn is_sweep(&self) -> bool {
+        self.mode.contains(&Mode::Sweep)
+    }
+}
+
+/// `--sweep-flags`: how the streams of a sweep case are registered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum SweepFlags {
+    /// Every stream registered with 0xF (all FIXED, page aligned).
+    Fixed,
+    /// Every stream registered with 0 (parameters bound when the stream reaches the op).
+    None,
+    /// Streams 0, 2, 4, ... with 0xF; 1, 3, 5, ... with 0.
+    Mixed,
+}
+
+impl SweepFlags {
+    /// The registration flags of stream `index`.
+    pub fn of(self, index: usize) -> u32 {
+        match self {
+            SweepFlags::Fixed => 0xF,
+            SweepFlags::None => 0,
+            SweepFlags::Mixed if index.is_multiple_of(2) => 0xF,
+            SweepFlags::Mixed => 0,
+        }
+    }
+
+    /// The `--sweep-flags` name.
+    pub fn name(self) -> &'static str {
+        match self {
+            SweepFlags::Fixed => "fixed",
+            SweepFlags::None => "none",
+            SweepFlags::Mixed => "mixed",
+        }
+    }
 }
 
 /// `--device`.
@@ -145,6 +216,9 @@ pub enum Mode {
     Randread,
     /// Writes in a random order (every chunk once).
     Randwrite,
+    /// The stream-count sweep (reads and writes on 1..256 streams, each case in a child
+    /// process under `--case-timeout`); given alone.
+    Sweep,
 }
 
 impl Mode {
@@ -155,6 +229,7 @@ impl Mode {
             Mode::Write => "WRITE",
             Mode::Randread => "RANDREAD",
             Mode::Randwrite => "RANDWRITE",
+            Mode::Sweep => "SWEEP",
         }
     }
 

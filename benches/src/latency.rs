@@ -128,9 +128,7 @@ fn check_device_blocks(b: &mut Bench, iterations: usize) -> Result<(), RunError>
 }
 
 fn params(offset: u64) -> Arc<AsyncParams> {
-    let p = AsyncParams::new(OP_BYTES, offset as i64);
-    p.buffer_offset_bytes.store(offset as i64, Ordering::Relaxed);
-    p
+    crate::workload::op_params(OP_BYTES, offset, offset)
 }
 
 fn check_done(p: &AsyncParams) -> Result<(), RunError> {

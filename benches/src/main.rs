@@ -18,6 +18,8 @@ mod pattern;
 mod report;
 mod runner;
 mod svg;
+mod sweep;
+mod sweep_case;
 mod sys;
 mod workload;
 
@@ -40,6 +42,7 @@ fn main() -> ExitCode {
     // cuFile reads its environment when it loads: set it while the process has one thread.
     let cufile_json = match (&cli.command, cli.run.device) {
         (None, Some(DeviceArg::Cpu)) | (Some(_), _) => None,
+        (None, _) if cli.run.is_sweep() => None,
         (None, _) => cufile::prepare_environment(),
     };
     let result = match &cli.command {
@@ -52,7 +55,7 @@ fn main() -> ExitCode {
     match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => {
-            eprintln!("hipfile-bench: a hipfile-rs result was WRONG or FAILED (see above)");
+            eprintln!("hipfile-bench: a hipfile-rs result was WRONG, FAILED or HANG (see above)");
             ExitCode::FAILURE
         }
         Err(error) => {

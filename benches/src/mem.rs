@@ -124,10 +124,22 @@ impl StreamSet {
 
     /// Registers every stream with the driver (`hipFileStreamRegister(stream, flags)`).
     pub fn register(&mut self, driver: &Arc<Driver>, flags: u32) -> Result<()> {
-        for &stream in &self.handles {
+        self.register_each(driver, |_| flags)
+    }
+
+    /// Registers stream `i` with the driver with flags `flags_of(i)`.
+    pub fn register_each(
+        &mut self,
+        driver: &Arc<Driver>,
+        flags_of: impl Fn(usize) -> u32,
+    ) -> Result<()> {
+        // Set first: a failure part-way still deregisters the streams registered so far
+        // (deregistering one that is not registered is a harmless error).
+        self.driver = Some(Arc::clone(driver));
+        for (index, &stream) in self.handles.iter().enumerate() {
+            let flags = flags_of(index);
             driver.stream_register(stream, flags).ctx(format!("stream_register(flags {flags})"))?;
         }
-        self.driver = Some(Arc::clone(driver));
         Ok(())
     }
 
@@ -150,6 +162,15 @@ impl Drop for StreamSet {
             let _ = self.device.destroy_user_stream(stream);
         }
     }
+}
+
+/// Sets `len` bytes of device memory at `target` to `byte`, and waits.
+pub fn memset(device: &Arc<dyn UserDevice>, target: u64, byte: u8, len: usize) -> Result<()> {
+    let streams = StreamSet::create(device, 1)?;
+    // SAFETY: the caller passes a range of its own device allocation that no other work
+    // uses; synchronized below.
+    unsafe { device.memset_on(streams.handles[0], target, byte, len) }.ctx("device memset")?;
+    streams.sync_all()
 }
 
 /// Copies `len` bytes of `host` (from its start) to device address `target`, and waits.

@@ -14,7 +14,7 @@ use crate::error::{Result, fail};
 use crate::latency::{self, LatencyReport};
 use crate::report::{self, Case, Row};
 use crate::workload::{self, Xfer, plan};
-use crate::{baselines, cufile, svg, sys};
+use crate::{baselines, cufile, svg, sweep, sys};
 
 const MIB: u64 = 1 << 20;
 const PAGE: u64 = 4096;
@@ -33,8 +33,9 @@ struct JsonReport {
     stats: Option<StatsInfo>,
 }
 
+/// The device, for JSON reports.
 #[derive(Serialize)]
-struct DeviceInfo {
+pub struct DeviceInfo {
     backend: &'static str,
     count: u32,
     stream_memops: bool,
@@ -58,8 +59,9 @@ struct ConfigInfo {
     cold: Option<String>,
 }
 
+/// The test file, for JSON reports.
 #[derive(Serialize)]
-struct FileInfo {
+pub struct FileInfo {
     path: String,
     size_bytes: u64,
     filesystem: String,
@@ -89,18 +91,20 @@ fn default_streams() -> Vec<u32> {
 }
 
 /// The file size: given, else 256 MiB on the cpu device and 2 GiB on a GPU; whole pages.
-fn file_size(args: &RunArgs, env: &Env) -> u64 {
+pub fn file_size(args: &RunArgs, env: &Env) -> u64 {
     let default = if env.backend == "cpu" { 256 * MIB } else { 2048 * MIB };
     args.file_size.unwrap_or(default).div_ceil(PAGE) * PAGE
 }
 
-fn check_args(args: &RunArgs) -> Result<()> {
-    if let Some(bad) = args.io_size.iter().find(|&&s| !s.is_multiple_of(PAGE)) {
+/// Checks the options that clap cannot: I/O sizes and the chart's file name.
+pub fn check_args(args: &RunArgs) -> Result<()> {
+    let sizes = args.io_sizes();
+    if let Some(bad) = sizes.iter().find(|&&s| !s.is_multiple_of(PAGE)) {
         return fail(format!(
             "--io-size {bad} is not a multiple of 4K (O_DIRECT and PAGE_ALIGNED need it)"
         ));
     }
-    if let Some(bad) = args.io_size.iter().find(|&&s| s > 1 << 30) {
+    if let Some(bad) = sizes.iter().find(|&&s| s > 1 << 30) {
         return fail(format!("--io-size {} is above 1G", format_size(*bad)));
     }
     if let Some(path) = &args.plot
@@ -113,7 +117,7 @@ fn check_args(args: &RunArgs) -> Result<()> {
 
 /// Host memory the buffers need: pinned memory of the file's size, plus the device
 /// buffer itself on the cpu device (its memory is host memory).
-fn check_memory(env: &Env, size: u64) -> Result<()> {
+pub fn check_memory(env: &Env, size: u64) -> Result<()> {
     let copies = if env.backend == "cpu" { 2 } else { 1 };
     let need = size * copies + env.config.pinned_cap_bytes() as u64;
     match sys::mem_available_bytes() {
@@ -127,7 +131,8 @@ fn check_memory(env: &Env, size: u64) -> Result<()> {
     }
 }
 
-fn describe_env(env: &Env, path: &Path, size: u64, args: &RunArgs) {
+/// Prints the device, the configuration in effect and the test file.
+pub fn describe_env(env: &Env, path: &Path, size: u64, args: &RunArgs) {
     let c = &env.config;
     let memops = env.device.supports_stream_memops(0);
     println!(
@@ -162,11 +167,17 @@ fn describe_env(env: &Env, path: &Path, size: u64, args: &RunArgs) {
     }
 }
 
-fn file_path(args: &RunArgs) -> (PathBuf, bool) {
+/// The test file's path, and whether the user named it (then it is kept).
+pub fn file_path(args: &RunArgs) -> (PathBuf, bool) {
     match &args.file {
         Some(path) => (path.clone(), true),
         None => (default_file_path(), false),
     }
+}
+
+/// The directory of the test file (where O_DIRECT is probed).
+pub fn file_dir(path: &Path) -> PathBuf {
+    path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")).to_path_buf()
 }
 
 /// Opens cuFile on the cuda device; `(driver, status line)`.
@@ -216,7 +227,7 @@ fn cases(args: &RunArgs, cufile: bool) -> Vec<Case> {
     modes.dedup();
     let mut list = Vec::new();
     for &mode in &modes {
-        for &io_size in &args.io_size {
+        for io_size in args.io_sizes() {
             for &s in &streams {
                 for xfer in xfers(mode, !args.no_baselines, cufile) {
                     list.push(Case { mode, io_size, streams: s as usize, xfer });
@@ -344,6 +355,25 @@ fn print_stats(s: &StatsInfo) {
     );
 }
 
+/// The device part of a JSON report.
+pub fn device_info(env: &Env) -> DeviceInfo {
+    DeviceInfo {
+        backend: env.backend,
+        count: env.device.device_count(),
+        stream_memops: env.device.supports_stream_memops(0),
+    }
+}
+
+/// The file part of a JSON report.
+pub fn file_info(env: &Env, path: &Path, size: u64) -> FileInfo {
+    FileInfo {
+        path: path.display().to_string(),
+        size_bytes: size,
+        filesystem: sys::fs_type(path.parent().unwrap_or(Path::new("/"))),
+        cache: env.direct.label(),
+    }
+}
+
 fn json_report(
     b: &Bench,
     args: &RunArgs,
@@ -359,11 +389,7 @@ fn json_report(
     JsonReport {
         tool: format!("hipfile-bench {}", env!("CARGO_PKG_VERSION")),
         command_line: std::env::args().collect(),
-        device: DeviceInfo {
-            backend: b.env.backend,
-            count: b.env.device.device_count(),
-            stream_memops: b.env.device.supports_stream_memops(0),
-        },
+        device: device_info(&b.env),
         config: ConfigInfo {
             executor_cpus: c.executor_cpus.clone(),
             staging_chunk_bytes: c.staging_chunk_bytes,
@@ -380,12 +406,7 @@ fn json_report(
             verify: b.verify,
             cold,
         },
-        file: FileInfo {
-            path: b.file.path.display().to_string(),
-            size_bytes: b.file.size,
-            filesystem: sys::fs_type(b.file.path.parent().unwrap_or(Path::new("/"))),
-            cache: b.env.direct.label(),
-        },
+        file: file_info(&b.env, &b.file.path, b.file.size),
         cufile,
         results,
         latency,
@@ -427,7 +448,7 @@ fn write_outputs(
 fn describe_runs(args: &RunArgs, b: &Bench) {
     let streams = if args.streams.is_empty() { default_streams() } else { args.streams.clone() };
     let modes: Vec<&str> = args.mode.iter().map(|m| m.io_type()).collect();
-    let sizes: Vec<String> = args.io_size.iter().map(|&s| format_size(s)).collect();
+    let sizes: Vec<String> = args.io_sizes().iter().map(|&s| format_size(s)).collect();
     println!(
         "runs: {} x io size {} x streams {:?}; stream flags {}; {} rep(s), median by throughput; verify {}",
         modes.join(","),
@@ -452,12 +473,13 @@ fn describe_runs(args: &RunArgs, b: &Bench) {
 /// The benchmark (or, with `--latency`, the latency mode). `Ok(false)` when a
 /// hipfile-rs result was wrong or failed.
 pub fn main(args: &RunArgs) -> Result<bool> {
+    if args.is_sweep() {
+        return sweep::main(args);
+    }
     let started = std::time::Instant::now();
     check_args(args)?;
     let (path, keep) = file_path(args);
-    let dir =
-        path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")).to_path_buf();
-    let env = open_env(args.device, args.threads, args.direct, &dir)?;
+    let env = open_env(args.device, args.threads, args.direct, &file_dir(&path))?;
     let size = file_size(args, &env);
     check_memory(&env, size)?;
     describe_env(&env, &path, size, args);

@@ -1,4 +1,5 @@
-//! Operating-system helpers: CPU time, page-cache control, O_DIRECT probes, limits.
+//! Operating-system helpers: CPU time, page-cache control, O_DIRECT probes, limits,
+//! SIGUSR1 (the sweep's watchdog).
 
 use std::ffi::CString;
 use std::fs::{File, OpenOptions};
@@ -7,6 +8,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// User + system CPU seconds of the whole process (every thread) so far.
 pub fn cpu_seconds() -> f64 {
@@ -156,4 +158,44 @@ pub fn mem_available_bytes() -> Option<u64> {
     let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
+}
+
+/// Set by the SIGUSR1 handler; read (and cleared) by [`take_sigusr1`].
+static SIGUSR1_SEEN: AtomicBool = AtomicBool::new(false);
+
+/// The SIGUSR1 handler: one lock-free atomic store, which is async-signal-safe.
+extern "C" fn note_sigusr1(_signal: libc::c_int) {
+    SIGUSR1_SEEN.store(true, Ordering::SeqCst);
+}
+
+/// Installs a SIGUSR1 handler that only records the signal (see [`take_sigusr1`]);
+/// interrupted system calls restart.
+pub fn catch_sigusr1() -> io::Result<()> {
+    // SAFETY: an all-zero sigaction is a valid value of the plain C struct.
+    let mut action: libc::sigaction = unsafe { std::mem::zeroed() };
+    action.sa_sigaction = note_sigusr1 as extern "C" fn(libc::c_int) as libc::sighandler_t;
+    action.sa_flags = libc::SA_RESTART;
+    // SAFETY: `action.sa_mask` is a valid, writable sigset_t.
+    unsafe { libc::sigemptyset(&mut action.sa_mask) };
+    // SAFETY: a valid sigaction whose handler only does an async-signal-safe atomic
+    // store; the old action is not asked for (NULL).
+    if unsafe { libc::sigaction(libc::SIGUSR1, &action, std::ptr::null_mut()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Whether SIGUSR1 arrived since the last call.
+pub fn take_sigusr1() -> bool {
+    SIGUSR1_SEEN.swap(false, Ordering::SeqCst)
+}
+
+/// Sends SIGUSR1 to `child`, which has not been reaped yet (so its pid is still ours).
+pub fn send_sigusr1(child: &std::process::Child) -> io::Result<()> {
+    let pid = libc::pid_t::try_from(child.id()).map_err(|_| io::Error::other("pid range"))?;
+    // SAFETY: a plain syscall; `pid` is our own unreaped child, not a reused pid.
+    if unsafe { libc::kill(pid, libc::SIGUSR1) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }

@@ -213,7 +213,8 @@ pub fn threaded_sample(plan: &[Vec<Op>], measured: (Vec<f64>, f64, f64)) -> Samp
     Sample { seconds, bytes, ops, latencies_us, submit_us: Vec::new(), cpu_seconds }
 }
 
-fn direction(read: bool) -> Direction {
+/// Read or write.
+pub fn direction(read: bool) -> Direction {
     if read { Direction::Read } else { Direction::Write }
 }
 
@@ -310,13 +311,16 @@ impl<'a> Tracker<'a> {
     }
 }
 
+/// Parameters of one op: `len` bytes at `file_offset`, buffer offset `buffer_offset`.
+pub fn op_params(len: usize, file_offset: u64, buffer_offset: u64) -> Arc<AsyncParams> {
+    let params = AsyncParams::new(len, file_offset as i64);
+    params.buffer_offset_bytes.store(buffer_offset as i64, Ordering::Relaxed);
+    params
+}
+
 /// Parameters of every op (buffer offset = file offset).
 pub fn make_params(plan: &[Vec<Op>]) -> Vec<Vec<Arc<AsyncParams>>> {
-    let make = |op: &Op| {
-        let params = AsyncParams::new(op.len, op.offset as i64);
-        params.buffer_offset_bytes.store(op.offset as i64, Ordering::Relaxed);
-        params
-    };
+    let make = |op: &Op| op_params(op.len, op.offset, op.offset);
     plan.iter().map(|ops| ops.iter().map(make).collect()).collect()
 }
 
@@ -340,21 +344,26 @@ pub fn check_counts(plan: &[Vec<Op>], params: &[Vec<Arc<AsyncParams>>]) -> Resul
     Ok(())
 }
 
-/// Calls `submit(stream index, op index)` round-robin over the streams (so that every
-/// stream has work in flight early), polling completions in between.
+/// `(stream index, op index)` of every op of `plan`, round-robin over the streams (so
+/// that every stream has work in flight early).
+pub fn round_robin(plan: &[Vec<Op>]) -> impl Iterator<Item = (usize, usize)> + '_ {
+    let longest = plan.iter().map(Vec::len).max().unwrap_or(0);
+    (0..longest)
+        .flat_map(move |i| (0..plan.len()).filter(move |&s| i < plan[s].len()).map(move |s| (s, i)))
+}
+
+/// Calls `submit(stream index, op index)` in [`round_robin`] order, polling completions
+/// in between.
 fn submit_round_robin(
     plan: &[Vec<Op>],
     tracker: &mut Tracker<'_>,
     mut submit: impl FnMut(usize, usize) -> Result<(), RunError>,
 ) -> Result<(), RunError> {
-    let longest = plan.iter().map(Vec::len).max().unwrap_or(0);
-    for i in 0..longest {
-        for s in (0..plan.len()).filter(|&s| i < plan[s].len()) {
-            let start = Instant::now();
-            submit(s, i)?;
-            tracker.submitted(s, start);
-            tracker.poll();
-        }
+    for (s, i) in round_robin(plan) {
+        let start = Instant::now();
+        submit(s, i)?;
+        tracker.submitted(s, start);
+        tracker.poll();
     }
     Ok(())
 }
