@@ -31,9 +31,10 @@ if command -v gcc >/dev/null && [ -f "$cuda_inc/cuda_runtime_api.h" ]; then
   run "C cuda_async.c (hipfile.h + CUDA runtime)" bash -c "gcc -std=c11 -Wall -Wextra -I'$bundle/include' -I'$cuda_inc' \
     '$bundle/c/cuda_async.c' -L'$bundle/lib' -lhipfile -L'$cuda_lib' -lcudart -lcuda -o /tmp/hf-cuda-async \
     && LD_LIBRARY_PATH='$bundle/lib:$cuda_lib' timeout 60 /tmp/hf-cuda-async"
-  # The never-hang sweep from C: every stream count 1..256 x flags x sizes, reads and
-  # writes, each case in a child process that is killed and reported HANG past 60 s.
-  run "C stream_sweep.c (never-hang sweep, 360 cases)" bash -c "gcc -std=c11 -O2 -Wall -Wextra -I'$bundle/include' -I'$cuda_inc' \
+  # The never-hang sweep from C: every stream count 1..256, 4 MiB reads and writes, and
+  # the application-gate / around-open variants, each case in a child process that is
+  # killed and reported HANG past 60 s (`/tmp/hf-stream-sweep 60 full`: 360 cases).
+  run "C stream_sweep.c (never-hang sweep, 52 cases)" bash -c "gcc -std=c11 -O2 -Wall -Wextra -I'$bundle/include' -I'$cuda_inc' \
     '$bundle/c/stream_sweep.c' -L'$bundle/lib' -lhipfile -L'$cuda_lib' -lcudart -lcuda -o /tmp/hf-stream-sweep \
     && LD_LIBRARY_PATH='$bundle/lib:$cuda_lib' /tmp/hf-stream-sweep 60"
 else

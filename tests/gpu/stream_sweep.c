@@ -3,8 +3,12 @@
  * application would do it (hipfile.h + the CUDA runtime; see cuda_async.c for why not
  * HIP's headers). Built and run by tests/gpu/run-gpu-suite.sh:
  *     gcc stream_sweep.c -I<hipfile include> -I<cuda include> -lhipfile -lcudart -lcuda
- *     ./stream_sweep [case-timeout-seconds] [quick]
- * ("quick": only the issue's case, 4 MiB reads with mixed flags at every stream count.)
+ *     ./stream_sweep [case-timeout-seconds] [quick|suite|full]
+ * quick: the case that hung, 4 MiB reads with mixed flags, at every stream count (14);
+ * suite (default): 4 MiB reads and writes with mixed flags at every count, and the
+ * variants (52); full: every count x flag set x size 4K/1M/4M/16M x read/write, and
+ * the variants (360). The Rust suite (runtime/tests/async_sweep.rs) runs the full
+ * matrix in one process.
  *
  * One case: one file, one device buffer, N non-blocking streams (registered: even ones
  * with flags 0xF, odd ones with 0, or all 0xF, or all 0), OPS async ops of SIZE per
@@ -155,7 +159,8 @@ static int run_case(const struct sweep_case *c, const char *path) {
 
 int main(int argc, char **argv) {
     int timeout_s = argc > 1 ? atoi(argv[1]) : 60;
-    int quick = argc > 2 && strcmp(argv[2], "quick") == 0;
+    const char *mode = argc > 2 ? argv[2] : "suite";
+    int quick = strcmp(mode, "quick") == 0, full = strcmp(mode, "full") == 0;
     if (timeout_s <= 0) timeout_s = 60;
     const char *dir = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
     char path[4096];
@@ -174,7 +179,8 @@ int main(int argc, char **argv) {
             for (int f = 0; f < 3; f++)
                 for (size_t ci = 0; ci < sizeof counts / sizeof *counts; ci++) {
                     struct sweep_case c = {w, counts[ci], sizes[si], 4, (enum flagset)f, PLAIN};
-                    if (quick && (w || sizes[si] != (4u << 20) || f != MIXED)) continue;
+                    if (!full && (sizes[si] != (4u << 20) || f != MIXED)) continue;
+                    if (quick && w) continue;
                     while ((size_t)c.streams * c.ops * c.size > case_cap && c.ops > 1) c.ops--;
                     while ((size_t)c.streams * c.ops * c.size > case_cap) c.size /= 2;
                     cases[ncases++] = c;
