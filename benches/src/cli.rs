@@ -56,7 +56,8 @@ pub struct RunArgs {
     /// (default: a temporary file, removed at the end).
     #[arg(long)]
     pub file: Option<PathBuf>,
-    /// Test file size (default: 256M on the cpu device, 2G on a GPU).
+    /// Test file size (default: 256M on the cpu device, 2G on a GPU); with `--mode
+    /// sweep`, the most bytes one case covers (the file is no larger than the largest case).
     #[arg(long, value_parser = parse_size)]
     pub file_size: Option<u64>,
     /// I/O size per op; a list is swept. Multiples of 4K (default: 16M; with

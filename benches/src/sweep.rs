@@ -52,7 +52,7 @@ impl SweepCase {
         let asked = (self.asked_io_size, self.asked_ops_per_stream);
         (asked != (spec.io_size, spec.ops_per_stream)).then(|| {
             format!(
-                "asked io={} x{}/stream = {}, over the {} per case (the file)",
+                "fitted: asked io={} x{}/stream = {}, the file is {}",
                 format_size(self.asked_io_size),
                 self.asked_ops_per_stream,
                 format_size(self.asked_io_size * (self.asked_ops_per_stream * spec.streams) as u64),
@@ -147,7 +147,7 @@ impl SweepRow {
             self.status.name()
         );
         if let (Some(seconds), Some(rate)) = (self.seconds, self.gib_per_s) {
-            out.push_str(&format!(" {seconds:.3} s {rate:.2} GiB/s"));
+            out.push_str(&format!(" {seconds:.3} s {} GiB/s", three_digits(rate)));
         }
         if let Some(detail) = &self.detail {
             out.push_str(&format!(": {detail}"));
@@ -161,6 +161,13 @@ impl SweepRow {
         }
         out
     }
+}
+
+/// `rate` with three significant digits (at least two decimals): 1.91, 0.0123.
+fn three_digits(rate: f64) -> String {
+    let magnitude = if rate > 0.0 { rate.log10().floor() as i32 } else { 0 };
+    let decimals = (2 - magnitude).clamp(2, 9) as usize;
+    format!("{rate:.decimals$}")
 }
 
 /// Fits `ops_per_stream` ops of `io_size` on each of `streams` streams into `cap`
@@ -507,7 +514,7 @@ fn describe(args: &RunArgs, streams: &[u32], sizes: &[u64], cases: usize, cap: u
     let flags: Vec<&str> = args.sweep_flags.iter().map(|f| f.name()).collect();
     let sizes: Vec<String> = sizes.iter().map(|&s| format_size(s)).collect();
     println!(
-        "sweep: {cases} cases = streams {streams:?} x flags {} x io {} x read,write; {} ops per stream into one device buffer, all submitted before any stream is synchronized; every byte and byte count checked",
+        "sweep: {cases} cases = streams {streams:?} x flags {} x io {} x read,write; {} op(s) per stream into one device buffer, all submitted before any stream is synchronized; every byte and byte count checked",
         flags.join(","),
         sizes.join(","),
         args.ops_per_stream
@@ -583,6 +590,54 @@ pub fn main(args: &RunArgs) -> Result<bool> {
 mod tests {
     use super::*;
 
+    fn case() -> SweepCase {
+        let spec = CaseSpec {
+            read: true,
+            streams: 2,
+            flags: crate::cli::SweepFlags::Mixed,
+            io_size: 1 << 20,
+            ops_per_stream: 4,
+        };
+        SweepCase { spec, asked_io_size: 16 << 20, asked_ops_per_stream: 4, cap_bytes: 8 << 20 }
+    }
+
+    #[test]
+    fn exits_are_classified() {
+        use std::os::unix::process::ExitStatusExt;
+        let (ok, failed, killed) =
+            (ExitStatus::from_raw(0), ExitStatus::from_raw(1 << 8), ExitStatus::from_raw(9));
+        let line = |status: &str, seconds: &str| {
+            format!(
+                "noise\n{RESULT_PREFIX}{{\"status\":\"{status}\",\"seconds\":{seconds},\"detail\":\"d\"}}\n"
+            )
+        };
+        let pass = exited_row(&case(), ok, &line("PASS", "0.5"), "", 1.0);
+        assert_eq!((pass.status, pass.seconds), (Status::Pass, Some(0.5)));
+        assert!((pass.gib_per_s.unwrap() - 8.0 / 1024.0 / 0.5).abs() < 1e-12);
+        assert!(
+            pass.text().contains("io=1M ops=8 PASS 0.500 s 0.0156 GiB/s (fitted: asked io=16M")
+        );
+        let wrong = exited_row(&case(), failed, &line("WRONG", "null"), "err\n", 1.0);
+        assert_eq!((wrong.status, wrong.detail.as_deref()), (Status::Wrong, Some("d")));
+        let crash = exited_row(&case(), killed, "", "a\nb\n", 1.0);
+        assert_eq!(crash.status, Status::Fail);
+        assert_eq!(crash.detail.as_deref(), Some("killed by signal 9, no result"));
+        assert_eq!(crash.stderr_tail, ["a", "b"]);
+        let late = exited_row(&case(), failed, &line("PASS", "0.5"), "", 1.0);
+        assert_eq!(late.detail.as_deref(), Some("result PASS, then exit status 1"));
+        assert!(summary(&[pass, wrong, crash]).starts_with(
+            "sweep: 3 cases, 1 PASS, 0 HANG, 1 FAIL, 1 WRONG\n  not PASS: read streams=2"
+        ));
+    }
+
+    #[test]
+    fn rates_keep_three_digits() {
+        assert_eq!(three_digits(1.914), "1.91");
+        assert_eq!(three_digits(12.34), "12.34");
+        assert_eq!(three_digits(0.012345), "0.0123");
+        assert_eq!(three_digits(0.0), "0.00");
+    }
+
     #[test]
     fn cases_fit_the_file_ops_first_then_size() {
         const M: u64 = 1 << 20;
@@ -592,7 +647,8 @@ mod tests {
         assert_eq!(fit(33, 4, 16 * M, 256 * M), (1, 4 * M));
         assert_eq!(fit(256, 4, 16 * M, 256 * M), (1, M));
         assert_eq!(fit(256, 4, 16 * M, 2048 * M), (1, 8 * M));
-        assert_eq!(fit(256, 4, 4096, 1024 * 4096), (1, 4096));
+        assert_eq!(fit(256, 4, 4096, 1024 * 4096), (4, 4096));
+        assert_eq!(fit(256, 4, 4096, 256 * 4096), (1, 4096));
         for (streams, ops, size, cap) in [(33usize, 4usize, 16 * M, 256 * M), (7, 3, 12288, M)] {
             let (ops_fit, size_fit) = fit(streams, ops, size, cap);
             assert!(streams as u64 * ops_fit as u64 * size_fit <= cap);

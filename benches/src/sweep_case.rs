@@ -84,7 +84,7 @@ impl CaseSpec {
     }
 
     /// `read:24:mixed:4M:4`, the `--sweep-case` argument.
-    pub fn to_arg(&self) -> String {
+    pub fn to_arg(self) -> String {
         format!(
             "{}:{}:{}:{}:{}",
             self.direction_name(),
@@ -164,12 +164,12 @@ pub fn run(args: &RunArgs, text: &str) -> Result<bool> {
     Ok(result.status == "PASS")
 }
 
-/// The case's buffers and streams (dropped streams first: they synchronize before the
-/// memory they used goes away).
+/// The case's streams and buffers. Fields drop in declaration order: the streams first
+/// (they synchronize), then the memory they used.
 struct Rig {
-    dev: DeviceBuf,
-    host: Pinned,
     streams: StreamSet,
+    host: Pinned,
+    dev: DeviceBuf,
 }
 
 impl Rig {
@@ -180,7 +180,7 @@ impl Rig {
         let host = Pinned::alloc(&env.device, len)?;
         let mut streams = StreamSet::create(&env.device, spec.streams)?;
         streams.register_each(&env.driver, |s| spec.flags.of(s))?;
-        Ok(Rig { dev, host, streams })
+        Ok(Rig { streams, host, dev })
     }
 
     fn len(&self) -> usize {

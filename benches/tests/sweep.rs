@@ -1,0 +1,122 @@
+//! `hipfile-bench --mode sweep` through the built binary, on the cpu device: a small
+//! sweep passes (and lands in the JSON report), and a case that hangs on purpose
+//! (`--sweep-selftest-hang`) is reported as HANG, with the driver's pending report,
+//! within its time limit.
+
+use std::io::Read;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// Longest a whole test run of the binary may take before the test kills it and fails.
+const RUN_LIMIT: Duration = Duration::from_secs(300);
+
+/// Runs `hipfile-bench` on the cpu device with `args`; kills it and panics after
+/// [`RUN_LIMIT`] (the test itself must never hang). Returns its output and wall time.
+fn bench(args: &[&str]) -> (Output, Duration) {
+    let started = Instant::now();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hipfile-bench"))
+        .args(["--device", "cpu"])
+        .args(args)
+        .env("HIPFILE_DEVICE", "cpu")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting hipfile-bench");
+    let mut pipes = (child.stdout.take().unwrap(), child.stderr.take().unwrap());
+    let stderr_reader = std::thread::spawn(move || {
+        let mut text = Vec::new();
+        let _ = pipes.1.read_to_end(&mut text);
+        text
+    });
+    let stdout_reader = std::thread::spawn(move || {
+        let mut text = Vec::new();
+        let _ = pipes.0.read_to_end(&mut text);
+        text
+    });
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("waiting for hipfile-bench") {
+            break status;
+        }
+        if started.elapsed() > RUN_LIMIT {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("hipfile-bench {args:?} ran over {RUN_LIMIT:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let stdout = stdout_reader.join().unwrap();
+    let stderr = stderr_reader.join().unwrap();
+    (Output { status, stdout, stderr }, started.elapsed())
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn small_sweep_passes_on_the_cpu_device() {
+    let json =
+        std::env::temp_dir().join(format!("hipfile-bench-sweep-{}.json", std::process::id()));
+    let json_arg = json.to_str().unwrap();
+    let (output, _) = bench(&[
+        "--mode",
+        "sweep",
+        "--streams",
+        "1,4,33",
+        "--io-size",
+        "4K,1M",
+        "--ops-per-stream",
+        "2",
+        "--json",
+        json_arg,
+    ]);
+    let (stdout, stderr) = (text(&output.stdout), text(&output.stderr));
+    assert!(output.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(stdout.contains("sweep: 36 cases, 36 PASS, 0 HANG, 0 FAIL, 0 WRONG"), "{stdout}");
+    for expected in [
+        "sweep read  streams=33 flags=mixed io=1M ops=66 PASS",
+        "sweep write streams=33 flags=none io=4K ops=66 PASS",
+        "sweep write streams=1 flags=fixed io=4K ops=2 PASS",
+    ] {
+        assert!(stdout.contains(expected), "no `{expected}` in:\n{stdout}");
+    }
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&json);
+    let rows = report["sweep"].as_array().unwrap();
+    assert_eq!(rows.len(), 36);
+    assert!(rows.iter().all(|row| row["status"] == "PASS"), "{report}");
+    assert_eq!(report["pass"], 36);
+}
+
+#[test]
+fn a_hanging_case_is_reported_as_hang_within_its_timeout() {
+    let (output, elapsed) = bench(&[
+        "--mode",
+        "sweep",
+        "--streams",
+        "2",
+        "--io-size",
+        "4K",
+        "--sweep-flags",
+        "mixed",
+        "--ops-per-stream",
+        "1",
+        "--case-timeout",
+        "2",
+        "--sweep-selftest-hang",
+    ]);
+    let (stdout, stderr) = (text(&output.stdout), text(&output.stderr));
+    assert!(!output.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(stdout.contains("sweep: 2 cases, 0 PASS, 2 HANG, 0 FAIL, 0 WRONG"), "{stdout}");
+    assert!(
+        stdout.contains("sweep read  streams=2 flags=mixed io=4K ops=2 HANG: no result after 2 s"),
+        "{stdout}"
+    );
+    // The child's pending report, under the HANG line: both streams hold their op.
+    assert_eq!(stdout.matches("| hipfile pending report:").count(), 2, "{stdout}");
+    assert!(stdout.contains("submitted 1, reached 0"), "{stdout}");
+    // Two cases of 2 s each, plus the report's grace and the kill: far below a minute.
+    assert!(elapsed < Duration::from_secs(60), "took {elapsed:?}");
+}
