@@ -23,6 +23,7 @@ use crate::{report, sys};
 const DEFAULT_STREAMS: [u32; 14] = [1, 2, 4, 8, 16, 24, 28, 32, 33, 40, 48, 64, 128, 256];
 /// Bytes per page: the smallest op, and the unit op sizes are cut down in.
 const PAGE: u64 = 4096;
+const GIB: f64 = (1u64 << 30) as f64;
 /// Scratch for writing the file's pattern.
 const SCRATCH_BYTES: u64 = 64 << 20;
 /// How often the parent looks at a running child.
@@ -388,7 +389,14 @@ impl Launcher {
             }
             Ending::TimedOut { reported, reaped } => {
                 let mut row = SweepRow::new(case, Status::Hang, seconds);
-                let mut detail = format!("no result after {} s", self.timeout.as_secs());
+                let mut detail = match result_of(&stdout.text()) {
+                    Some(r) => format!(
+                        "result {} printed, then no exit within {} s",
+                        r.status,
+                        self.timeout.as_secs()
+                    ),
+                    None => format!("no result after {} s", self.timeout.as_secs()),
+                };
                 if !reported {
                     detail.push_str(&format!(
                         "; no pending report within {} s of SIGUSR1",
@@ -406,6 +414,15 @@ impl Launcher {
     }
 }
 
+/// The child's result line, if it printed one.
+fn result_of(stdout: &str) -> Option<CaseResult> {
+    stdout
+        .lines()
+        .rev()
+        .find_map(|line| line.strip_prefix(RESULT_PREFIX))
+        .and_then(|json| serde_json::from_str(json).ok())
+}
+
 /// The row of a child that exited: its result line, else how it ended.
 fn exited_row(
     case: &SweepCase,
@@ -415,11 +432,7 @@ fn exited_row(
     case_seconds: f64,
 ) -> SweepRow {
     use std::os::unix::process::ExitStatusExt;
-    let result: Option<CaseResult> = stdout
-        .lines()
-        .rev()
-        .find_map(|line| line.strip_prefix(RESULT_PREFIX))
-        .and_then(|json| serde_json::from_str(json).ok());
+    let result = result_of(stdout);
     let ended = match (status.code(), status.signal()) {
         (Some(code), _) => format!("exit status {code}"),
         (None, Some(signal)) => format!("killed by signal {signal}"),
@@ -443,8 +456,6 @@ fn exited_row(
     row.stderr_tail = tail(stderr, FAIL_TAIL_LINES);
     row
 }
-
-const GIB: f64 = (1u64 << 30) as f64;
 
 /// Checks the options that do not fit the sweep, then the common ones.
 fn check_args(args: &RunArgs) -> Result<()> {
