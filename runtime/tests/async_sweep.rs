@@ -31,8 +31,9 @@ const STREAM_COUNTS: [usize; 14] = [1, 2, 4, 8, 16, 24, 28, 32, 33, 40, 48, 64, 
 /// Ops submitted on each stream before any synchronization (fewer when a case would
 /// pass [`case_cap_bytes`]).
 const OPS_PER_STREAM: usize = 4;
-/// How long one case may take before the watchdog fails it.
-const CASE_LIMIT: Duration = Duration::from_secs(45);
+/// How long one case may take before the watchdog fails it (less than the helpers'
+/// [`HANG_GUARD`], so that the watchdog's report comes first).
+const CASE_LIMIT: Duration = Duration::from_secs(20);
 
 /// Registration flags of the streams of one case.
 #[derive(Clone, Copy, Debug)]
@@ -154,6 +155,7 @@ impl Sweep {
         // The engine (its streams, its context) starts between the two halves.
         self.rig.driver.engine().expect("engine starts");
         handles.extend((before_open..streams).map(|_| self.rig.stream()));
+        println!("case: {what}");
         let watchdog = Watchdog::arm(&self.rig.driver, what.clone(), CASE_LIMIT);
         let mut gates = Vec::new();
         for (index, &stream) in handles.iter().enumerate() {

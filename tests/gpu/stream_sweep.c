@@ -65,6 +65,16 @@ struct sweep_case {
 static unsigned char pattern(size_t i, unsigned seed) { return (unsigned char)((i * 131u + seed) % 251u); }
 static hipStream_t hs(cudaStream_t s) { return (hipStream_t)(void *)s; }
 
+/* pread/pwrite move at most 0x7ffff000 bytes a call: loop until all are moved. */
+static int full_io(int fd, unsigned char *buf, size_t len, int write) {
+    for (size_t done = 0; done < len;) {
+        ssize_t n = write ? pwrite(fd, buf + done, len - done, (off_t)done) : pread(fd, buf + done, len - done, (off_t)done);
+        if (n <= 0) { perror(write ? "pwrite" : "pread"); return -1; }
+        done += (size_t)n;
+    }
+    return 0;
+}
+
 static double now_s(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
@@ -79,7 +89,7 @@ static int run_case(const struct sweep_case *c, const char *path) {
     if (fd < 0) { perror("open"); return 2; }
     unsigned char *host = malloc(total);
     for (size_t i = 0; i < total; i++) host[i] = pattern(i, c->write ? 11 : 5);
-    if (!c->write && pwrite(fd, host, total, 0) != (ssize_t)total) { perror("pwrite"); return 2; }
+    if (!c->write && full_io(fd, host, total, 1) != 0) return 2;
 
     cudaStream_t *streams = calloc(n, sizeof *streams);
     int before = c->variant == CREATED_AROUND_OPEN ? n / 2 : 0;
@@ -141,7 +151,7 @@ static int run_case(const struct sweep_case *c, const char *path) {
         }
     unsigned char *back = malloc(total);
     if (c->write) {
-        if (pread(fd, back, total, 0) != (ssize_t)total) { perror("pread"); return 2; }
+        if (full_io(fd, back, total, 0) != 0) return 2;
     } else {
         CU(cudaMemcpy(back, dev, total, cudaMemcpyDeviceToHost));
     }
