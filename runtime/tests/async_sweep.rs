@@ -76,10 +76,10 @@ fn case_cap_bytes() -> usize {
     if on_cpu() { 16 * MIB } else { 512 * MIB }
 }
 
-/// The engine: the small test engine on the `cpu` device (2 cores here); the default
-/// configuration on a GPU, as an application gets it.
+/// The engine: the small test engine on the `cpu` device (2 cores here); on a GPU the
+/// configuration an application gets (defaults and `HIPFILE_*` variables).
 fn sweep_config() -> Config {
-    if on_cpu() { small_config() } else { Config::default() }
+    if on_cpu() { small_config() } else { Config::from_env().expect("HIPFILE_* variables") }
 }
 
 /// Ops per stream and op size of a case of `streams` streams of `size`-byte ops.
@@ -263,5 +263,35 @@ fn sweep_with_streams_created_around_open() {
             let mut sweep = Sweep::new("around-open");
             sweep.run(direction, streams, FlagSet::Mixed, 4 * MIB, Variant::CreatedAroundOpen);
         }
+    }
+}
+
+/// A sweep chosen from the environment, for investigating one corner by hand:
+/// `HIPFILE_SWEEP_SIZE` (bytes per op), `HIPFILE_SWEEP_STREAMS` (counts, comma-separated),
+/// `HIPFILE_SWEEP_FLAGS` (`fixed`, `none` or `mixed`), `HIPFILE_SWEEP_WRITE=1` for writes.
+/// Skipped when `HIPFILE_SWEEP_SIZE` is unset.
+#[test]
+fn sweep_from_environment() {
+    let Some(size) = std::env::var("HIPFILE_SWEEP_SIZE").ok().and_then(|v| v.parse().ok()) else {
+        println!("skipped: HIPFILE_SWEEP_SIZE is unset");
+        return;
+    };
+    let counts: Vec<usize> = std::env::var("HIPFILE_SWEEP_STREAMS")
+        .ok()
+        .map(|list| list.split(',').filter_map(|n| n.trim().parse().ok()).collect())
+        .unwrap_or_else(|| STREAM_COUNTS.to_vec());
+    let flags = match std::env::var("HIPFILE_SWEEP_FLAGS").as_deref() {
+        Ok("none") => FlagSet::NoneFixed,
+        Ok("mixed") => FlagSet::Mixed,
+        _ => FlagSet::AllFixed,
+    };
+    let direction = if std::env::var("HIPFILE_SWEEP_WRITE").as_deref() == Ok("1") {
+        Direction::Write
+    } else {
+        Direction::Read
+    };
+    let mut sweep = Sweep::new("environment");
+    for streams in counts {
+        sweep.run(direction, streams, flags, size, Variant::Plain);
     }
 }

@@ -17,6 +17,16 @@
 //! cyclic sense of CUDA's GEQ; a release counter would have to wrap past 2³² for that to
 //! matter.
 //!
+//! **Hardware queues (not measured on an AMD GPU).** HIP maps streams onto
+//! `GPU_MAX_HW_QUEUES` hardware queues per device (4 by default), round-robin, and a
+//! stream held on a wait-value blocks what shares its queue, as on CUDA. HIP has no
+//! separate context to put the engine in (`hipCtxCreate` is deprecated and shares the
+//! device's queues), so the engine's copy streams are created with the greatest stream
+//! priority: ROCm keeps one queue pool per priority, so they share no queue with an
+//! application's default-priority streams. An application that makes high-priority
+//! streams of its own and holds them can still share a queue with the engine; that and
+//! the whole analysis wait for a run on an AMD GPU.
+//!
 //! `hipError_t` numbers are reported as [`DeviceError::hip_error`] unchanged.
 
 use std::cell::Cell;
@@ -24,15 +34,15 @@ use std::ffi::{CStr, c_int, c_uint, c_void};
 use std::sync::{Arc, Mutex};
 
 use hip_sys::hiprt::{
-    hipDeviceAttribute_t, hipDeviceGetAttribute, hipError_t, hipEvent_t, hipEventCreateWithFlags,
-    hipEventDestroy, hipEventDisableTiming, hipEventQuery, hipEventRecord, hipFree, hipGetDevice,
-    hipGetDeviceCount, hipGetErrorName, hipHostFree, hipHostGetDevicePointer, hipHostMalloc,
-    hipHostMallocMapped, hipHostMallocPortable, hipHostRegister, hipHostRegisterMapped,
-    hipHostRegisterPortable, hipHostUnregister, hipInit, hipMalloc, hipMemcpyDtoHAsync,
-    hipMemcpyHtoDAsync, hipMemsetD8Async, hipPointerAttribute_t, hipPointerGetAttributes,
-    hipSetDevice, hipStream_t, hipStreamAddCallback, hipStreamCreateWithFlags, hipStreamDestroy,
-    hipStreamNonBlocking, hipStreamSynchronize, hipStreamWaitValue32, hipStreamWaitValueGte,
-    hipStreamWriteValue32,
+    hipDeviceAttribute_t, hipDeviceGetAttribute, hipDeviceGetStreamPriorityRange, hipError_t,
+    hipEvent_t, hipEventCreateWithFlags, hipEventDestroy, hipEventDisableTiming, hipEventQuery,
+    hipEventRecord, hipFree, hipGetDevice, hipGetDeviceCount, hipGetErrorName, hipHostFree,
+    hipHostGetDevicePointer, hipHostMalloc, hipHostMallocMapped, hipHostMallocPortable,
+    hipHostRegister, hipHostRegisterMapped, hipHostRegisterPortable, hipHostUnregister, hipInit,
+    hipMalloc, hipMemcpyDtoHAsync, hipMemcpyHtoDAsync, hipMemsetD8Async, hipPointerAttribute_t,
+    hipPointerGetAttributes, hipSetDevice, hipStream_t, hipStreamAddCallback,
+    hipStreamCreateWithFlags, hipStreamCreateWithPriority, hipStreamDestroy, hipStreamNonBlocking,
+    hipStreamSynchronize, hipStreamWaitValue32, hipStreamWaitValueGte, hipStreamWriteValue32,
 };
 
 use super::{
@@ -473,8 +483,21 @@ impl Device for RocmDevice {
     }
 
     fn create_internal_stream(&self, device_ordinal: u32) -> Result<InternalStream, DeviceError> {
-        let handle = self.create_stream(device_ordinal)?;
-        let entry = Box::new(InternalEntry { stream: stream_of(handle), ordinal: device_ordinal });
+        // The greatest priority HIP offers: ROCm keeps its hardware queues in one pool per
+        // priority, so the engine's copy streams do not share a queue with the
+        // application's normal-priority streams, where a stream held on an async op's
+        // wait-value would block them (see the module documentation).
+        self.make_current(device_ordinal)?;
+        let (mut least, mut greatest): (c_int, c_int) = (0, 0);
+        // SAFETY: valid out-pointers.
+        let ranged = unsafe { hipDeviceGetStreamPriorityRange(&mut least, &mut greatest) };
+        let priority = if ranged == hipError_t::hipSuccess { greatest } else { 0 };
+        let mut stream: hipStream_t = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; the device is current.
+        let code =
+            unsafe { hipStreamCreateWithPriority(&mut stream, hipStreamNonBlocking, priority) };
+        call(code, "hipStreamCreateWithPriority")?;
+        let entry = Box::new(InternalEntry { stream, ordinal: device_ordinal });
         Ok(InternalStream(handle::leak(entry)))
     }
 
