@@ -47,6 +47,9 @@ const EVENT_POOL_CAP: usize = 1024;
 struct InternalEntry {
     stream: CUstream,
     ordinal: u32,
+    /// Device scratch of [`CudaDevice::min_copy_bytes`] for small host → device copies
+    /// (made on first use in the engine context; 0 = none).
+    scratch: std::sync::OnceLock<CUdeviceptr>,
 }
 
 /// An event and its device (boxed; `EventHandle` holds the box's address).
@@ -88,6 +91,13 @@ pub struct CudaDevice {
     /// the process.
     caller_streams: Vec<Mutex<Vec<usize>>>,
     hardware_queues: HardwareQueues,
+    /// Pinned host ranges we allocated or registered (start → length), for
+    /// [`CudaDevice::bounce_window`].
+    pinned_ranges: Mutex<std::collections::BTreeMap<usize, usize>>,
+    /// Host → device copies shorter than this go through a device scratch buffer as one
+    /// copy of this many bytes and a device → device copy (`HIPFILE_CUDA_MIN_COPY_BYTES`;
+    /// 0 = never).
+    min_copy_bytes: usize,
 }
 
 /// The CUDA variable that sets how many hardware queues a context's streams share.
@@ -222,6 +232,11 @@ impl CudaDevice {
             event_pools,
             caller_streams,
             hardware_queues,
+            pinned_ranges: Mutex::new(std::collections::BTreeMap::new()),
+            min_copy_bytes: std::env::var("HIPFILE_CUDA_MIN_COPY_BYTES")
+                .ok()
+                .and_then(|value| value.trim().parse().ok())
+                .unwrap_or(0),
         }))
     }
 
@@ -486,6 +501,78 @@ impl CudaDevice {
         enqueued.and(synced)
     }
 
+    /// Records a pinned range we allocated or registered (`Some(len)`), or forgets it.
+    fn note_pinned(&self, start: usize, len_bytes: Option<usize>) {
+        let mut ranges = self.pinned_ranges.lock().unwrap_or_else(|p| p.into_inner());
+        match len_bytes {
+            Some(len_bytes) => ranges.insert(start, len_bytes),
+            None => ranges.remove(&start),
+        };
+    }
+
+    /// A window of [`CudaDevice::min_copy_bytes`] inside one pinned range of ours that
+    /// holds `source..source + len_bytes` (its start), if there is one.
+    fn bounce_window(&self, source: usize, len_bytes: usize) -> Option<usize> {
+        let window = self.min_copy_bytes;
+        let ranges = self.pinned_ranges.lock().unwrap_or_else(|p| p.into_inner());
+        let (&start, &len) = ranges.range(..=source).next_back()?;
+        let end = start + len;
+        if source + len_bytes > end || len < window {
+            return None;
+        }
+        Some(source.min(end - window).max(start))
+    }
+
+    /// A short host → device copy as one copy of a whole pinned window into the stream's
+    /// device scratch and a device → device copy of the wanted bytes to `target`.
+    ///
+    /// # Safety
+    /// `window..window + min_copy_bytes` is pinned memory of ours holding
+    /// `source..source + len_bytes`; the target range is valid device memory; the engine
+    /// context is current.
+    unsafe fn copy_through_scratch(
+        &self,
+        entry: &InternalEntry,
+        target: u64,
+        window: usize,
+        source: *const u8,
+        len_bytes: usize,
+    ) -> Result<(), DeviceError> {
+        let scratch = match entry.scratch.get() {
+            Some(&scratch) => scratch,
+            None => {
+                let mut scratch: CUdeviceptr = 0;
+                // SAFETY: valid out-pointer; the engine context is current.
+                let code = unsafe { (self.api.cuMemAlloc)(&mut scratch, self.min_copy_bytes) };
+                self.call(code, "cuMemAlloc")?;
+                *entry.scratch.get_or_init(|| scratch)
+            }
+        };
+        let copy_in = self.call(
+            // SAFETY: the window is pinned memory of ours (caller); the scratch holds
+            // min_copy_bytes; the stream orders this after earlier uses of the scratch.
+            unsafe {
+                (self.api.cuMemcpyHtoDAsync)(
+                    scratch,
+                    window as *const c_void,
+                    self.min_copy_bytes,
+                    entry.stream,
+                )
+            },
+            "cuMemcpyHtoDAsync",
+        );
+        copy_in?;
+        let offset = (source as usize - window) as u64;
+        self.call(
+            // SAFETY: the scratch bytes were just copied in (stream order); the target is
+            // the caller's valid device range.
+            unsafe {
+                (self.api.cuMemcpyDtoDAsync)(target, scratch + offset, len_bytes, entry.stream)
+            },
+            "cuMemcpyDtoDAsync",
+        )
+    }
+
     /// Records a pooled (or new) event on `entry`'s stream; the engine context is current.
     fn record_event_in_context(&self, entry: &InternalEntry) -> Result<EventHandle, DeviceError> {
         let pooled = self.event_pools[entry.ordinal as usize]
@@ -727,11 +814,13 @@ impl Device for CudaDevice {
                 unsafe { (self.api.cuMemFreeHost)(host) };
                 return Err(self.error(mapped, "cuMemHostGetDevicePointer"));
             }
+            self.note_pinned(host as usize, Some(len_bytes));
             Ok(PinnedRegion { host_ptr: host.cast(), device_addr, len_bytes })
         })
     }
 
     unsafe fn free_pinned(&self, region: PinnedRegion) {
+        self.note_pinned(region.host_ptr as usize, None);
         let _ = self.in_engine_context(0, || {
             // SAFETY: the caller guarantees the region came from alloc_pinned and is idle.
             self.call(unsafe { (self.api.cuMemFreeHost)(region.host_ptr.cast()) }, "cuMemFreeHost")
@@ -759,11 +848,13 @@ impl Device for CudaDevice {
                 unsafe { (self.api.cuMemHostUnregister)(host_ptr.cast()) };
                 return Err(self.error(mapped, "cuMemHostGetDevicePointer"));
             }
+            self.note_pinned(host_ptr as usize, Some(len_bytes));
             Ok(device_addr)
         })
     }
 
     unsafe fn unregister_host(&self, host_ptr: *mut u8) {
+        self.note_pinned(host_ptr as usize, None);
         let _ = self.in_engine_context(0, || {
             // SAFETY: the caller guarantees it was registered and is idle.
             let code = unsafe { (self.api.cuMemHostUnregister)(host_ptr.cast()) };
@@ -778,7 +869,11 @@ impl Device for CudaDevice {
             let code = unsafe { (self.api.cuStreamCreate)(&mut stream, CU_STREAM_NON_BLOCKING) };
             self.call(code, "cuStreamCreate").map(|()| stream)
         })?;
-        let entry = Box::new(InternalEntry { stream, ordinal: device_ordinal });
+        let entry = Box::new(InternalEntry {
+            stream,
+            ordinal: device_ordinal,
+            scratch: Default::default(),
+        });
         Ok(InternalStream(handle::leak(entry)))
     }
 
@@ -787,6 +882,12 @@ impl Device for CudaDevice {
         // destroyed once.
         let entry = unsafe { handle::reclaim::<InternalEntry>(stream.0) };
         let _ = self.in_engine_context(entry.ordinal, || {
+            if let Some(&scratch) = entry.scratch.get() {
+                // SAFETY: our stream; once it is idle nothing uses its scratch.
+                unsafe { (self.api.cuStreamSynchronize)(entry.stream) };
+                // SAFETY: allocated in copy_through_scratch, freed once.
+                unsafe { (self.api.cuMemFree)(scratch) };
+            }
             // SAFETY: our own stream, of the engine context.
             self.call(unsafe { (self.api.cuStreamDestroy)(entry.stream) }, "cuStreamDestroy")
         });
@@ -801,6 +902,14 @@ impl Device for CudaDevice {
     ) -> Result<(), DeviceError> {
         let entry = Self::internal(stream);
         self.in_engine_context(entry.ordinal, || {
+            if len_bytes < self.min_copy_bytes
+                && let Some(window) = self.bounce_window(source as usize, len_bytes)
+            {
+                // SAFETY: the window lies in pinned memory of ours and holds the source.
+                return unsafe {
+                    self.copy_through_scratch(entry, target, window, source, len_bytes)
+                };
+            }
             // SAFETY: caller's contract (pinned source, valid device range); the engine
             // context is current and owns the stream.
             self.call(

@@ -128,6 +128,7 @@ driver_api! {
     cuMemcpyHtoDAsync: fn(CUdeviceptr, *const c_void, usize, CUstream) = ["cuMemcpyHtoDAsync_v2", "cuMemcpyHtoDAsync"];
     cuMemcpyDtoHAsync: fn(*mut c_void, CUdeviceptr, usize, CUstream) = ["cuMemcpyDtoHAsync_v2", "cuMemcpyDtoHAsync"];
     cuMemsetD8Async: fn(CUdeviceptr, u8, usize, CUstream) = ["cuMemsetD8Async"];
+    cuMemcpyDtoDAsync: fn(CUdeviceptr, CUdeviceptr, usize, CUstream) = ["cuMemcpyDtoDAsync_v2", "cuMemcpyDtoDAsync"];
     cuStreamCreate: fn(*mut CUstream, c_uint) = ["cuStreamCreate"];
     cuStreamDestroy: fn(CUstream) = ["cuStreamDestroy_v2", "cuStreamDestroy"];
     cuStreamSynchronize: fn(CUstream) = ["cuStreamSynchronize"];
