@@ -295,3 +295,57 @@ fn sweep_from_environment() {
         sweep.run(direction, streams, flags, size, Variant::Plain);
     }
 }
+
+/// `hipFileRead` / `hipFileWrite` (one chunk: on the caller's thread; larger: through the
+/// engine) while the application holds 24 of its own streams on its own gates, from the
+/// same thread: the library's copies never wait behind an application stream. The bytes
+/// are checked after the gates open (the test's own device copies are application work
+/// and may queue behind a held stream).
+#[test]
+fn sync_io_while_the_application_holds_its_streams() {
+    let sweep = Sweep::new("sync-held");
+    let rig = &sweep.rig;
+    rig.driver.open();
+    let streams: Vec<StreamHandle> = (0..24).map(|_| rig.stream()).collect();
+    let gates: Vec<_> = streams.iter().map(|&stream| rig.pause(stream).expect("pause")).collect();
+    let fresh = pattern(0xF00D, 4 * MIB);
+    rig.set_dev_bytes(sweep.buffer + (8 * MIB) as u64, &fresh);
+    let sizes = [4 * KIB, 64 * KIB, 4 * MIB];
+    let watchdog = Watchdog::arm(
+        &rig.driver,
+        format!("sync I/O beside 24 held application streams on {}", rig.backend()),
+        CASE_LIMIT,
+    );
+    // Reads: file and buffer offsets 0, 1, 2 MiB; writes: buffer 8 MiB to file 8, 9, 10 MiB.
+    for (index, &size) in sizes.iter().enumerate() {
+        let offset = index * MIB;
+        let raw = hipfile_core::RawIo {
+            size_bytes: size as u64,
+            file_offset_bytes: offset as i64,
+            buffer_offset_bytes: offset as i64,
+        };
+        let read = rig.driver.io_sync(Direction::Read, sweep.handle, sweep.buffer, raw);
+        assert_eq!(read.expect("sync read"), size);
+        let raw = hipfile_core::RawIo {
+            size_bytes: size as u64,
+            file_offset_bytes: (8 * MIB + offset) as i64,
+            buffer_offset_bytes: (8 * MIB) as i64,
+        };
+        let written = rig.driver.io_sync(Direction::Write, sweep.handle, sweep.buffer, raw);
+        assert_eq!(written.expect("sync write"), size);
+    }
+    drop(watchdog);
+    drop(gates);
+    for &stream in &streams {
+        rig.sync(stream);
+        rig.device.destroy_user_stream(stream).expect("destroy stream");
+    }
+    let contents = sweep.file.contents();
+    for (index, &size) in sizes.iter().enumerate() {
+        let offset = index * MIB;
+        let got = rig.dev_bytes(sweep.buffer + offset as u64, size);
+        assert_bytes(&got, &sweep.contents[offset..offset + size], "sync read");
+        let at = 8 * MIB + offset;
+        assert_bytes(&contents[at..at + size], &fresh[..size], "sync write");
+    }
+}
