@@ -207,8 +207,9 @@ impl Driver {
         if let Some(Ok(engine)) = self.engine.get() {
             let _ = writeln!(
                 report,
-                "  engine: {} executor(s), {:?}",
+                "  engine: {} executor(s) ({} blocking), {:?}",
                 engine.executor_count(),
+                engine.blocking_executor_count(),
                 engine.stats()
             );
         }

@@ -80,3 +80,20 @@ pub(crate) fn set_thread_timer_slack_ns(slack_ns: u64) {
     // thread's slack; a failure leaves the default, which is harmless.
     unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, slack_ns as libc::c_ulong) };
 }
+
+/// Whether this process may create an io_uring: sets one up (4 entries) and closes it.
+/// Fails as the kernel answers (EPERM under a seccomp profile that blocks io_uring,
+/// ENOSYS without io_uring, ENOMEM under a tiny memlock limit on older kernels).
+pub(crate) fn probe_io_uring() -> io::Result<()> {
+    // struct io_uring_params is 120 bytes; zeroed asks for the defaults.
+    let mut params = [0u8; 120];
+    // SAFETY: io_uring_setup(entries, params) with a valid, writable 120-byte params
+    // struct; the returned descriptor (if any) is closed below.
+    let fd = unsafe { libc::syscall(libc::SYS_io_uring_setup, 4u32, params.as_mut_ptr()) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor we own.
+    unsafe { libc::close(fd as libc::c_int) };
+    Ok(())
+}

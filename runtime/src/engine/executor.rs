@@ -36,6 +36,8 @@ pub(super) struct Setup {
     /// Spin before parking ([`spare_cores_for_spinning`]).
     pub spin: bool,
     pub receiver: flume::Receiver<Request>,
+    /// Told once the executor runs (its io_uring and arena are set up).
+    pub ready: flume::Sender<()>,
 }
 
 /// How long an executor keeps polling after its last work before it parks: a job posted
@@ -125,6 +127,7 @@ impl Executor {
 
     async fn run(self: Rc<Self>) {
         self.open_utility_file().await;
+        let _ = self.setup.ready.send(());
         while let Ok(request) = self.setup.receiver.recv_async().await {
             match request {
                 Request::Io(job) => {

@@ -8,6 +8,7 @@
 //! reads or writes each chunk through io_uring (O_DIRECT where aligned), and moves it
 //! across PCIe on its internal stream, with disk and copies overlapped.
 
+mod blocking;
 mod executor;
 mod staging;
 
@@ -130,6 +131,8 @@ pub struct EngineStats {
     pub sync_retry_chunks: AtomicU64,
     /// Synchronous requests of at most one chunk moved on the caller's thread.
     pub caller_thread_requests: AtomicU64,
+    /// Jobs moved by a blocking executor (its glommio executor could not start).
+    pub blocking_jobs: AtomicU64,
 }
 
 impl EngineStats {
@@ -151,6 +154,8 @@ pub struct EngineStatsSnapshot {
     pub sync_retry_chunks: u64,
     /// Synchronous requests of at most one chunk moved on the caller's thread.
     pub caller_thread_requests: u64,
+    /// Jobs moved by a blocking executor.
+    pub blocking_jobs: u64,
 }
 
 enum Request {
@@ -161,13 +166,34 @@ enum Request {
 
 struct ExecutorLink {
     sender: flume::Sender<Request>,
-    thread: Option<glommio::ExecutorJoinHandle<()>>,
+    thread: Option<ExecutorThread>,
 }
+
+/// An executor's thread: a glommio executor, or a blocking one standing in for it.
+enum ExecutorThread {
+    Glommio(glommio::ExecutorJoinHandle<()>),
+    Blocking(std::thread::JoinHandle<()>),
+}
+
+impl ExecutorThread {
+    fn join(self) {
+        match self {
+            ExecutorThread::Glommio(thread) => drop(thread.join()),
+            ExecutorThread::Blocking(thread) => drop(thread.join()),
+        }
+    }
+}
+
+/// How long a glommio executor may take to report that it started before a blocking
+/// executor takes its place.
+const EXECUTOR_START_LIMIT: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// The engine: N executors and what they share.
 pub struct Engine {
     device: Arc<dyn Device>,
     executors: Vec<ExecutorLink>,
+    /// Executors that run blocking I/O (their glommio executor could not start).
+    blocking_executors: usize,
     fallback: Arc<FallbackPool>,
     stats: Arc<EngineStats>,
     chunk_bytes: usize,
@@ -204,9 +230,17 @@ impl Engine {
             config.pinned_fallback_cap_bytes,
         );
         let stats = Arc::new(EngineStats::default());
-        let mut executors = Vec::with_capacity(config.executor_cpus.len());
+        // Without io_uring (a container's seccomp profile) glommio cannot start: serve
+        // every executor's jobs with a blocking one instead of letting glommio fail.
+        let io_uring = crate::sys::probe_io_uring();
+        let mut starting = Vec::with_capacity(config.executor_cpus.len());
         for (index, &cpu) in config.executor_cpus.iter().enumerate() {
             let (sender, receiver) = flume::bounded(JOB_QUEUE_CAPACITY);
+            if io_uring.is_err() {
+                starting.push((index, sender, None));
+                continue;
+            }
+            let (ready, started) = flume::bounded(1);
             let setup = executor::Setup {
                 index,
                 cpu,
@@ -219,15 +253,62 @@ impl Engine {
                 page_bytes: crate::sys::page_size_bytes(),
                 spin: executor::spare_cores_for_spinning(config.executor_cpus.len()),
                 receiver,
+                ready,
             };
-            let thread = executor::spawn(setup).map_err(|e| EngineError {
-                what: format!("starting executor {index} on CPU {cpu}: {e}"),
-            })?;
-            executors.push(ExecutorLink { sender, thread: Some(thread) });
+            let thread = executor::spawn(setup).ok();
+            starting.push((index, sender, thread.map(|thread| (thread, started))));
+        }
+        let mut executors = Vec::with_capacity(starting.len());
+        let mut blocking = 0;
+        for (index, sender, glommio) in starting {
+            // A glommio executor that reports in serves its own channel; one that could
+            // not be spawned, died starting (its channel's receiver is gone with it) or
+            // did not report in time is replaced by a blocking executor on a new channel
+            // (nothing was posted yet).
+            if let Some((thread, started)) = glommio {
+                match started.recv_timeout(EXECUTOR_START_LIMIT) {
+                    Ok(()) => {
+                        let thread = Some(ExecutorThread::Glommio(thread));
+                        executors.push(ExecutorLink { sender, thread });
+                        continue;
+                    }
+                    // It died starting (the sender went with it): join it.
+                    Err(flume::RecvTimeoutError::Disconnected) => drop(thread.join()),
+                    // Still starting: left to end by itself once it sees its channel closed.
+                    Err(flume::RecvTimeoutError::Timeout) => drop(thread),
+                }
+                drop(sender);
+            }
+            let (sender, receiver) = flume::bounded(JOB_QUEUE_CAPACITY);
+            let setup = blocking::BlockingSetup {
+                index,
+                device: Arc::clone(&device),
+                fallback: Arc::clone(&fallback),
+                stats: Arc::clone(&stats),
+                chunk_bytes: config.staging_chunk_bytes,
+                receiver,
+            };
+            let thread = blocking::spawn(setup)
+                .map_err(|e| EngineError { what: format!("starting executor {index}: {e}") })?;
+            executors.push(ExecutorLink { sender, thread: Some(ExecutorThread::Blocking(thread)) });
+            blocking += 1;
+        }
+        if blocking > 0 {
+            let why = match &io_uring {
+                Err(error) => format!("io_uring is unavailable: {error}"),
+                Ok(()) => "their io_uring executors failed to start (is RLIMIT_MEMLOCK too low?)"
+                    .to_string(),
+            };
+            eprintln!(
+                "hipfile: warning: {blocking} of {} I/O executors run blocking pread/pwrite \
+                 instead of io_uring ({why}): same results, no O_DIRECT, less throughput",
+                executors.len()
+            );
         }
         Ok(Engine {
             device,
             executors,
+            blocking_executors: blocking,
             fallback,
             stats,
             chunk_bytes: config.staging_chunk_bytes,
@@ -242,6 +323,12 @@ impl Engine {
         self.executors.len()
     }
 
+    /// How many executors run blocking `pread`/`pwrite` because their io_uring
+    /// executor could not start (0 normally).
+    pub fn blocking_executor_count(&self) -> usize {
+        self.blocking_executors
+    }
+
     /// Counters.
     pub fn stats(&self) -> EngineStatsSnapshot {
         let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
@@ -251,6 +338,7 @@ impl Engine {
             fallback_chunks: load(&self.stats.fallback_chunks),
             sync_retry_chunks: load(&self.stats.sync_retry_chunks),
             caller_thread_requests: load(&self.stats.caller_thread_requests),
+            blocking_jobs: load(&self.stats.blocking_jobs),
         }
     }
 
@@ -522,7 +610,7 @@ impl Drop for Engine {
             })
             .collect();
         for thread in threads {
-            let _ = thread.join();
+            thread.join();
         }
     }
 }
