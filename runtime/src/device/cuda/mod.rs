@@ -39,6 +39,11 @@ use super::{
     PointerInfo, StreamHandle, WriteThenWaitError, handle,
 };
 
+/// The default of [`CudaDevice::min_copy_bytes`]: the smallest host → device copy seen
+/// to run in the engine context while every hardware queue of the application's context
+/// is held (measured on the H200).
+const MIN_COPY_BYTES: usize = 64 << 10;
+
 /// Most idle events kept per device for reuse.
 const EVENT_POOL_CAP: usize = 1024;
 
@@ -89,14 +94,14 @@ pub struct CudaDevice {
     /// Per device: non-blocking streams of the engine context for [`Device::copy_now`] on
     /// callers' threads (`CUstream` as `usize`), reused; like the event pools, kept for
     /// the process.
-    caller_streams: Vec<Mutex<Vec<usize>>>,
+    caller_streams: Vec<Mutex<Vec<InternalEntry>>>,
     hardware_queues: HardwareQueues,
     /// Pinned host ranges we allocated or registered (start → length), for
     /// [`CudaDevice::bounce_window`].
     pinned_ranges: Mutex<std::collections::BTreeMap<usize, usize>>,
     /// Host → device copies shorter than this go through a device scratch buffer as one
-    /// copy of this many bytes and a device → device copy (`HIPFILE_CUDA_MIN_COPY_BYTES`;
-    /// 0 = never).
+    /// copy of this many bytes and a device → device copy
+    /// (`HIPFILE_CUDA_MIN_COPY_BYTES`, default [`MIN_COPY_BYTES`]; 0 = never).
     min_copy_bytes: usize,
 }
 
@@ -236,7 +241,7 @@ impl CudaDevice {
             min_copy_bytes: std::env::var("HIPFILE_CUDA_MIN_COPY_BYTES")
                 .ok()
                 .and_then(|value| value.trim().parse().ok())
-                .unwrap_or(0),
+                .unwrap_or(MIN_COPY_BYTES),
         }))
     }
 
@@ -461,30 +466,24 @@ impl CudaDevice {
     ) -> Result<(), DeviceError> {
         let pool = &self.caller_streams[ordinal as usize];
         let pooled = pool.lock().unwrap_or_else(|p| p.into_inner()).pop();
-        let stream = match pooled {
-            Some(stream) => stream as CUstream,
+        let entry = match pooled {
+            Some(entry) => entry,
             None => {
                 let mut stream: CUstream = std::ptr::null_mut();
                 // SAFETY: valid out-pointer; the device's context is current.
                 let code =
                     unsafe { (self.api.cuStreamCreate)(&mut stream, CU_STREAM_NON_BLOCKING) };
                 self.call(code, "cuStreamCreate")?;
-                stream
+                InternalEntry { stream, ordinal, scratch: Default::default() }
             }
         };
+        let stream = entry.stream;
         let enqueued = match direction {
-            Direction::Read => self.call(
-                // SAFETY: the caller's contract (pinned host memory, valid device range).
-                unsafe {
-                    (self.api.cuMemcpyHtoDAsync)(
-                        device_addr,
-                        host.cast_const().cast(),
-                        len_bytes,
-                        stream,
-                    )
-                },
-                "cuMemcpyHtoDAsync",
-            ),
+            // SAFETY: the caller's contract (pinned host memory, valid device range); the
+            // engine context is current and owns the stream.
+            Direction::Read => unsafe {
+                self.copy_host_to_device(&entry, device_addr, host.cast_const(), len_bytes)
+            },
             Direction::Write => self.call(
                 // SAFETY: the caller's contract (pinned host memory, valid device range).
                 unsafe {
@@ -497,8 +496,39 @@ impl CudaDevice {
         // of ours still uses the host memory when we return.
         let synced =
             self.call(unsafe { (self.api.cuStreamSynchronize)(stream) }, "cuStreamSynchronize");
-        pool.lock().unwrap_or_else(|p| p.into_inner()).push(stream as usize);
+        pool.lock().unwrap_or_else(|p| p.into_inner()).push(entry);
         enqueued.and(synced)
+    }
+
+    /// Enqueues a host → device copy on `entry`'s stream. One shorter than
+    /// [`CudaDevice::min_copy_bytes`] goes through the stream's device scratch: on the
+    /// H200, a copy of less than 64 KiB in the engine context did not run while every
+    /// hardware queue of the application's context held a stream on a wait-value (4 KiB
+    /// reads hung at 8 of 8 and 32 of 32 queues), while copies of 64 KiB and more,
+    /// device → host and device → device copies did
+    /// (`benches/results/h200-small-copy-experiments.txt`).
+    ///
+    /// # Safety
+    /// `source..source + len_bytes` is pinned host memory that stays valid until the copy
+    /// has run; the target range is valid device memory; the engine context is current.
+    unsafe fn copy_host_to_device(
+        &self,
+        entry: &InternalEntry,
+        target: u64,
+        source: *const u8,
+        len_bytes: usize,
+    ) -> Result<(), DeviceError> {
+        if len_bytes < self.min_copy_bytes
+            && let Some(window) = self.bounce_window(source as usize, len_bytes)
+        {
+            // SAFETY: the window lies in pinned memory of ours and holds the source.
+            return unsafe { self.copy_through_scratch(entry, target, window, source, len_bytes) };
+        }
+        // SAFETY: the caller's contract.
+        self.call(
+            unsafe { (self.api.cuMemcpyHtoDAsync)(target, source.cast(), len_bytes, entry.stream) },
+            "cuMemcpyHtoDAsync",
+        )
     }
 
     /// Records a pinned range we allocated or registered (`Some(len)`), or forgets it.
@@ -513,14 +543,9 @@ impl CudaDevice {
     /// A window of [`CudaDevice::min_copy_bytes`] inside one pinned range of ours that
     /// holds `source..source + len_bytes` (its start), if there is one.
     fn bounce_window(&self, source: usize, len_bytes: usize) -> Option<usize> {
-        let window = self.min_copy_bytes;
         let ranges = self.pinned_ranges.lock().unwrap_or_else(|p| p.into_inner());
         let (&start, &len) = ranges.range(..=source).next_back()?;
-        let end = start + len;
-        if source + len_bytes > end || len < window {
-            return None;
-        }
-        Some(source.min(end - window).max(start))
+        window_start(start, len, source, len_bytes, self.min_copy_bytes)
     }
 
     /// A short host → device copy as one copy of a whole pinned window into the stream's
@@ -683,6 +708,24 @@ impl CudaDevice {
             "cuMemcpyDtoHAsync",
         )
     }
+}
+
+/// The start of a `window`-byte window inside the range `start..start + len` that holds
+/// `source..source + len_bytes`, as close to `source` as the range allows; `None` when
+/// the range does not hold the source or is shorter than the window.
+fn window_start(
+    start: usize,
+    len: usize,
+    source: usize,
+    len_bytes: usize,
+    window: usize,
+) -> Option<usize> {
+    let end = start.checked_add(len)?;
+    let source_end = source.checked_add(len_bytes)?;
+    if source < start || source_end > end || len < window || len_bytes > window {
+        return None;
+    }
+    Some(source.min(end - window))
 }
 
 fn check(api: &Api, code: CUresult) -> Result<(), String> {
@@ -902,22 +945,9 @@ impl Device for CudaDevice {
     ) -> Result<(), DeviceError> {
         let entry = Self::internal(stream);
         self.in_engine_context(entry.ordinal, || {
-            if len_bytes < self.min_copy_bytes
-                && let Some(window) = self.bounce_window(source as usize, len_bytes)
-            {
-                // SAFETY: the window lies in pinned memory of ours and holds the source.
-                return unsafe {
-                    self.copy_through_scratch(entry, target, window, source, len_bytes)
-                };
-            }
             // SAFETY: caller's contract (pinned source, valid device range); the engine
             // context is current and owns the stream.
-            self.call(
-                unsafe {
-                    (self.api.cuMemcpyHtoDAsync)(target, source.cast(), len_bytes, entry.stream)
-                },
-                "cuMemcpyHtoDAsync",
-            )
+            unsafe { self.copy_host_to_device(entry, target, source, len_bytes) }
         })
     }
 
@@ -1146,5 +1176,27 @@ impl Device for CudaDevice {
             unsafe { (self.api.cuStreamSynchronize)(stream.0 as CUstream) },
             "cuStreamSynchronize",
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::window_start;
+
+    #[test]
+    fn the_bounce_window_holds_the_source_and_stays_inside_its_range() {
+        // Plenty of room after the source: the window starts at the source.
+        assert_eq!(window_start(0x1000, 1 << 20, 0x2000, 4096, 65536), Some(0x2000));
+        // Near the end: the window ends at the range's end and still holds the source.
+        let end = 0x1000 + (1 << 20);
+        assert_eq!(window_start(0x1000, 1 << 20, end - 4096, 4096, 65536), Some(end - 65536));
+        // A range shorter than the window, a source outside the range, one crossing its
+        // end, or a copy longer than the window: none.
+        assert_eq!(window_start(0x1000, 32768, 0x1000, 4096, 65536), None);
+        assert_eq!(window_start(0x1000, 1 << 20, 0x800, 4096, 65536), None);
+        assert_eq!(window_start(0x1000, 1 << 20, end - 100, 4096, 65536), None);
+        assert_eq!(window_start(0x1000, 1 << 20, 0x1000, 70000, 65536), None);
+        // No overflow near the top of the address space.
+        assert_eq!(window_start(usize::MAX - 10, 100, usize::MAX - 5, 4, 16), None);
     }
 }
