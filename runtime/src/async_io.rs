@@ -709,7 +709,7 @@ impl AsyncOp {
     fn post(self: &Arc<Self>, engine: &Engine, io: ValidIo, gate: Option<flume::Receiver<bool>>) {
         let parts = engine.parts(io.file_offset_bytes(), io.size_bytes());
         let fan_out = parts.len() > 1;
-        let joiner = Arc::new(PartJoiner::new(parts.clone()));
+        let joiner = Arc::new(PartJoiner::new(self.direction, parts.clone()));
         for (index, &(offset, len)) in parts.iter().enumerate() {
             let Some(guard) = self.share_guard() else {
                 self.publish(Outcome::Library(OpError::InternalError), None);
@@ -881,14 +881,15 @@ type PartResult = (Outcome, Option<DeviceError>);
 
 /// Joins the parts of an op split over several executors.
 struct PartJoiner {
+    direction: Direction,
     parts: Vec<(u64, u64)>,
     results: Mutex<Vec<Option<PartResult>>>,
 }
 
 impl PartJoiner {
-    fn new(parts: Vec<(u64, u64)>) -> PartJoiner {
+    fn new(direction: Direction, parts: Vec<(u64, u64)>) -> PartJoiner {
         let results = Mutex::new(vec![None; parts.len()]);
-        PartJoiner { parts, results }
+        PartJoiner { direction, parts, results }
     }
 
     /// Records part `index`; returns the combined result when it was the last.
@@ -903,18 +904,14 @@ impl PartJoiner {
         if results.iter().any(Option::is_none) {
             return None;
         }
-        let mut total = 0;
-        for (&(_, len), result) in self.parts.iter().zip(results.iter()) {
-            match result.expect("all parts reported") {
-                (Outcome::Bytes(n), _) => {
-                    total += n;
-                    if n < len {
-                        break;
-                    }
-                }
-                failure => return Some(failure),
-            }
-        }
-        Some((Outcome::Bytes(total), None))
+        let in_order: Vec<(usize, Outcome, Option<DeviceError>)> = results
+            .iter()
+            .enumerate()
+            .map(|(index, result)| {
+                let (outcome, device_error) = result.expect("all parts reported");
+                (index, outcome, device_error)
+            })
+            .collect();
+        Some(crate::engine::combine(self.direction, &self.parts, &in_order))
     }
 }

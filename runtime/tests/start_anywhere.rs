@@ -9,10 +9,8 @@
 
 mod async_support;
 
-use std::io::Read;
 use std::os::fd::AsRawFd;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_support::*;
 use hipfile_core::{Direction, RawIo};
@@ -62,33 +60,7 @@ fn limit_memlock(bytes: u64) {
 
 /// Runs `test` in a child with restriction `what`; fails on a hang or a failed child.
 fn in_child(test: &str, what: &str) {
-    let mut child = Command::new(std::env::current_exe().expect("test binary"))
-        .args(["--exact", test, "--nocapture", "--test-threads=1"])
-        .env(CHILD_VARIABLE, what)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn child");
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait().expect("wait child") {
-            break Some(status);
-        }
-        if started.elapsed() > CHILD_LIMIT {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let mut output = String::new();
-    child.stdout.take().map(|mut out| out.read_to_string(&mut output));
-    child.stderr.take().map(|mut err| err.read_to_string(&mut output));
-    println!("{output}");
-    match status {
-        None => panic!("{what}: the child hung for {} s\n{output}", CHILD_LIMIT.as_secs()),
-        Some(status) => assert!(status.success(), "{what}: the child failed\n{output}"),
-    }
+    run_in_child(test, CHILD_VARIABLE, what, CHILD_LIMIT);
 }
 
 /// The child's work: 4 MiB and 4 KiB sync reads and writes and one async read, each

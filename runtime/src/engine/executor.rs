@@ -626,7 +626,7 @@ impl Executor {
         let mut staged: VecDeque<(Chunk, EventHandle, WriteStaging, StagingShare)> =
             VecDeque::new();
         let mut writes: VecDeque<(Chunk, Task<Result<usize, i32>>)> = VecDeque::new();
-        let mut total_bytes = 0u64;
+        let mut written = Written::default();
         let mut failure: Option<(Outcome, Option<DeviceError>)> = None;
         loop {
             while failure.is_none() && staged.len() < depth {
@@ -657,7 +657,7 @@ impl Executor {
                 }
                 let mode_switch = writes.back().is_some_and(|(c, _)| c.mode != chunk.mode);
                 if mode_switch {
-                    self.drain_writes(file, &mut writes, &mut total_bytes, &mut failure).await;
+                    self.drain_writes(file, &mut writes, &mut written, &mut failure).await;
                 }
                 if failure.is_none() {
                     let task = self.spawn_chunk_write(files, file, chunk, staging, share);
@@ -666,15 +666,21 @@ impl Executor {
             }
             if writes.len() >= depth || (staged.is_empty() && !writes.is_empty()) {
                 let (chunk, task) = writes.pop_front().expect("checked non-empty");
-                record_write(file, chunk, task.await, &mut total_bytes, &mut failure);
+                record_write(file, chunk, task.await, &mut written, &mut failure);
             }
             if staged.is_empty() && writes.is_empty() && (chunks.is_empty() || failure.is_some()) {
                 break;
             }
         }
+        // As pwrite: the bytes in place from the start of the range, short when a chunk
+        // failed or wrote short after some were; an OS error only when none were.
+        let prefix = written.prefix_bytes();
         match failure {
+            Some((Outcome::OsError(_), None)) if prefix > 0 => {
+                (Outcome::Bytes(prefix), None, VecDeque::new())
+            }
             Some((outcome, device_error)) => (outcome, device_error, VecDeque::new()),
-            None => (Outcome::Bytes(total_bytes), None, VecDeque::new()),
+            None => (Outcome::Bytes(prefix), None, VecDeque::new()),
         }
     }
 
@@ -682,11 +688,11 @@ impl Executor {
         &self,
         file: &FileHandle,
         writes: &mut VecDeque<(Chunk, Task<Result<usize, i32>>)>,
-        total_bytes: &mut u64,
+        written: &mut Written,
         failure: &mut Option<(Outcome, Option<DeviceError>)>,
     ) {
         while let Some((chunk, task)) = writes.pop_front() {
-            record_write(file, chunk, task.await, total_bytes, failure);
+            record_write(file, chunk, task.await, written, failure);
         }
     }
 
@@ -870,17 +876,41 @@ fn warn_copy_stalled(device: &dyn Device, waited: Duration) {
 
 type PlanIter = hipfile_core::ChunkPlan;
 
+/// The chunks of a write job that reached the file: (offset in the range, bytes).
+#[derive(Default)]
+struct Written(Vec<(u64, u64)>);
+
+impl Written {
+    /// Bytes in place from the start of the range without a gap (chunks complete in any
+    /// order: direct ones first, buffered head and tail after).
+    fn prefix_bytes(&mut self) -> u64 {
+        self.0.sort_unstable();
+        let mut end = 0;
+        for &(offset, len) in &self.0 {
+            if offset > end {
+                break;
+            }
+            end = end.max(offset + len);
+        }
+        end
+    }
+}
+
 fn record_write(
     file: &FileHandle,
     chunk: Chunk,
     result: Result<usize, i32>,
-    total_bytes: &mut u64,
+    written: &mut Written,
     failure: &mut Option<(Outcome, Option<DeviceError>)>,
 ) {
     match result {
         Ok(n) => {
             file.record_bytes(Direction::Write, chunk.mode, n as u64);
-            *total_bytes += n as u64;
+            written.0.push((chunk.op_offset_bytes, n as u64));
+            if (n as u64) < chunk.len_bytes {
+                // A short write (the disk is full): nothing after it is in place.
+                failure.get_or_insert((Outcome::OsError(libc::ENOSPC), None));
+            }
         }
         Err(errno) => {
             failure.get_or_insert((Outcome::OsError(errno), None));

@@ -435,7 +435,7 @@ impl Engine {
         drop(sender);
         let mut results: Vec<(usize, Outcome, Option<DeviceError>)> = receiver.iter().collect();
         results.sort_by_key(|r| r.0);
-        combine(&parts, &results)
+        combine(request.direction, &parts, &results)
     }
 
     /// A request of at most one chunk, moved on the calling thread: `pread`/`pwrite`
@@ -577,7 +577,12 @@ pub(crate) struct SyncRequest {
     pub executor_hint: usize,
 }
 
-fn combine(
+/// The result of a request split into `parts` (offset, length) from the results of its
+/// parts in part order: the bytes up to the first short part; the first failure, except
+/// that a write whose earlier parts wrote bytes reports them (as `pwrite` does when the
+/// disk fills: a short count, the error only when nothing was written).
+pub(crate) fn combine(
+    direction: Direction,
     parts: &[(u64, u64)],
     results: &[(usize, Outcome, Option<DeviceError>)],
 ) -> (Outcome, Option<DeviceError>) {
@@ -589,6 +594,9 @@ fn combine(
                 if n < len {
                     return (Outcome::Bytes(total), None);
                 }
+            }
+            Outcome::OsError(_) if direction == Direction::Write && total > 0 => {
+                return (Outcome::Bytes(total), None);
             }
             failure => return (failure, device_error),
         }
@@ -701,13 +709,13 @@ mod tests {
         let parts = [(0, 10), (10, 10), (20, 10)];
         let results = [(0, Outcome::Bytes(10)), (1, Outcome::Bytes(4)), (2, Outcome::Bytes(10))]
             .map(|(i, o)| (i, o, None));
-        assert_eq!(combine(&parts, &results).0, Outcome::Bytes(14));
+        assert_eq!(combine(Direction::Read, &parts, &results).0, Outcome::Bytes(14));
     }
 
     #[test]
     fn combine_reports_the_first_failure() {
         let parts = [(0, 10), (10, 10)];
         let results = [(0, Outcome::OsError(5), None), (1, Outcome::OsError(28), None)];
-        assert_eq!(combine(&parts, &results).0, Outcome::OsError(5));
+        assert_eq!(combine(Direction::Read, &parts, &results).0, Outcome::OsError(5));
     }
 }

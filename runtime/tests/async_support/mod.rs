@@ -625,3 +625,38 @@ impl Drop for Watchdog {
         }
     }
 }
+
+/// Runs the test `test` of this test binary in a child process with `variable=value` set
+/// (for what cannot be undone in-process: a seccomp filter, a lowered limit); prints the
+/// child's output and fails when it fails or has not finished within `limit` (killed).
+pub fn run_in_child(test: &str, variable: &str, value: &str, limit: Duration) {
+    use std::io::Read;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(std::env::current_exe().expect("test binary"))
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(variable, value)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn child");
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait child") {
+            break Some(status);
+        }
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut output = String::new();
+    child.stdout.take().map(|mut out| out.read_to_string(&mut output));
+    child.stderr.take().map(|mut err| err.read_to_string(&mut output));
+    println!("{output}");
+    match status {
+        None => panic!("{value}: the child hung for {} s\n{output}", limit.as_secs()),
+        Some(status) => assert!(status.success(), "{value}: the child failed\n{output}"),
+    }
+}
