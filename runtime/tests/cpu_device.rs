@@ -907,3 +907,49 @@ fn idle_and_waiting_workers_do_not_burn_cpu() {
     gate.release();
     sync(&device, waiting).unwrap();
 }
+
+/// A process that used the cpu device forks; in the child (where the stream workers do
+/// not exist) using a stream of the parent's device fails with hipErrorNotInitialized
+/// instead of waiting forever; the parent's streams go on working.
+#[test]
+fn a_forked_child_gets_an_error_from_the_parents_streams_not_a_hang() {
+    let device = CpuDevice::new(1);
+    let stream = device.create_stream(0).unwrap();
+    sync(&device, stream).unwrap();
+    // SAFETY: fork in a test process; the child only calls the device (no allocation
+    // before the check that fails, no locks) and leaves with _exit.
+    let child = unsafe { libc::fork() };
+    assert!(child >= 0, "fork");
+    if child == 0 {
+        unsafe extern "C" fn nothing(_: *mut c_void) {}
+        // Work for the stream, then a wait for it: without a worker it would never run.
+        // SAFETY: a host function that does nothing, with no data.
+        let launched = unsafe { device.launch_host_func(stream, nothing, std::ptr::null_mut()) };
+        let synced = launched.and_then(|()| device.synchronize_stream(stream));
+        let code = match synced {
+            Err(error) if error.hip_error == DeviceError::HIP_ERROR_NOT_INITIALIZED => 0,
+            Err(_) => 2,
+            Ok(()) => 3,
+        };
+        // SAFETY: leaves the child at once, running no destructors or atexit handlers.
+        unsafe { libc::_exit(code) };
+    }
+    let deadline = Instant::now() + HANG_GUARD;
+    let mut status = 0;
+    loop {
+        // SAFETY: waits for our own child without blocking.
+        let done = unsafe { libc::waitpid(child, &mut status, libc::WNOHANG) };
+        if done == child {
+            break;
+        }
+        if Instant::now() > deadline {
+            // SAFETY: our child.
+            unsafe { libc::kill(child, libc::SIGKILL) };
+            panic!("the forked child hung on the parent's stream");
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+    assert!(libc::WIFEXITED(status), "child status {status}");
+    assert_eq!(libc::WEXITSTATUS(status), 0, "0: error 3 as expected; 2: another error; 3: Ok");
+    sync(&device, stream).unwrap();
+}

@@ -618,9 +618,38 @@ struct QueueState {
     first_error: Option<(u64, DeviceError)>,
 }
 
+/// The process the calling code runs in, kept by a `pthread_atfork` child handler (an
+/// atomic load on the hot path, not a `getpid` call).
+fn current_process() -> u32 {
+    static CURRENT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    static HANDLER: std::sync::Once = std::sync::Once::new();
+    extern "C" fn in_child() {
+        // SAFETY: getpid is async-signal-safe, as a fork child handler requires.
+        CURRENT.store(unsafe { libc::getpid() } as u32, Ordering::SeqCst);
+    }
+    HANDLER.call_once(|| {
+        // SAFETY: getpid has no preconditions; pthread_atfork registers a handler that
+        // only stores to an atomic.
+        unsafe {
+            CURRENT.store(libc::getpid() as u32, Ordering::SeqCst);
+            libc::pthread_atfork(None, None, Some(in_child));
+        }
+    });
+    CURRENT.load(Ordering::SeqCst)
+}
+
+/// The error every stream operation of a process's cpu device gives in a child that
+/// process forked: the stream's worker thread does not exist there.
+const FORKED: DeviceError = DeviceError::new(
+    DeviceError::HIP_ERROR_NOT_INITIALIZED,
+    "the cpu device's streams do not survive fork(): use them in the process that made them",
+);
+
 /// One stream, shared by the device object, its worker and its events.
 struct StreamShared {
     device_ordinal: u32,
+    /// The process whose worker thread runs the stream.
+    process: u32,
     queue: Mutex<QueueState>,
     /// Signals the worker: new work or closing.
     work_cv: Condvar,
@@ -632,13 +661,21 @@ impl StreamShared {
     fn new(device_ordinal: u32) -> Self {
         StreamShared {
             device_ordinal,
+            process: current_process(),
             queue: Mutex::default(),
             work_cv: Condvar::new(),
             done_cv: Condvar::new(),
         }
     }
 
+    /// Fails in a forked child, before any lock (one held by another thread at fork time
+    /// stays held there forever).
+    fn check_process(&self) -> Result<(), DeviceError> {
+        if self.process == current_process() { Ok(()) } else { Err(FORKED) }
+    }
+
     fn enqueue(&self, command: Command) -> Result<u64, DeviceError> {
+        self.check_process()?;
         let mut queue = lock(&self.queue);
         if queue.closing {
             return Err(invalid_handle("stream destroyed"));
@@ -666,6 +703,7 @@ impl StreamShared {
 
     /// Non-blocking: whether commands up to `ticket` have completed.
     fn is_done(&self, ticket: u64) -> Result<bool, DeviceError> {
+        self.check_process()?;
         let queue = lock(&self.queue);
         if queue.completed < ticket {
             return Ok(false);
@@ -675,6 +713,7 @@ impl StreamShared {
 
     /// Blocks until commands up to `ticket` have completed.
     fn wait_for(&self, ticket: u64) -> Result<(), DeviceError> {
+        self.check_process()?;
         let mut queue = lock(&self.queue);
         queue.done_waiters += 1;
         while queue.completed < ticket {
