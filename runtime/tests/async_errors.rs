@@ -319,23 +319,31 @@ fn stream_destroyed_with_ops_queued_still_runs_them() {
 }
 
 #[test]
-fn an_engine_that_cannot_start_fails_submissions_without_hanging() {
-    // A CPU outside this process's affinity mask: the executors cannot be pinned.
+fn an_executor_that_cannot_start_is_replaced_by_a_blocking_one() {
+    // A CPU outside this process's affinity mask: the glommio executor cannot be pinned,
+    // so a blocking executor serves its jobs (start anywhere: slower, never a hang and
+    // never a refusal). It used to fail every submission with hipFileInternalError.
     let mut config = small_config();
     config.executor_cpus = vec![usize::from(u16::MAX)];
     config.request_parallelism = 1;
     let rig = Rig::with(1, config);
-    let file = TempFile::new("no-engine", &pattern(73, 64 * KIB));
+    let data = pattern(73, 64 * KIB);
+    let file = TempFile::new("no-engine", &data);
     let fd = file.open_rw();
     let handle = rig.register(&fd);
     let buffer = rig.alloc(64 * KIB);
     let stream = rig.stream();
     for s in [stream, hipfile_runtime::device::StreamHandle::NULL] {
+        rig.set_dev_bytes(buffer, &[0; 64 * KIB]);
         let p = params(64 * KIB, 0, 0);
-        let got = code(rig.submit(Direction::Read, handle, buffer, &p, s));
-        assert_eq!(got, OpError::InternalError, "{s:?}");
+        rig.read(handle, buffer, &p, s);
+        rig.sync(stream);
+        assert_eq!(bytes(&p), (64 * KIB) as isize, "{s:?}");
+        assert_bytes(&rig.dev_bytes(buffer, 64 * KIB), &data, "read through a blocking executor");
     }
-    rig.sync(stream);
+    let engine = rig.driver.engine().expect("engine");
+    assert_eq!(engine.blocking_executor_count(), 1);
+    assert!(engine.stats().blocking_jobs >= 1, "{:?}", engine.stats());
 }
 
 #[test]
