@@ -349,10 +349,13 @@ fn an_executor_that_cannot_start_is_replaced_by_a_blocking_one() {
 #[test]
 fn a_read_the_kernel_fails_publishes_minus_errno_and_the_stream_goes_on() {
     // A real kernel failure of an accepted op: /proc/self/mem fails reads of unmapped
-    // addresses (address 0 never is) with EIO through read(2), and io_uring refuses the
-    // file with EINVAL (it has no read_iter). Either is published as -errno; the stream
-    // must be released and later ops on it must work.
-    for flags in [None, Some(0), Some(7), Some(15)] {
+    // addresses (address 0 never is) with EIO through read(2); io_uring refuses the file
+    // with EINVAL (it has no read_iter), and the engine then reads it with pread, so the
+    // op publishes -EIO as pread would (it published -EINVAL for ops of several chunks);
+    // the stream must be released and later ops on it must work.
+    for (flags, size) in
+        [(None, 256 * KIB), (Some(0), 2 * MIB), (Some(7), 2 * MIB), (Some(15), 256 * KIB)]
+    {
         let rig = Rig::new();
         let mem = std::fs::File::open("/proc/self/mem").expect("open /proc/self/mem");
         let failing = rig.register(&mem);
@@ -360,24 +363,29 @@ fn a_read_the_kernel_fails_publishes_minus_errno_and_the_stream_goes_on() {
         let file = TempFile::new("after-eio", &data);
         let fd = file.open_rw();
         let good = rig.register(&fd);
-        let buffer = rig.alloc(MIB);
-        rig.set_dev_bytes(buffer, &vec![0x5a; MIB]);
+        let buffer = rig.alloc(4 * MIB);
+        rig.set_dev_bytes(buffer, &vec![0x5a; 4 * MIB]);
         let stream = rig.stream_with(flags);
-        let failed = params(256 * KIB, 0, 0);
+        let failed = params(size, 0, 0);
         rig.read(failing, buffer, &failed, stream);
-        let after = params(64 * KIB, 0, (MIB - 64 * KIB) as i64);
+        let after = params(64 * KIB, 0, (4 * MIB - 64 * KIB) as i64);
         rig.read(good, buffer, &after, stream);
         rig.sync(stream);
         let failure = bytes(&failed);
-        assert!(
-            [-(libc::EIO as isize), -(libc::EINVAL as isize)].contains(&failure),
-            "flags {flags:?}: {failure}"
-        );
+        assert_eq!(failure, -(libc::EIO as isize), "flags {flags:?}, {size} B");
         assert_eq!(bytes(&after), (64 * KIB) as isize, "flags {flags:?}: the stream goes on");
         assert_bytes(
-            &rig.dev_bytes(buffer + (MIB - 64 * KIB) as u64, 64 * KIB),
+            &rig.dev_bytes(buffer + (4 * MIB - 64 * KIB) as u64, 64 * KIB),
             &data,
             "read after the failure",
         );
+        // hipFileRead of the same range: -1 with errno EIO, as pread gives.
+        let raw = hipfile_core::RawIo {
+            size_bytes: size as u64,
+            file_offset_bytes: 0,
+            buffer_offset_bytes: 0,
+        };
+        let sync = rig.driver.io_sync(Direction::Read, failing, buffer, raw);
+        assert!(matches!(sync, Err(hipfile_runtime::IoError::Os(libc::EIO))), "{size} B: {sync:?}");
     }
 }

@@ -83,7 +83,9 @@ struct InFlightCopy {
 
 /// The executor's descriptors for one registered file.
 struct OpenFiles {
-    buffered: DmaFile,
+    /// `None` when glommio cannot open the file (it opens with O_DIRECT, which some
+    /// files refuse with EINVAL): every chunk then goes through blocking I/O.
+    buffered: Option<DmaFile>,
     direct: Option<DmaFile>,
     /// io_uring refused this file (glommio's poll-ring misdetection): use blocking I/O.
     uring_refused: Cell<bool>,
@@ -108,6 +110,15 @@ struct Executor {
 }
 
 const EOPNOTSUPP: i32 = libc::EOPNOTSUPP;
+
+/// Whether an io_uring read or write failed because io_uring cannot do it on this file,
+/// not because of the file's data: EOPNOTSUPP (glommio's poll-ring misdetection) or
+/// EINVAL (a file without `read_iter`/`write_iter`, as `/proc/self/mem`, or one that
+/// rejects O_DIRECT). The blocking `pread`/`pwrite` on the buffered descriptor then
+/// moves the chunk and reports the file's real errors (EIO where `pread` gives EIO).
+fn uring_refuses(errno: i32) -> bool {
+    errno == EOPNOTSUPP || errno == libc::EINVAL
+}
 
 impl Executor {
     fn new(setup: Setup) -> Rc<Executor> {
@@ -291,19 +302,27 @@ impl Executor {
         self.probe_device_once(file).await;
         let mut options = OpenOptions::new();
         options.read(file.can_read()).write(file.can_write());
-        let buffered = options
-            .dma_open(proc_fd_path(file.buffered_fd()))
-            .await
-            .map_err(|e| io::Error::from_raw_os_error(glommio_errno(e)))?;
-        sys::clear_o_direct(buffered.as_raw_fd())?;
-        let direct = match file.direct_fd() {
-            Some(fd) => options.dma_open(proc_fd_path(fd)).await.ok(),
-            None => None,
+        let buffered = match options.dma_open(proc_fd_path(file.buffered_fd())).await {
+            Ok(buffered) => {
+                sys::clear_o_direct(buffered.as_raw_fd())?;
+                Some(buffered)
+            }
+            Err(error) => match glommio_errno(error) {
+                errno if uring_refuses(errno) => None,
+                errno => return Err(io::Error::from_raw_os_error(errno)),
+            },
         };
-        if self.arena.get().is_none() {
-            self.discover_arena(&buffered);
+        let direct = match (&buffered, file.direct_fd()) {
+            (Some(_), Some(fd)) => options.dma_open(proc_fd_path(fd)).await.ok(),
+            _ => None,
+        };
+        if self.arena.get().is_none()
+            && let Some(buffered) = &buffered
+        {
+            self.discover_arena(buffered);
         }
-        let files = Rc::new(OpenFiles { buffered, direct, uring_refused: Cell::new(false) });
+        let uring_refused = Cell::new(buffered.is_none());
+        let files = Rc::new(OpenFiles { buffered, direct, uring_refused });
         let entry = FileEntry { handle: Arc::downgrade(file), files: Rc::clone(&files) };
         self.files.borrow_mut().insert(key, entry);
         Ok(files)
@@ -489,16 +508,18 @@ impl Executor {
         chunk: Chunk,
     ) -> Result<Staging, i32> {
         let len = chunk.len_bytes as usize;
-        if !files.uring_refused.get() {
+        if !files.uring_refused.get()
+            && let Some(buffered) = &files.buffered
+        {
             let dma = match (chunk.mode, &files.direct) {
                 (ChunkMode::Direct, Some(direct)) => direct,
-                _ => &files.buffered,
+                _ => buffered,
             };
             match dma.read_at_aligned(chunk.file_offset_bytes, len).await {
                 Ok(result) => return self.complete_short_read(files, file, chunk, result).await,
                 Err(error) => {
                     let errno = glommio_errno(error);
-                    if errno != EOPNOTSUPP {
+                    if !uring_refuses(errno) {
                         return Err(errno);
                     }
                     files.uring_refused.set(true);
@@ -706,7 +727,19 @@ impl Executor {
         chunk: Chunk,
     ) -> Result<(EventHandle, WriteStaging), DeviceError> {
         let len = chunk.len_bytes as usize;
-        let mut buffer = files.buffered.alloc_dma_buffer(len);
+        // DMA buffers come from the executor's io_memory whatever file hands them out.
+        let mut buffer = match &files.buffered {
+            Some(buffered) => buffered.alloc_dma_buffer(len),
+            None => match self.utility.borrow().as_ref() {
+                Some(utility) => utility.alloc_dma_buffer(len),
+                None => {
+                    return Err(DeviceError::new(
+                        DeviceError::HIP_ERROR_OUT_OF_MEMORY,
+                        "no DMA staging: neither the file nor /dev/shm opens with glommio",
+                    ));
+                }
+            },
+        };
         let in_arena = self.arena.get().is_some_and(|a| a.contains(buffer.as_ptr() as usize, len));
         let staging = if in_arena && !files.uring_refused.get() {
             EngineStats::add(&self.setup.stats.arena_chunks, 1);
@@ -772,10 +805,12 @@ impl Executor {
             }
         });
         let mut written = 0;
-        if !files.uring_refused.get() {
+        if !files.uring_refused.get()
+            && let Some(buffered) = &files.buffered
+        {
             let dma = match (chunk.mode, &files.direct) {
                 (ChunkMode::Direct, Some(direct)) => direct,
-                _ => &files.buffered,
+                _ => buffered,
             };
             match dma.write_rc_at(Rc::clone(&buffer), chunk.file_offset_bytes).await {
                 Ok(n) if n >= len => return Ok(len),
@@ -783,7 +818,7 @@ impl Executor {
                 Ok(n) => written = n,
                 Err(error) => {
                     let errno = glommio_errno(error);
-                    if errno != EOPNOTSUPP {
+                    if !uring_refuses(errno) {
                         return Err(errno);
                     }
                     files.uring_refused.set(true);
