@@ -23,6 +23,8 @@
 #include <cuda_runtime_api.h>
 #include <hipfile.h>
 
+#include "gpu_check.h"
+
 #include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -32,13 +34,6 @@
 #include <unistd.h>
 
 #define FILE_BYTES (4u << 20)
-#define CU(call) do { cudaError_t e_ = (call); if (e_ != cudaSuccess) { \
-    fprintf(stderr, "%s:%d %s -> %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); exit(1); } } while (0)
-#define DRV(call) do { CUresult r_ = (call); if (r_ != CUDA_SUCCESS) { \
-    fprintf(stderr, "%s:%d %s -> %d\n", __FILE__, __LINE__, #call, (int)r_); exit(1); } } while (0)
-#define HF(call) do { hipFileError_t s_ = (call); if (s_.err != hipFileSuccess) { \
-    fprintf(stderr, "%s:%d %s -> %d (%s)\n", __FILE__, __LINE__, #call, (int)s_.err, \
-            hipFileGetOpErrorString(s_.err)); exit(1); } } while (0)
 #define EXPECT(cond) do { if (!(cond)) { \
     fprintf(stderr, "%s:%d expected %s\n", __FILE__, __LINE__, #cond); exit(1); } } while (0)
 

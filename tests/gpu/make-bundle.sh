@@ -21,7 +21,7 @@ mkdir -p "$out/lib" "$out/include" "$out/c"
 cp target/release/libhipfile.so "$out/lib/libhipfile.so.0"
 ln -sf libhipfile.so.0 "$out/lib/libhipfile.so"
 cp capi/include/*.h "$out/include/"
-cp tests/gpu/cuda_async.c tests/gpu/stream_sweep.c "$out/c/"
+cp tests/gpu/cuda_async.c tests/gpu/stream_sweep.c tests/gpu/gpu_check.h "$out/c/"
 # hipfile-bench, for the measurements.
 cargo build --release -p hipfile-bench >/dev/null
 mkdir -p "$out/bin" && cp target/release/hipfile-bench "$out/bin/"

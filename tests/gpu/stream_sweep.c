@@ -29,6 +29,10 @@
 #include <cuda_runtime_api.h>
 #include <hipfile.h>
 
+/* A child process leaves with _exit: no atexit handlers of the parent run there. */
+#define GPU_CHECK_EXIT(status) _exit(status)
+#include "gpu_check.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -39,14 +43,6 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
-
-#define CU(call) do { cudaError_t e_ = (call); if (e_ != cudaSuccess) { \
-    fprintf(stderr, "%s:%d %s -> %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); _exit(2); } } while (0)
-#define DRV(call) do { CUresult r_ = (call); if (r_ != CUDA_SUCCESS) { \
-    fprintf(stderr, "%s:%d %s -> %d\n", __FILE__, __LINE__, #call, (int)r_); _exit(2); } } while (0)
-#define HF(call) do { hipFileError_t s_ = (call); if (s_.err != hipFileSuccess) { \
-    fprintf(stderr, "%s:%d %s -> %d (%s)\n", __FILE__, __LINE__, #call, (int)s_.err, \
-            hipFileGetOpErrorString(s_.err)); _exit(2); } } while (0)
 
 enum flagset { ALL_FIXED, NONE, MIXED };
 static const char *flag_name[] = {"fixed", "none", "mixed"};

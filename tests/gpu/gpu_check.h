@@ -1,0 +1,24 @@
+/*
+ * Checks shared by the GPU C programs (cuda_async.c, stream_sweep.c): a failed CUDA
+ * runtime, CUDA driver or hipFile call prints where and why, then leaves the process
+ * with GPU_CHECK_EXIT(status) (define it before including this header; default exit).
+ */
+#ifndef HIPFILE_GPU_CHECK_H
+#define HIPFILE_GPU_CHECK_H
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#ifndef GPU_CHECK_EXIT
+#define GPU_CHECK_EXIT(status) exit(status)
+#endif
+
+#define CU(call) do { cudaError_t e_ = (call); if (e_ != cudaSuccess) { \
+    fprintf(stderr, "%s:%d %s -> %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); GPU_CHECK_EXIT(2); } } while (0)
+#define DRV(call) do { CUresult r_ = (call); if (r_ != CUDA_SUCCESS) { \
+    fprintf(stderr, "%s:%d %s -> %d\n", __FILE__, __LINE__, #call, (int)r_); GPU_CHECK_EXIT(2); } } while (0)
+#define HF(call) do { hipFileError_t s_ = (call); if (s_.err != hipFileSuccess) { \
+    fprintf(stderr, "%s:%d %s -> %d (%s)\n", __FILE__, __LINE__, #call, (int)s_.err, \
+            hipFileGetOpErrorString(s_.err)); GPU_CHECK_EXIT(2); } } while (0)
+
+#endif
