@@ -73,12 +73,7 @@ int main(void) {
     CU(cudaMalloc((void **)&dev, FILE_BYTES));
     CU(cudaMemset(dev, 0, FILE_BYTES));
     HF(hipFileDriverOpen());
-    hipFileDescr_t descr;
-    memset(&descr, 0, sizeof descr);
-    descr.type = hipFileHandleTypeOpaqueFD;
-    descr.handle.fd = fd;
-    hipFileHandle_t fh;
-    HF(hipFileHandleRegister(&fh, &descr));
+    hipFileHandle_t fh = gpu_register_fd(fd);
     HF(hipFileBufRegister(dev, FILE_BYTES, 0));
 
     /* A mapped host word to pause streams. */

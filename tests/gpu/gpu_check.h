@@ -8,9 +8,21 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #ifndef GPU_CHECK_EXIT
 #define GPU_CHECK_EXIT(status) exit(status)
+/* Registers an open descriptor with hipFile (OpaqueFD) and returns its handle. */
+static inline hipFileHandle_t gpu_register_fd(int fd) {
+    hipFileDescr_t descr;
+    memset(&descr, 0, sizeof descr);
+    descr.type = hipFileHandleTypeOpaqueFD;
+    descr.handle.fd = fd;
+    hipFileHandle_t fh;
+    HF(hipFileHandleRegister(&fh, &descr));
+    return fh;
+}
+
 #endif
 
 #define CU(call) do { cudaError_t e_ = (call); if (e_ != cudaSuccess) { \
@@ -20,5 +32,16 @@
 #define HF(call) do { hipFileError_t s_ = (call); if (s_.err != hipFileSuccess) { \
     fprintf(stderr, "%s:%d %s -> %d (%s)\n", __FILE__, __LINE__, #call, (int)s_.err, \
             hipFileGetOpErrorString(s_.err)); GPU_CHECK_EXIT(2); } } while (0)
+
+/* Registers an open descriptor with hipFile (OpaqueFD) and returns its handle. */
+static inline hipFileHandle_t gpu_register_fd(int fd) {
+    hipFileDescr_t descr;
+    memset(&descr, 0, sizeof descr);
+    descr.type = hipFileHandleTypeOpaqueFD;
+    descr.handle.fd = fd;
+    hipFileHandle_t fh;
+    HF(hipFileHandleRegister(&fh, &descr));
+    return fh;
+}
 
 #endif

@@ -98,12 +98,7 @@ static int run_case(const struct sweep_case *c, const char *path) {
     CU(cudaMalloc((void **)&dev, total));
     if (c->write) CU(cudaMemcpy(dev, host, total, cudaMemcpyHostToDevice));
     else CU(cudaMemset(dev, 0, total));
-    hipFileDescr_t descr;
-    memset(&descr, 0, sizeof descr);
-    descr.type = hipFileHandleTypeOpaqueFD;
-    descr.handle.fd = fd;
-    hipFileHandle_t fh;
-    HF(hipFileHandleRegister(&fh, &descr));
+    hipFileHandle_t fh = gpu_register_fd(fd);
     HF(hipFileBufRegister(dev, total, 0));
 
     /* The application's own gates: every third stream waits on a word of its own first
