@@ -2,6 +2,7 @@
  * Checks shared by the GPU C programs (cuda_async.c, stream_sweep.c): a failed CUDA
  * runtime, CUDA driver or hipFile call prints where and why, then leaves the process
  * with GPU_CHECK_EXIT(status) (define it before including this header; default exit).
+ * Include after <cuda.h>, <cuda_runtime_api.h> and <hipfile.h>.
  */
 #ifndef HIPFILE_GPU_CHECK_H
 #define HIPFILE_GPU_CHECK_H
@@ -9,20 +10,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #ifndef GPU_CHECK_EXIT
 #define GPU_CHECK_EXIT(status) exit(status)
-/* Registers an open descriptor with hipFile (OpaqueFD) and returns its handle. */
-static inline hipFileHandle_t gpu_register_fd(int fd) {
-    hipFileDescr_t descr;
-    memset(&descr, 0, sizeof descr);
-    descr.type = hipFileHandleTypeOpaqueFD;
-    descr.handle.fd = fd;
-    hipFileHandle_t fh;
-    HF(hipFileHandleRegister(&fh, &descr));
-    return fh;
-}
-
 #endif
 
 #define CU(call) do { cudaError_t e_ = (call); if (e_ != cudaSuccess) { \
