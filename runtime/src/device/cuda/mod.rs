@@ -307,6 +307,12 @@ impl CudaDevice {
             );
             primary
         };
+        if std::env::var("HIPFILE_CUDA_ENGINE_CONTEXT").is_ok_and(|value| value.trim() == "shared")
+        {
+            // A diagnostic setting (README, configuration): measures what isolation costs
+            // in one binary; it brings the hang risk back, so it says so once.
+            return failed("HIPFILE_CUDA_ENGINE_CONTEXT=shared".into());
+        }
         let Some(create) = self.api.cuCtxCreate_v2 else {
             return failed("the driver lacks cuCtxCreate_v2".into());
         };
