@@ -241,6 +241,15 @@ impl MemoryRegistry {
         Ok(())
     }
 
+    /// `(base, length in bytes)` of every range registered with `register_host`.
+    fn registered_ranges(&self) -> Vec<(u64, usize)> {
+        read(&self.map)
+            .iter()
+            .filter(|(_, allocation)| allocation.origin == Origin::Registered)
+            .map(|(&base, allocation)| (base, allocation.len_bytes))
+            .collect()
+    }
+
     /// Stops tracking the range starting at `base` if `accept` approves it, and frees the
     /// memory the device owns.
     fn release(&self, base: u64, accept: impl Fn(&Allocation) -> bool) -> Result<(), DeviceError> {
@@ -1233,6 +1242,12 @@ impl CpuDevice {
         CURRENT_DEVICES.with_borrow(|current| {
             current.iter().find(|(id, _)| *id == self.instance_id).map_or(0, |entry| entry.1)
         })
+    }
+
+    /// `(base address, length in bytes)` of every host range registered as pinned
+    /// (`register_host`: the engine's staging arenas, users' registered host buffers).
+    pub fn registered_host_ranges(&self) -> Vec<(u64, usize)> {
+        self.shared.memory.registered_ranges()
     }
 
     /// A snapshot of the device's counters.

@@ -170,14 +170,25 @@ impl Executor {
         }
     }
 
-    /// On a fresh arena, allocating half of it returns its base (glommio's buddy
-    /// allocator); verified by a second allocation landing inside the range.
+    /// On a fresh arena, allocating half of it returns the first byte it hands out
+    /// (glommio's buddy allocator); verified by a second allocation landing inside the
+    /// range.
+    ///
+    /// The range registered is only bytes the arena owns: glommio allocates
+    /// `arena_bytes` page-aligned and the buddy allocator keeps its bookkeeping in the
+    /// first page(s), so the first byte handed out is at least [`ARENA_PAGE_BYTES`] past
+    /// the allocation's start and the allocation ends at most `arena_bytes -
+    /// ARENA_PAGE_BYTES` past that byte. Registering `arena_bytes` from it would pin the
+    /// page after the arena, which belongs to someone else (a copy from it would then be
+    /// taken for staging, and on CUDA `cuMemHostRegister` would pin a foreign page).
     fn discover_arena(&self, file: &DmaFile) {
         if self.arena.get().is_some() {
             return;
         }
-        let len_bytes = self.setup.arena_bytes;
-        let half = file.alloc_dma_buffer(len_bytes / 2);
+        let Some(len_bytes) = arena_usable_bytes(self.setup.arena_bytes) else {
+            return;
+        };
+        let half = file.alloc_dma_buffer(self.setup.arena_bytes / 2);
         let base_addr = half.as_ptr() as usize;
         drop(half);
         let probe = file.alloc_dma_buffer(4096);
@@ -1033,5 +1044,27 @@ impl TmpFileOption for std::fs::OpenOptions {
     fn custom_flags_tmpfile(&mut self) -> &mut Self {
         use std::os::unix::fs::OpenOptionsExt;
         self.custom_flags(libc::O_TMPFILE)
+    }
+}
+
+/// Page size of glommio's arena allocation (its `Layout` alignment).
+const ARENA_PAGE_BYTES: usize = 4096;
+
+/// Bytes of an arena of `arena_bytes` that may be registered from the first byte its
+/// allocator hands out (see `discover_arena`); `None` when nothing would be left.
+fn arena_usable_bytes(arena_bytes: usize) -> Option<usize> {
+    arena_bytes.checked_sub(ARENA_PAGE_BYTES).filter(|&usable| usable >= ARENA_PAGE_BYTES)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_registered_arena_ends_where_the_allocation_ends_at_the_latest() {
+        assert_eq!(arena_usable_bytes(32 << 20), Some((32 << 20) - 4096));
+        assert_eq!(arena_usable_bytes(8192), Some(4096));
+        assert_eq!(arena_usable_bytes(4096), None);
+        assert_eq!(arena_usable_bytes(0), None);
     }
 }
