@@ -860,6 +860,12 @@ impl Drop for DriverDropGuard {
 unsafe extern "C" fn arm_host_fn(user_data: *mut c_void) {
     // SAFETY: see the function's contract.
     let op = unsafe { Arc::from_raw(user_data.cast::<AsyncOp>().cast_const()) };
+    // The stream reached the op: ring its doorbell host-side, as the stream itself does
+    // on the memory-operation path (the doorbell then tells the word pool that no arm
+    // of this stream is pending: `crate::stream`).
+    let doorbell = op.stream.arm_queue().doorbell();
+    // SAFETY: the doorbell lives in the driver's word pool while the op holds its stream.
+    unsafe { op.driver.device().store_word_host(doorbell.host_ptr, op.sequence) };
     let blocking = op.blocking_fallback;
     let waiter = blocking.then(|| Arc::clone(&op));
     // A panic must not cross the C boundary; the op's Drop then publishes -5030.

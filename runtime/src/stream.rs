@@ -9,6 +9,15 @@
 //! submit lock, so the two orders agree even with several submitting threads. A second
 //! word, the *doorbell*, tells the library when the stream reached an op
 //! (`arm.rs`).
+//!
+//! Words are recycled, so that registering and deregistering streams, or using ever new
+//! unregistered streams, keeps memory flat: a stream state gives its two words back when
+//! it drops, and they are handed out again only once *quiescent* — both hold the last
+//! sequence number the state handed out, so no write of ours to them is still queued on
+//! any stream (releases land in sequence order, and a stream writes its doorbell before
+//! its op can be released). The next state continues from that number instead of 0:
+//! the words only ever grow, so a wait of the old stream that the device has yet to
+//! execute stays satisfied.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
@@ -96,28 +105,97 @@ unsafe impl Send for ReleaseWord {}
 // SAFETY: as above.
 unsafe impl Sync for ReleaseWord {}
 
-/// Hands out release words from pinned slabs. Slabs live until the pool drops.
+/// A stream state's release word and doorbell, and the sequence number both hold when
+/// the pair is quiescent (the last one its state handed out).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct WordPair {
+    release: ReleaseWord,
+    doorbell: ReleaseWord,
+    sequence: u32,
+}
+
+impl WordPair {
+    /// No write of ours to either word is still queued: both reached `sequence`.
+    fn quiescent(&self) -> bool {
+        self.release.load() == self.sequence && self.doorbell.load() == self.sequence
+    }
+}
+
+/// What a [`WordPool`] holds.
+struct WordPoolState {
+    /// Pinned slabs of [`WORDS_PER_SLAB`] words.
+    slabs: Vec<PinnedRegion>,
+    /// Words of the last slab handed out so far.
+    used_in_last_slab: usize,
+    /// Pairs given back and quiescent: handed out before any new word.
+    free: Vec<WordPair>,
+    /// Pairs given back with a write possibly still queued; looked at again on take.
+    retired: Vec<WordPair>,
+}
+
+/// Hands out release words from pinned slabs and takes them back (see the module
+/// docs). Slabs live until the pool drops.
 pub(crate) struct WordPool {
     device: Arc<dyn Device>,
-    state: Mutex<(Vec<PinnedRegion>, usize)>,
+    state: Mutex<WordPoolState>,
 }
 
 impl WordPool {
     pub(crate) fn new(device: Arc<dyn Device>) -> WordPool {
-        WordPool { device, state: Mutex::new((Vec::new(), WORDS_PER_SLAB)) }
+        let state = WordPoolState {
+            slabs: Vec::new(),
+            used_in_last_slab: WORDS_PER_SLAB,
+            free: Vec::new(),
+            retired: Vec::new(),
+        };
+        WordPool { device, state: Mutex::new(state) }
     }
 
-    /// A fresh word, set to 0.
-    fn take(&self) -> Result<ReleaseWord, Error> {
-        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        if state.1 == WORDS_PER_SLAB {
-            let slab = self.device.alloc_pinned(WORDS_PER_SLAB * 4).map_err(Error::device)?;
-            state.0.push(slab);
-            state.1 = 0;
+    fn lock(&self) -> MutexGuard<'_, WordPoolState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A quiescent pair given back earlier, else two fresh words at 0.
+    fn take_pair(&self) -> Result<WordPair, Error> {
+        let mut state = self.lock();
+        if state.free.is_empty() && !state.retired.is_empty() {
+            let (free, retired): (Vec<_>, Vec<_>) =
+                state.retired.drain(..).partition(WordPair::quiescent);
+            state.free = free;
+            state.retired = retired;
         }
-        let slab = *state.0.last().expect("a slab was just ensured");
-        let index = state.1;
-        state.1 += 1;
+        if let Some(pair) = state.free.pop() {
+            return Ok(pair);
+        }
+        let release = self.fresh_word(&mut state)?;
+        let doorbell = self.fresh_word(&mut state)?;
+        Ok(WordPair { release, doorbell, sequence: 0 })
+    }
+
+    /// Takes back the pair of a state that handed out sequence numbers up to `sequence`.
+    fn give_back(&self, release: ReleaseWord, doorbell: ReleaseWord, sequence: u32) {
+        let pair = WordPair { release, doorbell, sequence };
+        let mut state = self.lock();
+        if pair.quiescent() { state.free.push(pair) } else { state.retired.push(pair) }
+    }
+
+    /// Pairs waiting to be handed out again and pairs not yet quiescent (for tests).
+    #[cfg(test)]
+    fn recycled(&self) -> (usize, usize) {
+        let state = self.lock();
+        (state.free.len(), state.retired.len())
+    }
+
+    /// A new word, set to 0.
+    fn fresh_word(&self, state: &mut WordPoolState) -> Result<ReleaseWord, Error> {
+        if state.used_in_last_slab == WORDS_PER_SLAB {
+            let slab = self.device.alloc_pinned(WORDS_PER_SLAB * 4).map_err(Error::device)?;
+            state.slabs.push(slab);
+            state.used_in_last_slab = 0;
+        }
+        let slab = *state.slabs.last().expect("a slab was just ensured");
+        let index = state.used_in_last_slab;
+        state.used_in_last_slab += 1;
         // SAFETY: index < WORDS_PER_SLAB, so the word lies inside the slab.
         let host_ptr = unsafe { slab.host_ptr.cast::<u32>().add(index) };
         // SAFETY: the word is inside a live pinned slab, aligned, and not yet shared.
@@ -129,7 +207,7 @@ impl WordPool {
 impl Drop for WordPool {
     fn drop(&mut self) {
         let state = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
-        for slab in state.0.drain(..) {
+        for slab in state.slabs.drain(..) {
             // SAFETY: the slabs came from alloc_pinned on this device; the driver (and so
             // every stream state and op) is gone, so no new wait can use them.
             unsafe { self.device.free_pinned(slab) };
@@ -155,6 +233,17 @@ pub struct StreamState {
     prefetch_bytes: std::sync::atomic::AtomicU64,
     prefetch_budget: Arc<PrefetchBudget>,
     deferred: Mutex<std::collections::VecDeque<DeferredPrefetch>>,
+    /// Where the words go back when the state drops (`None`: test states).
+    words: Option<Arc<WordPool>>,
+}
+
+impl Drop for StreamState {
+    fn drop(&mut self) {
+        if let Some(pool) = &self.words {
+            let sequence = *self.next_sequence.get_mut().unwrap_or_else(|p| p.into_inner());
+            pool.give_back(self.word, self.arms.doorbell(), sequence);
+        }
+    }
 }
 
 /// What a deferred prefetch attempt did.
@@ -209,6 +298,7 @@ impl StreamState {
             prefetch_bytes: std::sync::atomic::AtomicU64::new(0),
             prefetch_budget: Arc::new(PrefetchBudget::new(u64::MAX)),
             deferred: Mutex::new(std::collections::VecDeque::new()),
+            words: None,
         }
     }
 
@@ -306,9 +396,13 @@ impl SubmitGuard<'_> {
     }
 }
 
+/// Unregistered streams whose state is kept for their next op; past this many, idle
+/// ones are forgotten.
+const SEEN_STREAMS_KEPT: usize = 256;
+
 /// Registered streams and the streams seen unregistered.
 pub(crate) struct StreamTable {
-    words: WordPool,
+    words: Arc<WordPool>,
     registered: RwLock<HashMap<StreamHandle, Arc<StreamState>>>,
     seen: RwLock<HashMap<StreamHandle, Arc<StreamState>>>,
     next_executor: Mutex<usize>,
@@ -320,7 +414,7 @@ impl StreamTable {
     pub(crate) fn new(device: Arc<dyn Device>, prefetch_cap_bytes: u64) -> StreamTable {
         StreamTable {
             prefetch_budget: Arc::new(PrefetchBudget::new(prefetch_cap_bytes)),
-            words: WordPool::new(device),
+            words: Arc::new(WordPool::new(device)),
             registered: RwLock::new(HashMap::new()),
             seen: RwLock::new(HashMap::new()),
             next_executor: Mutex::new(0),
@@ -380,7 +474,14 @@ impl StreamTable {
         }
         let state =
             Arc::new(self.new_state(handle, StreamFlags::empty(), device_ordinal, false)?);
-        write(&self.seen).insert(handle, Arc::clone(&state));
+        let mut seen = write(&self.seen);
+        if seen.len() >= SEEN_STREAMS_KEPT {
+            // Forget idle streams nothing else holds (likely destroyed by the
+            // application): their words go back to the pool. One seen again gets a
+            // new state, which is fine for a stream with no op of ours pending.
+            seen.retain(|_, state| Arc::strong_count(state) > 1 || !state.idle());
+        }
+        seen.insert(handle, Arc::clone(&state));
         Ok(state)
     }
 
@@ -396,18 +497,20 @@ impl StreamTable {
             *next += 1;
             *next
         };
+        let pair = self.words.take_pair()?;
         Ok(StreamState {
             handle,
             flags,
             device_ordinal,
             executor,
             registered,
-            word: self.words.take()?,
-            arms: ArmQueue::new(self.words.take()?),
-            next_sequence: Mutex::new(0),
+            word: pair.release,
+            arms: ArmQueue::new(pair.doorbell),
+            next_sequence: Mutex::new(pair.sequence),
             prefetch_bytes: std::sync::atomic::AtomicU64::new(0),
             prefetch_budget: Arc::clone(&self.prefetch_budget),
             deferred: Mutex::new(std::collections::VecDeque::new()),
+            words: Some(Arc::clone(&self.words)),
         })
     }
 }
@@ -453,5 +556,78 @@ mod tests {
         // HIPFILE_PREFETCH_MB=0: nothing prefetches, not even a lone op.
         let off = stream_sharing(&Arc::new(PrefetchBudget::new(0)));
         assert!(!off.admit_prefetch(4096));
+    }
+}
+
+#[cfg(test)]
+mod word_recycling_tests {
+    use super::*;
+    use crate::device::cpu::CpuDevice;
+
+    fn table() -> (StreamTable, Arc<CpuDevice>) {
+        let device = CpuDevice::new(1);
+        let as_device: Arc<dyn Device> = device.clone();
+        (StreamTable::new(as_device, u64::MAX), device)
+    }
+
+    #[test]
+    fn a_quiescent_pair_is_handed_out_again_continuing_its_sequence() {
+        let (table, _device) = table();
+        let pair = table.words.take_pair().unwrap();
+        assert_eq!(pair.sequence, 0);
+        // Ops 1..=5 ran: the stream rang 5 and the last release stored 5.
+        pair.release.store(5);
+        pair.doorbell.store(5);
+        table.words.give_back(pair.release, pair.doorbell, 5);
+        assert_eq!(table.words.recycled(), (1, 0));
+        let again = table.words.take_pair().unwrap();
+        assert_eq!(again.release.device_addr, pair.release.device_addr);
+        assert_eq!(again.doorbell.device_addr, pair.doorbell.device_addr);
+        assert_eq!(again.sequence, 5, "numbering continues: the words only grow");
+        assert_eq!(again.release.load(), 5);
+    }
+
+    #[test]
+    fn a_pair_with_a_write_still_queued_waits_until_it_lands() {
+        let (table, _device) = table();
+        let pair = table.words.take_pair().unwrap();
+        // Op 3 was handed out; the stream has rung only 2 (its doorbell write for 3 is
+        // still queued), every op was released.
+        pair.release.store(3);
+        pair.doorbell.store(2);
+        table.words.give_back(pair.release, pair.doorbell, 3);
+        assert_eq!(table.words.recycled(), (0, 1));
+        let other = table.words.take_pair().unwrap();
+        assert_ne!(other.release.device_addr, pair.release.device_addr, "not reused yet");
+        pair.doorbell.store(3);
+        let again = table.words.take_pair().unwrap();
+        assert_eq!(again.release.device_addr, pair.release.device_addr, "reused once quiescent");
+        assert_eq!(again.sequence, 3);
+    }
+
+    #[test]
+    fn register_deregister_cycles_reuse_the_same_words() {
+        let (table, device) = table();
+        let stream = device.create_stream(0).unwrap();
+        for _ in 0..10_000 {
+            table.register(&*device, stream, 0xF).unwrap();
+            table.deregister(stream).unwrap();
+        }
+        let state = table.words.lock();
+        assert_eq!(state.slabs.len(), 1, "one slab of words serves every cycle");
+        assert_eq!((state.free.len(), state.retired.len()), (1, 0));
+    }
+
+    #[test]
+    fn idle_unregistered_streams_are_forgotten_past_the_limit() {
+        let (table, device) = table();
+        for _ in 0..4 * SEEN_STREAMS_KEPT {
+            let stream = device.create_stream(0).unwrap();
+            drop(table.lookup(&*device, stream).unwrap());
+            device.destroy_stream(stream).unwrap();
+        }
+        assert!(read(&table.seen).len() <= SEEN_STREAMS_KEPT);
+        let state = table.words.lock();
+        assert!(state.slabs.len() <= 2, "{} slabs", state.slabs.len());
     }
 }
