@@ -46,7 +46,7 @@ use crate::device::{DeviceError, StreamHandle, WriteThenWaitError};
 use crate::driver::{BufferUse, Driver, HandleId, ResolvedBuffer};
 use crate::engine::{Completion, Engine, IoJob, JobEnd};
 use crate::error::Error;
-use crate::file::{FileHandle, OpGuard};
+use crate::file::{ChangeStamp, FileHandle, OpGuard};
 use crate::stream::{DeferredStart, StreamState};
 
 /// Unfinished writes tracked per file for the prefetch hazard check.
@@ -182,6 +182,8 @@ struct AsyncOp {
     /// it is queued on the stream and starts prefetching when the window has room.
     wants_deferred_prefetch: bool,
     prefetch_generation: AtomicU64,
+    /// The file's change stamp when the prefetch started (see [`AsyncOp::arm`]).
+    prefetch_stamp: Mutex<Option<ChangeStamp>>,
     prefetch_cancelled: AtomicBool,
     hazard: Hazard,
     abandoned: AtomicBool,
@@ -311,23 +313,34 @@ impl Driver {
         if buffer.device_ordinal != state.device_ordinal {
             return Err(Error::new(OpError::InvalidValue));
         }
-        // SAFETY: valid per the contract.
-        unsafe { args.bytes_p.write_volatile(0) };
-        if io.is_empty() {
-            return Ok(());
-        }
-        if stream == StreamHandle::NULL {
+        if io.is_empty() || stream == StreamHandle::NULL {
+            // SAFETY: valid per the contract.
+            unsafe { args.bytes_p.write_volatile(0) };
+            if io.is_empty() {
+                return Ok(());
+            }
             return self.run_on_null_stream(direction, file, &buffer, &io, args);
         }
+        // Every check that can refuse the submission comes before `*bytes_p = 0`: a
+        // refused submission leaves it untouched (a deregistration racing with us makes
+        // `begin_op` refuse).
         let engine = self.engine()?;
         let guard = file.begin_op()?;
         let mut submit_lock = state.lock_submit();
+        // SAFETY: valid per the contract.
+        let bytes_before = unsafe { args.bytes_p.read_volatile() };
+        // Before the enqueue: once enqueued, the op may publish at any time.
+        // SAFETY: valid per the contract.
+        unsafe { args.bytes_p.write_volatile(0) };
         let sequence = submit_lock.next();
         let parts = OpParts { direction, args, keepalive, io, file, guard, sequence };
         let op = AsyncOp::new(self, parts, &state, &buffer);
         let result = op.enqueue(engine);
         if let Err(EnqueueError { error, nothing_queued: true }) = result {
             submit_lock.undo();
+            // Nothing was queued, so nothing of ours writes `*bytes_p` any more.
+            // SAFETY: valid per the contract.
+            unsafe { args.bytes_p.write_volatile(bytes_before) };
             return Err(error);
         }
         result.map_err(|e| e.error)
@@ -485,6 +498,7 @@ impl AsyncOp {
             published_signal: (Mutex::new(false), std::sync::Condvar::new()),
             wants_deferred_prefetch: eligible && !prefetch,
             prefetch_generation: AtomicU64::new(0),
+            prefetch_stamp: Mutex::new(None),
             prefetch_cancelled: AtomicBool::new(false),
             hazard,
             abandoned: AtomicBool::new(false),
@@ -504,8 +518,7 @@ impl AsyncOp {
         // succeeded (a gate opened early is buffered in the channel).
         let admitted = self.holds_prefetch_window.load(Ordering::SeqCst);
         let prefetch_gate = if admitted && self.machine().apply(OpEvent::Prefetch).is_ok() {
-            let generation = self.driver.write_generation(&self.file);
-            self.prefetch_generation.store(generation, Ordering::SeqCst);
+            self.note_prefetch_start();
             let parts =
                 engine.parts(self.submitted.file_offset_bytes(), self.submitted.size_bytes());
             self.gate_parts.store(parts.len(), Ordering::SeqCst);
@@ -621,8 +634,7 @@ impl AsyncOp {
                 return DeferredStart::Gone;
             }
             self.holds_prefetch_window.store(true, Ordering::SeqCst);
-            let generation = self.driver.write_generation(&self.file);
-            self.prefetch_generation.store(generation, Ordering::SeqCst);
+            self.note_prefetch_start();
             let parts = engine.parts(self.submitted.file_offset_bytes(), len_bytes);
             self.gate_parts.store(parts.len(), Ordering::SeqCst);
             let (sender, receiver) = flume::bounded(parts.len());
@@ -632,6 +644,31 @@ impl AsyncOp {
         self.driver.async_stats().prefetched.fetch_add(1, Ordering::Relaxed);
         self.post(engine, self.submitted, Some(receiver));
         DeferredStart::Started
+    }
+
+    /// Records what a prefetch starting now is read against: our write count of the
+    /// file and the file's change stamp (taken before the read starts).
+    fn note_prefetch_start(&self) {
+        let generation = self.driver.write_generation(&self.file);
+        self.prefetch_generation.store(generation, Ordering::SeqCst);
+        *self.prefetch_stamp.lock().unwrap_or_else(|p| p.into_inner()) = self.file.change_stamp();
+    }
+
+    /// Whether the prefetched data is still what the file holds now that the stream
+    /// reached the op: no write of ours was submitted since it started, and the file's
+    /// size and change times are those seen then, with its last change settled before
+    /// (`ChangeStamp::still_holds`). A write through any descriptor moves them.
+    fn prefetch_still_fresh(&self) -> bool {
+        if self.driver.write_generation(&self.file)
+            != self.prefetch_generation.load(Ordering::SeqCst)
+        {
+            return false;
+        }
+        let then = *self.prefetch_stamp.lock().unwrap_or_else(|p| p.into_inner());
+        match (then, self.file.change_stamp()) {
+            (Some(then), Some(now)) => then.still_holds(&now),
+            _ => false,
+        }
     }
 
     /// Marks the op as not submitted: it publishes nothing and only cleans up.
@@ -661,8 +698,7 @@ impl AsyncOp {
         };
         if let Some(gate) = gate {
             let _ = self.machine().apply(OpEvent::Arm);
-            let fresh = self.driver.write_generation(&self.file)
-                == self.prefetch_generation.load(Ordering::SeqCst);
+            let fresh = self.prefetch_still_fresh();
             let parts = self.gate_parts.load(Ordering::SeqCst);
             if fresh {
                 for _ in 0..parts {
@@ -670,8 +706,9 @@ impl AsyncOp {
                 }
                 return;
             }
-            // A write to the file was submitted after the prefetch started: what it staged
-            // may be stale. Drop it and read again, now in stream order.
+            // A write to the file was submitted after the prefetch started, or the file
+            // changed (or may have) through another descriptor: what it staged may be
+            // stale. Drop it and read again, now in stream order.
             self.prefetch_cancelled.store(true, Ordering::SeqCst);
             for _ in 0..parts {
                 let _ = gate.send(false);
