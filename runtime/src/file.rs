@@ -25,6 +25,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use hipfile_core::{ChunkMode, DioAlignment, Direction, OpError};
 
+use crate::fault::{Fault, Site};
+
 /// `statx` fields [`FileHandle::open`] needs.
 const STATX_WANTED: u32 =
     libc::STATX_TYPE | libc::STATX_MODE | libc::STATX_INO | libc::STATX_DIOALIGN;
@@ -409,8 +411,11 @@ impl Drop for OpGuard {
 pub fn pread_full(fd: RawFd, buf: &mut [u8], offset_bytes: u64) -> io::Result<usize> {
     let mut done_bytes = 0;
     while done_bytes < buf.len() {
-        let rest = &mut buf[done_bytes..];
         let offset = file_offset(offset_bytes, done_bytes)?;
+        let Some(len) = injected_len(Site::FileRead, buf.len() - done_bytes)? else {
+            continue;
+        };
+        let rest = &mut buf[done_bytes..done_bytes + len];
         // SAFETY: `rest` is a live, exclusively borrowed buffer of `rest.len()` bytes for
         // the whole call; the kernel writes at most that many.
         let result = unsafe { libc::pread(fd, rest.as_mut_ptr().cast(), rest.len(), offset) };
@@ -432,8 +437,11 @@ pub fn pread_full(fd: RawFd, buf: &mut [u8], offset_bytes: u64) -> io::Result<us
 pub fn pwrite_full(fd: RawFd, buf: &[u8], offset_bytes: u64) -> io::Result<usize> {
     let mut done_bytes = 0;
     while done_bytes < buf.len() {
-        let rest = &buf[done_bytes..];
         let offset = file_offset(offset_bytes, done_bytes)?;
+        let Some(len) = injected_len(Site::FileWrite, buf.len() - done_bytes)? else {
+            continue;
+        };
+        let rest = &buf[done_bytes..done_bytes + len];
         // SAFETY: `rest` is a live buffer of `rest.len()` bytes for the whole call; the
         // kernel only reads it.
         let result = unsafe { libc::pwrite(fd, rest.as_ptr().cast(), rest.len(), offset) };
@@ -444,6 +452,26 @@ pub fn pwrite_full(fd: RawFd, buf: &[u8], offset_bytes: u64) -> io::Result<usize
         }
     }
     Ok(done_bytes)
+}
+
+/// How many of `wanted` bytes the next `pread`/`pwrite` at `site` moves, under an
+/// installed fault plan (crate::fault): all of them without a fault, half (in whole
+/// pages) for a short transfer; `None` for an interrupted call (retried, as `EINTR` is); the injected error.
+fn injected_len(site: Site, wanted: usize) -> io::Result<Option<usize>> {
+    match crate::fault::at(site) {
+        None => Ok(Some(wanted)),
+        // Whole pages, as the kernel's partial transfers are (O_DIRECT needs them).
+        Some(Fault::Short) => Ok(Some(match (wanted / 2) & !4095 {
+            0 => wanted,
+            half => half,
+        })),
+        Some(Fault::Interrupt) => Ok(None),
+        Some(Fault::Errno(errno)) => Err(io::Error::from_raw_os_error(errno)),
+        Some(Fault::Delay(delay)) => {
+            std::thread::sleep(delay);
+            Ok(Some(wanted))
+        }
+    }
 }
 
 /// `Ok` for `EINTR` (retry), the error otherwise.

@@ -10,6 +10,8 @@ pub mod device;
 pub mod driver;
 pub mod engine;
 pub mod error;
+#[doc(hidden)]
+pub mod fault;
 pub mod file;
 pub mod stream;
 mod sys;

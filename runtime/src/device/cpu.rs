@@ -1282,6 +1282,14 @@ impl Drop for CpuDevice {
     }
 }
 
+/// An injected failure (crate::fault) of an engine copy: the copy is not enqueued.
+fn injected_copy_fault() -> Result<(), DeviceError> {
+    match crate::fault::at(crate::fault::Site::DeviceCopy) {
+        Some(_) => Err(invalid_value("injected fault: device copy")),
+        None => Ok(()),
+    }
+}
+
 impl Device for CpuDevice {
     unsafe fn store_word_host(&self, word_host_ptr: *mut u32, value: u32) {
         // SAFETY: the caller guarantees a live, aligned pinned word; on this device the
@@ -1330,6 +1338,9 @@ impl Device for CpuDevice {
     }
 
     fn alloc_pinned(&self, len_bytes: usize) -> Result<PinnedRegion, DeviceError> {
+        if crate::fault::at(crate::fault::Site::PinnedAlloc).is_some() {
+            return Err(out_of_memory("injected fault: pinned allocation"));
+        }
         self.malloc_host(len_bytes)
     }
 
@@ -1375,6 +1386,7 @@ impl Device for CpuDevice {
         source: *const u8,
         len_bytes: usize,
     ) -> Result<(), DeviceError> {
+        injected_copy_fault()?;
         let source = source as usize as u64;
         self.enqueue_copy(stream.0, target, source, len_bytes, CopyRule::HostToDevice)
     }
@@ -1386,11 +1398,15 @@ impl Device for CpuDevice {
         source: u64,
         len_bytes: usize,
     ) -> Result<(), DeviceError> {
+        injected_copy_fault()?;
         let target = target as usize as u64;
         self.enqueue_copy(stream.0, target, source, len_bytes, CopyRule::DeviceToHost)
     }
 
     fn record_event(&self, stream: InternalStream) -> Result<EventHandle, DeviceError> {
+        if crate::fault::at(crate::fault::Site::DeviceEvent).is_some() {
+            return Err(invalid_value("injected fault: event record"));
+        }
         self.record_event_on(StreamHandle(stream.0))
     }
 
@@ -1423,6 +1439,7 @@ impl Device for CpuDevice {
     ) -> Result<(), DeviceError> {
         use hipfile_core::Direction;
         self.check_ordinal(device_ordinal)?;
+        injected_copy_fault()?;
         let pooled = {
             let mut pool = lock(&self.caller_streams);
             let index = pool.iter().position(|&(ordinal, _)| ordinal == device_ordinal);

@@ -19,6 +19,7 @@ use hipfile_core::{
 use super::staging::{Arena, FallbackChunk, FallbackPool, StagingBudget, StagingShare};
 use super::{EngineStats, IoJob, Request};
 use crate::device::{Device, DeviceError, EventHandle, InternalStream};
+use crate::fault::{Fault, Site};
 use crate::file::{FileHandle, pread_full, pwrite_full};
 use crate::sys;
 
@@ -526,6 +527,7 @@ impl Executor {
                 (ChunkMode::Direct, Some(direct)) => direct,
                 _ => buffered,
             };
+            injected_chunk_fault(Site::ChunkRead).await?;
             match dma.read_at_aligned(chunk.file_offset_bytes, len).await {
                 Ok(result) => return self.complete_short_read(files, file, chunk, result).await,
                 Err(error) => {
@@ -632,8 +634,13 @@ impl Executor {
         // kept alive in the returned InFlightCopy until the event completes; `target`
         // lies in the job's validated device range.
         unsafe { device.copy_to_device_async(stream, target, staging_ptr(&staging), len)? };
-        let event = device.record_event(stream)?;
-        Ok(InFlightCopy { event, _staging: staging, _share: share })
+        match device.record_event(stream) {
+            Ok(event) => Ok(InFlightCopy { event, _staging: staging, _share: share }),
+            Err(error) => {
+                self.settle_unrecorded_copy(stream, (staging, share));
+                Err(error)
+            }
+        }
     }
 
     async fn write_range(
@@ -774,8 +781,23 @@ impl Executor {
             };
             WriteStaging::Fallback(buffer, chunk_memory)
         };
-        let event = self.setup.device.record_event(stream)?;
-        Ok((event, staging))
+        match self.setup.device.record_event(stream) {
+            Ok(event) => Ok((event, staging)),
+            Err(error) => {
+                self.settle_unrecorded_copy(stream, staging);
+                Err(error)
+            }
+        }
+    }
+
+    /// A copy was enqueued on `stream` but its event could not be recorded: wait for the
+    /// stream (blocking this executor; an error path) so that the copy no longer uses
+    /// `staging` before it is freed. If even that fails, `staging` is leaked rather than
+    /// freed under a copy that may still run.
+    fn settle_unrecorded_copy<T>(&self, stream: InternalStream, staging: T) {
+        if self.setup.device.synchronize_internal(stream).is_err() {
+            std::mem::forget(staging);
+        }
     }
 
     fn spawn_chunk_write(
@@ -823,6 +845,7 @@ impl Executor {
                 (ChunkMode::Direct, Some(direct)) => direct,
                 _ => buffered,
             };
+            injected_chunk_fault(Site::ChunkWrite).await?;
             match dma.write_rc_at(Rc::clone(&buffer), chunk.file_offset_bytes).await {
                 Ok(n) if n >= len => return Ok(len),
                 // Short write (a limit or a signal): finish the rest below.
@@ -1044,6 +1067,20 @@ impl TmpFileOption for std::fs::OpenOptions {
     fn custom_flags_tmpfile(&mut self) -> &mut Self {
         use std::os::unix::fs::OpenOptionsExt;
         self.custom_flags(libc::O_TMPFILE)
+    }
+}
+
+/// An injected fault (crate::fault) before a chunk's io_uring read or write: the errno
+/// it fails with, or a delay; short and interrupted transfers are left to the
+/// `pread`/`pwrite` sites.
+async fn injected_chunk_fault(site: Site) -> Result<(), i32> {
+    match crate::fault::at(site) {
+        Some(Fault::Errno(errno)) => Err(errno),
+        Some(Fault::Delay(delay)) => {
+            glommio::timer::sleep(delay).await;
+            Ok(())
+        }
+        _ => Ok(()),
     }
 }
 

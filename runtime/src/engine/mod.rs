@@ -255,7 +255,9 @@ impl Engine {
                 receiver,
                 ready,
             };
-            let thread = executor::spawn(setup).ok();
+            // An injected start failure (crate::fault) stands for a spawn that failed.
+            let refused = crate::fault::at(crate::fault::Site::ExecutorStart).is_some();
+            let thread = if refused { None } else { executor::spawn(setup).ok() };
             starting.push((index, sender, thread.map(|thread| (thread, started))));
         }
         let mut executors = Vec::with_capacity(starting.len());

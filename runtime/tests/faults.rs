@@ -1,0 +1,280 @@
+//! Seeded fault injection (`hipfile_runtime::fault`) behind the I/O and device layers:
+//! for every fault, the right error in the right place (the sync call's result, the
+//! async op's `*bytes_p`, or the submit call), every stream completes, later ops work,
+//! and nothing leaks (descriptors, threads; pinned fallback staging stays within its
+//! cap).
+//!
+//! Each case installs one plan, runs a fixed workload — sync and async reads and writes
+//! of one chunk (64 KiB: the caller-thread path for sync) and of four chunks (1 MiB:
+//! the engine) — checks each result, removes the plan and runs the workload again, which
+//! must succeed with every byte right. The tests run one at a time (the plan is
+//! process-wide).
+
+mod async_support;
+
+use std::os::fd::AsRawFd;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_support::*;
+use hipfile_core::{Direction, OpError, RawIo};
+use hipfile_runtime::error::IoError;
+use hipfile_runtime::fault::{self, Fault, Plan, Rule, Site};
+use hipfile_runtime::{AsyncParams, HandleId};
+
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+const FILE_BYTES: usize = 4 * MIB;
+const SIZES: [usize; 2] = [64 * KIB, MIB];
+
+/// What one op of the workload gave.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Got {
+    /// All bytes moved.
+    Done,
+    /// A write moved fewer bytes (a short count, as `pwrite` gives).
+    Short(usize),
+    /// Failed with this errno (sync: `-1`/errno; async: `*bytes_p = -errno`).
+    Errno(i32),
+    /// Failed with this hipFile code (sync or `*bytes_p`, or the submit call).
+    Code(i32),
+    /// Failed with a device error.
+    Device,
+}
+
+struct Workload {
+    rig: Rig,
+    file: TempFile,
+    _client: std::fs::File,
+    handle: HandleId,
+    buffer: u64,
+    /// The stream of every async op (one stream: each new stream of the cpu device is a
+    /// thread, and the thread count is checked).
+    stream: hipfile_runtime::device::StreamHandle,
+    data: Vec<u8>,
+}
+
+impl Workload {
+    fn new() -> Workload {
+        let rig = Rig::new();
+        let data = pattern(9, FILE_BYTES);
+        let file = TempFile::new("faults", &data);
+        let client = file.open_rw();
+        let handle = rig.driver.handle_register(client.as_raw_fd()).expect("register");
+        let buffer = rig.alloc(FILE_BYTES);
+        let stream = rig.stream();
+        Workload { rig, file, _client: client, handle, buffer, stream, data }
+    }
+
+    /// Sync and async reads and writes of each size; the results in order.
+    fn run(&mut self) -> Vec<(String, Got)> {
+        let mut results = Vec::new();
+        for (index, &size) in SIZES.iter().enumerate() {
+            let base = index * 2 * MIB;
+            for direction in [Direction::Read, Direction::Write] {
+                let what = format!("sync {direction:?} {size}");
+                results.push((what, self.sync(direction, base, size)));
+                let what = format!("async {direction:?} {size}");
+                results.push((what, self.async_op(direction, base + size, size)));
+            }
+        }
+        results
+    }
+
+    /// Prepares the device or file for a transfer of `size` at `offset` (same offset in
+    /// file and buffer) and checks the bytes after it: the file's bytes for a read, the
+    /// buffer's for a write.
+    fn prepare(&mut self, direction: Direction, offset: usize, size: usize) {
+        if direction == Direction::Write {
+            let fresh = pattern(offset as u64 ^ 0x5A, size);
+            self.rig.set_dev_bytes(self.buffer + offset as u64, &fresh);
+            self.data[offset..offset + size].copy_from_slice(&fresh);
+        } else {
+            self.rig.set_dev_bytes(self.buffer + offset as u64, &vec![0; size]);
+        }
+    }
+
+    fn verify(&self, direction: Direction, offset: usize, size: usize, what: &str) {
+        let got = match direction {
+            Direction::Read => self.rig.dev_bytes(self.buffer + offset as u64, size),
+            Direction::Write => self.file.contents()[offset..offset + size].to_vec(),
+        };
+        assert_bytes(&got, &self.data[offset..offset + size], what);
+    }
+
+    fn sync(&mut self, direction: Direction, offset: usize, size: usize) -> Got {
+        self.prepare(direction, offset, size);
+        let io = RawIo {
+            size_bytes: size as u64,
+            file_offset_bytes: offset as i64,
+            buffer_offset_bytes: offset as i64,
+        };
+        let got = match self.rig.driver.io_sync(direction, self.handle, self.buffer, io) {
+            Ok(n) if n == size => Got::Done,
+            Ok(n) => Got::Short(n),
+            Err(IoError::Os(errno)) => Got::Errno(errno),
+            Err(IoError::Library(code)) => Got::Code(code.code()),
+            Err(IoError::Device(_)) => Got::Device,
+            Err(IoError::DriverClosed) => Got::Code(-1),
+        };
+        if got == Got::Done {
+            self.verify(direction, offset, size, &format!("sync {direction:?} {size}"));
+        }
+        got
+    }
+
+    fn async_op(&mut self, direction: Direction, offset: usize, size: usize) -> Got {
+        self.prepare(direction, offset, size);
+        let stream = self.stream;
+        let p: Arc<AsyncParams> = params(size, offset as i64, offset as i64);
+        if let Err(error) = self.rig.submit(direction, self.handle, self.buffer, &p, stream) {
+            return Got::Code(code(Err(error)).code());
+        }
+        self.rig.sync(stream);
+        let got = match bytes(&p) {
+            n if n == size as isize => Got::Done,
+            n if n >= 0 => Got::Short(n as usize),
+            n if -n >= 5000 => Got::Code((-n) as i32),
+            n => Got::Errno((-n) as i32),
+        };
+        if got == Got::Done {
+            self.verify(direction, offset, size, &format!("async {direction:?} {size}"));
+        }
+        got
+    }
+}
+
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").expect("list fds").count()
+}
+
+fn threads() -> usize {
+    std::fs::read_dir("/proc/self/task").expect("list threads").count()
+}
+
+/// Runs the workload under `rule`; every result must be `Done` or one `allowed` says
+/// is right; at least one fault must have been injected; afterwards the workload runs
+/// clean and nothing leaked.
+fn case(rule: Rule, allowed: impl Fn(Direction, Got) -> bool) {
+    let _serial = serial();
+    let mut work = Workload::new();
+    work.run(); // warm-up: executors, files, streams, staging
+    let (fds, threads_before) = (open_fds(), threads());
+    let guard = fault::install(Plan { seed: 0xFA17, rules: vec![rule] });
+    let results = work.run();
+    let injected = guard.injected()[0];
+    drop(guard);
+    assert!(injected > 0, "{rule:?}: never injected; results {results:?}");
+    for (what, got) in &results {
+        let direction = if what.contains("Read") { Direction::Read } else { Direction::Write };
+        assert!(
+            *got == Got::Done || allowed(direction, *got),
+            "{rule:?}: {what} gave {got:?} (all: {results:?})"
+        );
+    }
+    for (what, got) in work.run() {
+        assert_eq!(got, Got::Done, "{rule:?}: {what} after the plan was removed");
+    }
+    let engine = work.rig.driver.engine().expect("engine");
+    assert!(engine.fallback_pinned_bytes() <= engine.pinned_cap_bytes());
+    assert_eq!(open_fds(), fds, "{rule:?}: descriptors");
+    assert_eq!(threads(), threads_before, "{rule:?}: threads");
+    println!("{rule:?}: {injected} injected; {results:?}");
+}
+
+fn every(site: Site, fault: Fault) -> Rule {
+    Rule { site, fault, one_in: 1, limit: u64::MAX }
+}
+
+fn once(site: Site, fault: Fault) -> Rule {
+    Rule { site, fault, one_in: 1, limit: 1 }
+}
+
+/// A write that fails partway may report the bytes written before the failure.
+fn errno_or_short(errno: i32) -> impl Fn(Direction, Got) -> bool {
+    move |direction, got| match got {
+        Got::Errno(e) => e == errno,
+        Got::Short(_) => direction == Direction::Write,
+        _ => false,
+    }
+}
+
+#[test]
+fn interrupted_and_short_transfers_are_retried_transparently() {
+    // An interrupted call is retried as it is, so the rules have a limit (the kernel
+    // does not interrupt forever either).
+    case(Rule { limit: 200, ..every(Site::FileRead, Fault::Interrupt) }, |_, _| false);
+    case(Rule { limit: 200, ..every(Site::FileRead, Fault::Short) }, |_, _| false);
+    case(Rule { limit: 200, ..every(Site::FileWrite, Fault::Interrupt) }, |_, _| false);
+    case(Rule { limit: 200, ..every(Site::FileWrite, Fault::Short) }, |_, _| false);
+}
+
+#[test]
+fn slow_completions_only_take_longer() {
+    let delay = Fault::Delay(Duration::from_millis(20));
+    case(every(Site::ChunkRead, delay), |_, _| false);
+    case(every(Site::ChunkWrite, delay), |_, _| false);
+    case(every(Site::FileRead, delay), |_, _| false);
+}
+
+#[test]
+fn io_errors_reach_the_caller_as_their_errno() {
+    case(every(Site::FileRead, Fault::Errno(libc::EIO)), errno_or_short(libc::EIO));
+    case(every(Site::ChunkRead, Fault::Errno(libc::EIO)), errno_or_short(libc::EIO));
+    case(every(Site::ChunkRead, Fault::Errno(libc::EAGAIN)), errno_or_short(libc::EAGAIN));
+    case(every(Site::FileWrite, Fault::Errno(libc::ENOSPC)), errno_or_short(libc::ENOSPC));
+    case(every(Site::ChunkWrite, Fault::Errno(libc::ENOSPC)), errno_or_short(libc::ENOSPC));
+    case(once(Site::ChunkWrite, Fault::Errno(libc::EIO)), errno_or_short(libc::EIO));
+}
+
+#[test]
+fn device_failures_are_driver_errors() {
+    let driver_error =
+        |_, got| matches!(got, Got::Device) || got == Got::Code(OpError::HipDriverError.code());
+    case(every(Site::DeviceCopy, Fault::Errno(0)), driver_error);
+    case(once(Site::DeviceCopy, Fault::Errno(0)), driver_error);
+    case(every(Site::DeviceEvent, Fault::Errno(0)), driver_error);
+}
+
+#[test]
+fn a_failed_pinned_allocation_refuses_the_submission_that_needed_it() {
+    let _serial = serial();
+    // Release words come from pinned slabs: the first async op of a fresh driver needs
+    // one, and its submission is refused with hipFileHipDriverError; nothing else is.
+    let mut work = Workload::new();
+    // The test's own staging for device bytes, before the plan.
+    work.rig.set_dev_bytes(work.buffer, &[0; 4096]);
+    let guard =
+        fault::install(Plan { seed: 2, rules: vec![once(Site::PinnedAlloc, Fault::Errno(0))] });
+    let results = work.run();
+    assert_eq!(guard.injected(), vec![1]);
+    drop(guard);
+    // The op that needed the allocation is refused (or the engine went on without it);
+    // nothing else fails.
+    for (what, got) in &results {
+        let refused = Got::Code(OpError::HipDriverError.code());
+        assert!(*got == Got::Done || *got == refused, "{what}: {got:?} ({results:?})");
+    }
+    println!("pinned allocation refused once: {results:?}");
+    for (what, got) in work.run() {
+        assert_eq!(got, Got::Done, "{what} after the plan was removed");
+    }
+}
+
+#[test]
+fn an_executor_that_fails_to_start_is_replaced() {
+    let _serial = serial();
+    let guard =
+        fault::install(Plan { seed: 1, rules: vec![once(Site::ExecutorStart, Fault::Errno(0))] });
+    let mut work = Workload::new();
+    for (what, got) in work.run() {
+        assert_eq!(got, Got::Done, "{what}");
+    }
+    assert_eq!(guard.injected(), vec![1]);
+    drop(guard);
+    let stats = work.rig.driver.engine().expect("engine").stats();
+    assert!(stats.blocking_jobs > 0, "a blocking executor served jobs: {stats:?}");
+}
