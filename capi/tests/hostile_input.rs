@@ -715,6 +715,11 @@ impl Slots {
         self.last[slot].store(value, Ordering::SeqCst);
         self.current[slot].swap(value, Ordering::SeqCst)
     }
+
+    /// Forgets `value` as slot `slot`'s current one, unless another thread replaced it.
+    fn forget(&self, slot: usize, value: usize) {
+        let _ = self.current[slot].compare_exchange(value, 0, Ordering::SeqCst, Ordering::SeqCst);
+    }
 }
 
 #[derive(Default)]
@@ -922,12 +927,7 @@ impl Runner<'_> {
             Op::HandleDeregister(handle) => {
                 let value = self.handle(handle);
                 if let HandleRef::Current(slot) = handle {
-                    let _ = self.shared.handles.current[slot].compare_exchange(
-                        value as usize,
-                        0,
-                        Ordering::SeqCst,
-                        Ordering::SeqCst,
-                    );
+                    self.shared.handles.forget(slot, value as usize);
                 }
                 // SAFETY: the handle is only looked up (any value is accepted).
                 unsafe { hipFileHandleDeregister(value) };
@@ -1043,12 +1043,7 @@ impl Runner<'_> {
             Op::BatchDestroy(batch) => {
                 let value = self.batch(batch);
                 if let BatchRef::Current(slot) = batch {
-                    let _ = self.shared.batches.current[slot].compare_exchange(
-                        value as usize,
-                        0,
-                        Ordering::SeqCst,
-                        Ordering::SeqCst,
-                    );
+                    self.shared.batches.forget(slot, value as usize);
                 }
                 // SAFETY: the handle is only looked up.
                 unsafe { hipFileBatchIODestroy(value) };
