@@ -31,8 +31,26 @@ use crate::file::FileHandle;
 use crate::stream::StreamTable;
 
 /// The value a C caller holds as `hipFileHandle_t`: never 0 for a registered handle.
+///
+/// Values are never handed out twice in a process (not the handle's address, which a
+/// later registration could reuse): a handle kept after its deregistration stays
+/// unknown (5027) and never reaches a file registered later, even one that reuses the
+/// same descriptor number.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct HandleId(pub usize);
+
+impl HandleId {
+    /// The first value handed out: pointer-like (16-byte steps) and far from small
+    /// integers and typical garbage.
+    const FIRST: usize = 1 << 44;
+    const STEP: usize = 16;
+
+    fn next() -> HandleId {
+        static NEXT: std::sync::atomic::AtomicUsize =
+            std::sync::atomic::AtomicUsize::new(HandleId::FIRST);
+        HandleId(NEXT.fetch_add(HandleId::STEP, std::sync::atomic::Ordering::Relaxed))
+    }
+}
 
 /// A buffer registered with [`Driver::buf_register`].
 #[derive(Debug)]
@@ -295,7 +313,7 @@ impl Driver {
             return Err(Error::new(OpError::HandleAlreadyRegistered));
         }
         let file = Arc::new(FileHandle::open(fd, self.config.direct)?);
-        let id = HandleId(Arc::as_ptr(&file) as usize);
+        let id = HandleId::next();
         let mut files = write_lock(&self.files);
         if files.values().any(|f| f.client_fd() == fd) {
             drop(files);
