@@ -188,6 +188,9 @@ struct AsyncOp {
     hazard: Hazard,
     abandoned: AtomicBool,
     published: AtomicBool,
+    /// Counts the op among the engine's live async ops (caller-thread copies take the
+    /// path no held stream can stall while any is alive).
+    _alive: crate::engine::AsyncOpTicket,
 }
 
 // SAFETY: the raw parameter pointers are the C caller's, who guarantees (hipFile's
@@ -334,7 +337,7 @@ impl Driver {
         unsafe { args.bytes_p.write_volatile(0) };
         let sequence = submit_lock.next();
         let parts = OpParts { direction, args, keepalive, io, file, guard, sequence };
-        let op = AsyncOp::new(self, parts, &state, &buffer);
+        let op = AsyncOp::new(self, parts, &state, &buffer, engine.track_async_op());
         let result = op.enqueue(engine);
         if let Err(EnqueueError { error, nothing_queued: true }) = result {
             submit_lock.undo();
@@ -463,6 +466,7 @@ impl AsyncOp {
         parts: OpParts,
         state: &Arc<StreamState>,
         buffer: &ResolvedBuffer,
+        alive: crate::engine::AsyncOpTicket,
     ) -> Arc<AsyncOp> {
         let range = file_range(&parts.io);
         let eligible = parts.direction == Direction::Read
@@ -503,6 +507,7 @@ impl AsyncOp {
             hazard,
             abandoned: AtomicBool::new(false),
             published: AtomicBool::new(false),
+            _alive: alive,
         })
     }
 

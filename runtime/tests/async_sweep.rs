@@ -17,6 +17,7 @@ mod async_support;
 
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_support::*;
@@ -297,23 +298,70 @@ fn sweep_from_environment() {
 }
 
 /// `hipFileRead` / `hipFileWrite` (one chunk: on the caller's thread; larger: through the
-/// engine) while the application holds 24 of its own streams on its own gates, from the
-/// same thread: the library's copies never wait behind an application stream. The bytes
-/// are checked after the gates open (the test's own device copies are application work
-/// and may queue behind a held stream).
+/// engine) while 24 application streams are held on gates of the application's own with
+/// an async read of ours queued behind each, from the same thread: with ops of ours
+/// alive, the library's copies never wait behind an application stream. The bytes are
+/// checked after the gates open (the test's own device copies are application work and
+/// may queue behind a held stream).
+#[test]
+fn sync_io_while_streams_hold_async_ops() {
+    sync_io_beside_held_streams("sync-held-ops", true);
+}
+
+/// The same with nothing of ours queued: only the application's own waits hold its
+/// streams. With `HIPFILE_CUDA_CALLER_BOUNCE=always` (and on the `cpu` device) the sync
+/// I/O completes while the streams are held. In the default mode a short sync read copies
+/// directly, and on CUDA such a copy waits while the application holds *every* hardware
+/// queue of its context (as the application's own copies do); it completes once the
+/// application releases them, which a helper thread does after 300 ms.
 #[test]
 fn sync_io_while_the_application_holds_its_streams() {
-    let sweep = Sweep::new("sync-held");
+    sync_io_beside_held_streams("sync-held", false);
+}
+
+fn sync_io_beside_held_streams(tag: &str, with_ops: bool) {
+    let sweep = Sweep::new(tag);
     let rig = &sweep.rig;
     rig.driver.open();
     let streams: Vec<StreamHandle> = (0..24).map(|_| rig.stream()).collect();
     let gates: Vec<_> = streams.iter().map(|&stream| rig.pause(stream).expect("pause")).collect();
     let fresh = pattern(0xF00D, 4 * MIB);
     rig.set_dev_bytes(sweep.buffer + (8 * MIB) as u64, &fresh);
+    // Async 4 KiB reads of file bytes 14 MiB + 4 KiB·i into the same buffer offsets.
+    let async_base = 14 * MIB;
+    let async_params: Vec<Arc<AsyncParams>> = (0..streams.len())
+        .map(|i| {
+            let offset = (async_base + i * 4 * KIB) as i64;
+            params(4 * KIB, offset, offset)
+        })
+        .collect();
+    if with_ops {
+        for (&stream, p) in streams.iter().zip(&async_params) {
+            rig.read(sweep.handle, sweep.buffer, p, stream);
+        }
+    }
+    let may_wait_for_the_application = !with_ops
+        && !on_cpu()
+        && std::env::var("HIPFILE_CUDA_CALLER_BOUNCE").as_deref() != Ok("always");
+    // In the default mode without ops of ours, the application releases its streams from
+    // another thread after a while; otherwise they stay held until the I/O is done.
+    let released = Arc::new(AtomicBool::new(false));
+    let mut gates = Some(gates);
+    let releaser = may_wait_for_the_application.then(|| {
+        let released = Arc::clone(&released);
+        let gates = gates.take().unwrap_or_default();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            released.store(true, Ordering::SeqCst);
+            for gate in gates {
+                gate.release();
+            }
+        })
+    });
     let sizes = [4 * KIB, 64 * KIB, 4 * MIB];
     let watchdog = Watchdog::arm(
         &rig.driver,
-        format!("sync I/O beside 24 held application streams on {}", rig.backend()),
+        format!("sync I/O beside 24 held application streams on {} ({tag})", rig.backend()),
         CASE_LIMIT,
     );
     // Reads: file and buffer offsets 0, 1, 2 MiB; writes: buffer 8 MiB to file 8, 9, 10 MiB.
@@ -335,7 +383,21 @@ fn sync_io_while_the_application_holds_its_streams() {
         assert_eq!(written.expect("sync write"), size);
     }
     drop(watchdog);
-    drop(gates);
+    match releaser {
+        Some(releaser) => {
+            println!(
+                "{tag}: sync I/O done with the application's streams {} (default mode)",
+                if released.load(Ordering::SeqCst) { "released" } else { "still held" }
+            );
+            releaser.join().expect("releaser");
+        }
+        None => {
+            assert!(!released.load(Ordering::SeqCst));
+            for gate in gates.into_iter().flatten() {
+                gate.release();
+            }
+        }
+    }
     for &stream in &streams {
         rig.sync(stream);
         rig.device.destroy_user_stream(stream).expect("destroy stream");
@@ -347,5 +409,13 @@ fn sync_io_while_the_application_holds_its_streams() {
         assert_bytes(&got, &sweep.contents[offset..offset + size], "sync read");
         let at = 8 * MIB + offset;
         assert_bytes(&contents[at..at + size], &fresh[..size], "sync write");
+    }
+    if with_ops {
+        for p in &async_params {
+            assert_eq!(bytes(p), (4 * KIB) as isize, "async read");
+        }
+        let len = streams.len() * 4 * KIB;
+        let got = rig.dev_bytes(sweep.buffer + async_base as u64, len);
+        assert_bytes(&got, &sweep.contents[async_base..async_base + len], "async reads");
     }
 }

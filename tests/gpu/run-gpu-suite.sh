@@ -5,6 +5,8 @@
 #   tests/gpu/make-bundle.sh            (writes target/gpu-bundle)
 # then copy the repository (with target/gpu-bundle) over and run
 #   tests/gpu/run-gpu-suite.sh [bundle-dir]
+# To split the suite over several calls: HIPFILE_GPU_C=0 skips the C programs, and
+# HIPFILE_GPU_SUITES="async_sweep durability" runs only those test binaries.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 bundle=${1:-$here/../../target/gpu-bundle}
@@ -19,7 +21,10 @@ run() {
   if "$@"; then results+=("PASS $name"); else results+=("FAIL $name (exit $?)"); fi
 }
 cuda_inc=${CUDA_HOME:-/usr/local/cuda}/include
-if command -v gcc >/dev/null && [ -f "$cuda_inc/cuda.h" ]; then
+c_programs=${HIPFILE_GPU_C:-1}
+if [ "$c_programs" = 0 ]; then
+  results+=("SKIP C programs (HIPFILE_GPU_C=0)")
+elif command -v gcc >/dev/null && [ -f "$cuda_inc/cuda.h" ]; then
   run "cuda constants match cuda.h" bash -c "gcc -std=c11 -I'$cuda_inc' '$here/cuda_constants.c' -o /tmp/hf-cuda-constants -L${CUDA_HOME:-/usr/local/cuda}/lib64/stubs -lcuda && /tmp/hf-cuda-constants"
 else
   results+=("SKIP cuda constants (no gcc or cuda.h)")
@@ -27,7 +32,9 @@ fi
 # The C program against the CUDA runtime (HIP's NVIDIA-platform headers of Debian's
 # libamdhip64-dev 5.2 do not compile against CUDA 13), linked with our libhipfile.
 cuda_lib=${CUDA_HOME:-/usr/local/cuda}/lib64
-if command -v gcc >/dev/null && [ -f "$cuda_inc/cuda_runtime_api.h" ]; then
+if [ "$c_programs" = 0 ]; then
+  :
+elif command -v gcc >/dev/null && [ -f "$cuda_inc/cuda_runtime_api.h" ]; then
   run "C cuda_async.c (hipfile.h + CUDA runtime)" bash -c "gcc -std=c11 -Wall -Wextra -I'$bundle/include' -I'$cuda_inc' \
     '$bundle/c/cuda_async.c' -L'$bundle/lib' -lhipfile -L'$cuda_lib' -lcudart -lcuda -o /tmp/hf-cuda-async \
     && LD_LIBRARY_PATH='$bundle/lib:$cuda_lib' timeout 60 /tmp/hf-cuda-async"
@@ -41,12 +48,20 @@ else
   results+=("SKIP C programs (no gcc or CUDA runtime headers)")
 fi
 per_test_timeout=${HIPFILE_GPU_TEST_TIMEOUT:-60}
+selected() { [ -z "${HIPFILE_GPU_SUITES:-}" ] || [[ " $HIPFILE_GPU_SUITES " == *" $1 "* ]]; }
 for test in "$bundle"/tests/*; do
-  [ -x "$test" ] || continue
+  [ -x "$test" ] && selected "$(basename "$test")" || continue
   for name in $("$test" --list 2>/dev/null | sed -n 's/: test$//p'); do
     run "$(basename "$test")::$name" timeout "$per_test_timeout" "$test" --exact "$name" --nocapture
   done
 done
+# The strict caller-thread mode: sync I/O completes while the application alone holds
+# every hardware queue of its context.
+if [ -x "$bundle/tests/async_sweep" ] && selected async_sweep; then
+  run "async_sweep::sync_io_while_the_application_holds_its_streams (HIPFILE_CUDA_CALLER_BOUNCE=always)" \
+    env HIPFILE_CUDA_CALLER_BOUNCE=always timeout "$per_test_timeout" "$bundle/tests/async_sweep" \
+    --exact sync_io_while_the_application_holds_its_streams --nocapture
+fi
 echo
 echo "== GPU suite summary"
 printf '%s\n' "${results[@]}"

@@ -323,6 +323,11 @@ pub struct CpuDeviceStats {
     /// `unregister_host`, `destroy_internal_stream`, `destroy_event`) that named nothing
     /// known: a double free or a wrong handle in the caller.
     pub invalid_releases: u64,
+    /// [`Device::copy_now`] calls, and those told that async ops may hold application
+    /// streams (the CUDA backend bounces short copies then).
+    pub caller_copies: u64,
+    /// See [`CpuDeviceStats::caller_copies`].
+    pub caller_copies_while_ops_hold_streams: u64,
 }
 
 /// The live counters behind [`CpuDeviceStats`].
@@ -338,6 +343,8 @@ struct StatCounters {
     write_values_executed: AtomicU64,
     async_errors: AtomicU64,
     invalid_releases: AtomicU64,
+    caller_copies: AtomicU64,
+    caller_copies_while_ops_hold_streams: AtomicU64,
 }
 
 fn bump(counter: &AtomicU64, amount: u64) {
@@ -358,6 +365,8 @@ impl StatCounters {
             write_values_executed: get(&self.write_values_executed),
             async_errors: get(&self.async_errors),
             invalid_releases: get(&self.invalid_releases),
+            caller_copies: get(&self.caller_copies),
+            caller_copies_while_ops_hold_streams: get(&self.caller_copies_while_ops_hold_streams),
         }
     }
 }
@@ -1436,10 +1445,16 @@ impl Device for CpuDevice {
         device_addr: u64,
         host: *mut u8,
         len_bytes: usize,
+        ops_may_hold_streams: bool,
     ) -> Result<(), DeviceError> {
         use hipfile_core::Direction;
         self.check_ordinal(device_ordinal)?;
         injected_copy_fault()?;
+        // Streams of this device never share queues: the hint only counts.
+        bump(&self.shared.stats.caller_copies, 1);
+        if ops_may_hold_streams {
+            bump(&self.shared.stats.caller_copies_while_ops_hold_streams, 1);
+        }
         let pooled = {
             let mut pool = lock(&self.caller_streams);
             let index = pool.iter().position(|&(ordinal, _)| ordinal == device_ordinal);

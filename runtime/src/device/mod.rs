@@ -309,6 +309,9 @@ pub trait Device: Send + Sync + 'static {
     /// [`Direction::Read`], device → host for [`Direction::Write`]. Runs on the calling
     /// thread, an application thread: on a library-owned stream that does not wait for the
     /// application's streams, leaving the thread's current device or context as it was.
+    /// `ops_may_hold_streams`: an async op of this process may hold an application stream
+    /// on a wait-value right now; the copy must then take a path that no held application
+    /// stream can stall (CUDA: short host → device copies through a scratch of ours).
     ///
     /// # Errors
     /// Not supported ([`Device::copies_on_caller_thread`] is `false`), invalid
@@ -324,8 +327,9 @@ pub trait Device: Send + Sync + 'static {
         device_addr: u64,
         host: *mut u8,
         len_bytes: usize,
+        ops_may_hold_streams: bool,
     ) -> Result<(), DeviceError> {
-        let _ = (device_ordinal, direction, device_addr, host, len_bytes);
+        let _ = (device_ordinal, direction, device_addr, host, len_bytes, ops_may_hold_streams);
         Err(DeviceError::new(DeviceError::HIP_ERROR_NOT_SUPPORTED, "copy_now"))
     }
 

@@ -13,7 +13,7 @@ mod executor;
 mod staging;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use std::os::fd::RawFd;
 
@@ -200,6 +200,18 @@ pub struct Engine {
     request_parallelism: usize,
     arena_bytes: usize,
     page_bytes: u64,
+    /// Async ops alive (see [`Engine::track_async_op`]).
+    async_ops_alive: Arc<AtomicUsize>,
+}
+
+/// Counts one async op as alive until dropped (see [`Engine::track_async_op`]).
+#[derive(Debug)]
+pub struct AsyncOpTicket(Arc<AtomicUsize>);
+
+impl Drop for AsyncOpTicket {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// Why the engine could not start.
@@ -317,7 +329,22 @@ impl Engine {
             request_parallelism: config.request_parallelism.max(1),
             arena_bytes: config.staging_per_executor_bytes,
             page_bytes: crate::sys::page_size_bytes(),
+            async_ops_alive: Arc::new(AtomicUsize::new(0)),
         })
+    }
+
+    /// Counts an async op as alive from before its wait-value is enqueued on an
+    /// application stream until the ticket is dropped (the op is dropped after its
+    /// release). While any is alive, a caller-thread copy must not take a path that a
+    /// held application stream can stall ([`Device::copy_now`]'s `ops_may_hold_streams`).
+    pub fn track_async_op(&self) -> AsyncOpTicket {
+        self.async_ops_alive.fetch_add(1, Ordering::SeqCst);
+        AsyncOpTicket(Arc::clone(&self.async_ops_alive))
+    }
+
+    /// Async ops alive now (see [`Engine::track_async_op`]).
+    pub fn async_ops_alive(&self) -> usize {
+        self.async_ops_alive.load(Ordering::SeqCst)
     }
 
     /// Number of executors.
@@ -463,6 +490,10 @@ impl Engine {
         let chunk = self.fallback.try_take().ok()??;
         let (fd, mode) = self.caller_thread_descriptor(request);
         let host = chunk.as_mut_ptr();
+        // Read once: an op submitted meanwhile never waits on this copy (its release
+        // depends only on engine copies, which always take the safe path), so a stall of
+        // a direct copy behind it would end when it is released.
+        let ops_may_hold_streams = self.async_ops_alive() > 0;
         let copy = |direction, len_bytes| {
             // SAFETY: `host` is a pinned fallback chunk of chunk_bytes >= len_bytes, ours
             // until dropped below; the device range lies in the validated request.
@@ -473,6 +504,7 @@ impl Engine {
                     request.device_addr,
                     host,
                     len_bytes,
+                    ops_may_hold_streams,
                 )
             }
         };

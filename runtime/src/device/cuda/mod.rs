@@ -39,10 +39,43 @@ use super::{
     PointerInfo, StreamHandle, WriteThenWaitError, handle,
 };
 
-/// The default of [`CudaDevice::min_copy_bytes`]: the smallest host → device copy seen
-/// to run in the engine context while every hardware queue of the application's context
-/// is held (measured on the H200).
+/// The default of [`CudaDevice::min_copy_bytes`]: the smallest host → device copy into
+/// the application's memory seen to run in the engine context while every hardware queue
+/// of the application's context is held (measured on the H200: 16 KiB and less did not
+/// run, 64 KiB did; `benches/results/h200-copy-now-probe.txt`).
 const MIN_COPY_BYTES: usize = 64 << 10;
+
+/// When [`Device::copy_now`] bounces a short host → device copy through the device scratch
+/// (`HIPFILE_CUDA_CALLER_BOUNCE`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CallerBounce {
+    /// Only while async ops may hold application streams (the default): the direct copy
+    /// is 4–5 µs faster, and without our ops holding streams only an application that
+    /// holds every hardware queue of its context on its own waits can stall it, a state
+    /// in which its own copies stall too.
+    WhileOpsHoldStreams,
+    /// Always: a one-chunk sync read completes even while the application holds every
+    /// hardware queue of its context on its own waits.
+    Always,
+}
+
+impl CallerBounce {
+    /// The mode `HIPFILE_CUDA_CALLER_BOUNCE` selects (`always`, or `auto` = the default).
+    /// An unknown value warns and keeps the default.
+    fn from_environment() -> CallerBounce {
+        match std::env::var("HIPFILE_CUDA_CALLER_BOUNCE").as_deref().map(str::trim) {
+            Err(_) | Ok("" | "auto") => CallerBounce::WhileOpsHoldStreams,
+            Ok("always") => CallerBounce::Always,
+            Ok(other) => {
+                eprintln!(
+                    "hipfile: warning: HIPFILE_CUDA_CALLER_BOUNCE={other:?} is not auto or \
+                     always; using auto"
+                );
+                CallerBounce::WhileOpsHoldStreams
+            }
+        }
+    }
+}
 
 /// Most idle events kept per device for reuse.
 const EVENT_POOL_CAP: usize = 1024;
@@ -96,13 +129,12 @@ pub struct CudaDevice {
     /// the process.
     caller_streams: Vec<Mutex<Vec<InternalEntry>>>,
     hardware_queues: HardwareQueues,
-    /// Pinned host ranges we allocated or registered (start → length), for
-    /// [`CudaDevice::bounce_window`].
-    pinned_ranges: Mutex<std::collections::BTreeMap<usize, usize>>,
-    /// Host → device copies shorter than this go through a device scratch buffer as one
-    /// copy of this many bytes and a device → device copy
+    /// Host → device copies shorter than this go through a device scratch buffer of the
+    /// engine context: a copy into the scratch and a device → device copy
     /// (`HIPFILE_CUDA_MIN_COPY_BYTES`, default [`MIN_COPY_BYTES`]; 0 = never).
     min_copy_bytes: usize,
+    /// When [`Device::copy_now`] bounces short copies.
+    caller_bounce: CallerBounce,
 }
 
 /// The CUDA variable that sets how many hardware queues a context's streams share.
@@ -237,11 +269,11 @@ impl CudaDevice {
             event_pools,
             caller_streams,
             hardware_queues,
-            pinned_ranges: Mutex::new(std::collections::BTreeMap::new()),
             min_copy_bytes: std::env::var("HIPFILE_CUDA_MIN_COPY_BYTES")
                 .ok()
                 .and_then(|value| value.trim().parse().ok())
                 .unwrap_or(MIN_COPY_BYTES),
+            caller_bounce: CallerBounce::from_environment(),
         }))
     }
 
@@ -458,7 +490,8 @@ impl CudaDevice {
     }
 
     /// [`Device::copy_now`] with device `ordinal`'s engine context current: a pooled
-    /// non-blocking stream, the copy, a synchronize.
+    /// non-blocking stream, the copy (a short host → device one through the scratch when
+    /// `bounce`), a synchronize.
     ///
     /// # Safety
     /// As [`Device::copy_now`].
@@ -469,6 +502,7 @@ impl CudaDevice {
         device_addr: u64,
         host: *mut u8,
         len_bytes: usize,
+        bounce: bool,
     ) -> Result<(), DeviceError> {
         let pool = &self.caller_streams[ordinal as usize];
         let pooled = pool.lock().unwrap_or_else(|p| p.into_inner()).pop();
@@ -488,7 +522,7 @@ impl CudaDevice {
             // SAFETY: the caller's contract (pinned host memory, valid device range); the
             // engine context is current and owns the stream.
             Direction::Read => unsafe {
-                self.copy_host_to_device(&entry, device_addr, host.cast_const(), len_bytes)
+                self.copy_host_to_device(&entry, device_addr, host.cast_const(), len_bytes, bounce)
             },
             Direction::Write => self.call(
                 // SAFETY: the caller's contract (pinned host memory, valid device range).
@@ -506,13 +540,15 @@ impl CudaDevice {
         enqueued.and(synced)
     }
 
-    /// Enqueues a host → device copy on `entry`'s stream. One shorter than
-    /// [`CudaDevice::min_copy_bytes`] goes through the stream's device scratch: on the
-    /// H200, a copy of less than 64 KiB in the engine context did not run while every
-    /// hardware queue of the application's context held a stream on a wait-value (4 KiB
-    /// reads hung at 8 of 8 and 32 of 32 queues), while copies of 64 KiB and more,
-    /// device → host and device → device copies did
-    /// (`benches/results/h200-small-copy-experiments.txt`).
+    /// Enqueues a host → device copy on `entry`'s stream. With `bounce`, one shorter than
+    /// [`CudaDevice::min_copy_bytes`] goes through the stream's device scratch. On the
+    /// H200, a host → device copy of 16 KiB or less from the engine context into the
+    /// *application's* memory did not run while every hardware queue of the application's
+    /// context held a stream on a wait-value (4 KiB async reads hung at 8 of 8 and 32 of
+    /// 32 queues), while the same copies into the engine's own memory, copies of 64 KiB
+    /// and more, device → host and device → device copies did
+    /// (`benches/results/h200-small-copy-experiments.txt`,
+    /// `benches/results/h200-copy-now-probe.txt`).
     ///
     /// # Safety
     /// `source..source + len_bytes` is pinned host memory that stays valid until the copy
@@ -523,12 +559,11 @@ impl CudaDevice {
         target: u64,
         source: *const u8,
         len_bytes: usize,
+        bounce: bool,
     ) -> Result<(), DeviceError> {
-        if len_bytes < self.min_copy_bytes
-            && let Some(window) = self.bounce_window(source as usize, len_bytes)
-        {
-            // SAFETY: the window lies in pinned memory of ours and holds the source.
-            return unsafe { self.copy_through_scratch(entry, target, window, source, len_bytes) };
+        if bounce && len_bytes < self.min_copy_bytes {
+            // SAFETY: the caller's contract; the copy is shorter than the scratch.
+            return unsafe { self.copy_through_scratch(entry, target, source, len_bytes) };
         }
         // SAFETY: the caller's contract.
         self.call(
@@ -537,35 +572,17 @@ impl CudaDevice {
         )
     }
 
-    /// Records a pinned range we allocated or registered (`Some(len)`), or forgets it.
-    fn note_pinned(&self, start: usize, len_bytes: Option<usize>) {
-        let mut ranges = self.pinned_ranges.lock().unwrap_or_else(|p| p.into_inner());
-        match len_bytes {
-            Some(len_bytes) => ranges.insert(start, len_bytes),
-            None => ranges.remove(&start),
-        };
-    }
-
-    /// A window of [`CudaDevice::min_copy_bytes`] inside one pinned range of ours that
-    /// holds `source..source + len_bytes` (its start), if there is one.
-    fn bounce_window(&self, source: usize, len_bytes: usize) -> Option<usize> {
-        let ranges = self.pinned_ranges.lock().unwrap_or_else(|p| p.into_inner());
-        let (&start, &len) = ranges.range(..=source).next_back()?;
-        window_start(start, len, source, len_bytes, self.min_copy_bytes)
-    }
-
-    /// A short host → device copy as one copy of a whole pinned window into the stream's
-    /// device scratch and a device → device copy of the wanted bytes to `target`.
+    /// A short host → device copy as a copy into the stream's device scratch (memory of
+    /// the engine context) and a device → device copy from there to `target`.
     ///
     /// # Safety
-    /// `window..window + min_copy_bytes` is pinned memory of ours holding
-    /// `source..source + len_bytes`; the target range is valid device memory; the engine
-    /// context is current.
+    /// `source..source + len_bytes` is pinned host memory that stays valid until the copy
+    /// has run, `len_bytes` ≤ [`CudaDevice::min_copy_bytes`]; the target range is valid
+    /// device memory; the engine context is current.
     unsafe fn copy_through_scratch(
         &self,
         entry: &InternalEntry,
         target: u64,
-        window: usize,
         source: *const u8,
         len_bytes: usize,
     ) -> Result<(), DeviceError> {
@@ -579,27 +596,18 @@ impl CudaDevice {
                 *entry.scratch.get_or_init(|| scratch)
             }
         };
-        let copy_in = self.call(
-            // SAFETY: the window is pinned memory of ours (caller); the scratch holds
-            // min_copy_bytes; the stream orders this after earlier uses of the scratch.
+        self.call(
+            // SAFETY: the source is pinned memory (caller); the scratch holds min_copy_bytes
+            // >= len_bytes; the stream orders this after earlier uses of the scratch.
             unsafe {
-                (self.api.cuMemcpyHtoDAsync)(
-                    scratch,
-                    window as *const c_void,
-                    self.min_copy_bytes,
-                    entry.stream,
-                )
+                (self.api.cuMemcpyHtoDAsync)(scratch, source.cast(), len_bytes, entry.stream)
             },
             "cuMemcpyHtoDAsync",
-        );
-        copy_in?;
-        let offset = (source as usize - window) as u64;
+        )?;
         self.call(
             // SAFETY: the scratch bytes were just copied in (stream order); the target is
             // the caller's valid device range.
-            unsafe {
-                (self.api.cuMemcpyDtoDAsync)(target, scratch + offset, len_bytes, entry.stream)
-            },
+            unsafe { (self.api.cuMemcpyDtoDAsync)(target, scratch, len_bytes, entry.stream) },
             "cuMemcpyDtoDAsync",
         )
     }
@@ -714,24 +722,6 @@ impl CudaDevice {
             "cuMemcpyDtoHAsync",
         )
     }
-}
-
-/// The start of a `window`-byte window inside the range `start..start + len` that holds
-/// `source..source + len_bytes`, as close to `source` as the range allows; `None` when
-/// the range does not hold the source or is shorter than the window.
-fn window_start(
-    start: usize,
-    len: usize,
-    source: usize,
-    len_bytes: usize,
-    window: usize,
-) -> Option<usize> {
-    let end = start.checked_add(len)?;
-    let source_end = source.checked_add(len_bytes)?;
-    if source < start || source_end > end || len < window || len_bytes > window {
-        return None;
-    }
-    Some(source.min(end - window))
 }
 
 fn check(api: &Api, code: CUresult) -> Result<(), String> {
@@ -863,13 +853,11 @@ impl Device for CudaDevice {
                 unsafe { (self.api.cuMemFreeHost)(host) };
                 return Err(self.error(mapped, "cuMemHostGetDevicePointer"));
             }
-            self.note_pinned(host as usize, Some(len_bytes));
             Ok(PinnedRegion { host_ptr: host.cast(), device_addr, len_bytes })
         })
     }
 
     unsafe fn free_pinned(&self, region: PinnedRegion) {
-        self.note_pinned(region.host_ptr as usize, None);
         let _ = self.in_engine_context(0, || {
             // SAFETY: the caller guarantees the region came from alloc_pinned and is idle.
             self.call(unsafe { (self.api.cuMemFreeHost)(region.host_ptr.cast()) }, "cuMemFreeHost")
@@ -897,13 +885,11 @@ impl Device for CudaDevice {
                 unsafe { (self.api.cuMemHostUnregister)(host_ptr.cast()) };
                 return Err(self.error(mapped, "cuMemHostGetDevicePointer"));
             }
-            self.note_pinned(host_ptr as usize, Some(len_bytes));
             Ok(device_addr)
         })
     }
 
     unsafe fn unregister_host(&self, host_ptr: *mut u8) {
-        self.note_pinned(host_ptr as usize, None);
         let _ = self.in_engine_context(0, || {
             // SAFETY: the caller guarantees it was registered and is idle.
             let code = unsafe { (self.api.cuMemHostUnregister)(host_ptr.cast()) };
@@ -953,7 +939,8 @@ impl Device for CudaDevice {
         self.in_engine_context(entry.ordinal, || {
             // SAFETY: caller's contract (pinned source, valid device range); the engine
             // context is current and owns the stream.
-            unsafe { self.copy_host_to_device(entry, target, source, len_bytes) }
+            // The engine's copies release user streams: always bounced.
+            unsafe { self.copy_host_to_device(entry, target, source, len_bytes, true) }
         })
     }
 
@@ -1146,14 +1133,24 @@ impl Device for CudaDevice {
         device_addr: u64,
         host: *mut u8,
         len_bytes: usize,
+        ops_may_hold_streams: bool,
     ) -> Result<(), DeviceError> {
         // In the engine context (pushed on a caller's thread, popped after): the copy runs
-        // on a stream of ours that no application stream shares a hardware queue with, so
-        // a sync read never waits behind a stream the caller holds.
+        // on a stream of ours that no application stream shares a hardware queue with; a
+        // short one goes through the scratch while an op of ours may hold a stream, so a
+        // sync read never waits behind a stream the caller holds.
+        let bounce = ops_may_hold_streams || self.caller_bounce == CallerBounce::Always;
         self.in_engine_context(device_ordinal, || {
             // SAFETY: the caller's contract; the engine context is current.
             unsafe {
-                self.copy_now_in_context(device_ordinal, direction, device_addr, host, len_bytes)
+                self.copy_now_in_context(
+                    device_ordinal,
+                    direction,
+                    device_addr,
+                    host,
+                    len_bytes,
+                    bounce,
+                )
             }
         })
     }
@@ -1182,27 +1179,5 @@ impl Device for CudaDevice {
             unsafe { (self.api.cuStreamSynchronize)(stream.0 as CUstream) },
             "cuStreamSynchronize",
         )
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::window_start;
-
-    #[test]
-    fn the_bounce_window_holds_the_source_and_stays_inside_its_range() {
-        // Plenty of room after the source: the window starts at the source.
-        assert_eq!(window_start(0x1000, 1 << 20, 0x2000, 4096, 65536), Some(0x2000));
-        // Near the end: the window ends at the range's end and still holds the source.
-        let end = 0x1000 + (1 << 20);
-        assert_eq!(window_start(0x1000, 1 << 20, end - 4096, 4096, 65536), Some(end - 65536));
-        // A range shorter than the window, a source outside the range, one crossing its
-        // end, or a copy longer than the window: none.
-        assert_eq!(window_start(0x1000, 32768, 0x1000, 4096, 65536), None);
-        assert_eq!(window_start(0x1000, 1 << 20, 0x800, 4096, 65536), None);
-        assert_eq!(window_start(0x1000, 1 << 20, end - 100, 4096, 65536), None);
-        assert_eq!(window_start(0x1000, 1 << 20, 0x1000, 70000, 65536), None);
-        // No overflow near the top of the address space.
-        assert_eq!(window_start(usize::MAX - 10, 100, usize::MAX - 5, 4, 16), None);
     }
 }
