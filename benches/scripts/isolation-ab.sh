@@ -2,7 +2,8 @@
 # Isolation A/B in one run, one binary: the default (engine context, caller-thread bounce
 # only while async ops are alive) against HIPFILE_CUDA_CALLER_BOUNCE=always and against
 # the pre-isolation data path (HIPFILE_CUDA_ENGINE_CONTEXT=shared, no short-copy bounce);
-# latency interleaved, two rounds. ROUNDS / READS=0 / WRITES=0 shorten it.
+# latency interleaved, two rounds. ROUNDS / READS=0 / WRITES=0 shorten it; VARIANTS picks
+# the latency variants (also iso-nobounce: HIPFILE_CUDA_MIN_COPY_BYTES=0).
 # Run with target/gpu-bundle built (tests/gpu/make-bundle.sh); results go to $OUT.
 cd "$(dirname "$0")/../.." || exit 1
 OUT=${OUT:-/tmp/hf-ab-out}; mkdir -p "$OUT"
@@ -12,8 +13,9 @@ export HIPFILE_DEVICE=cuda
 log=$OUT/ab.txt; : > $log
 v() { case $1 in
   iso) echo "";; iso-always) echo "HIPFILE_CUDA_CALLER_BOUNCE=always";;
+  iso-nobounce) echo "HIPFILE_CUDA_MIN_COPY_BYTES=0";;
   shared-nobounce) echo "HIPFILE_CUDA_ENGINE_CONTEXT=shared HIPFILE_CUDA_MIN_COPY_BYTES=0";; esac; }
-for round in $(seq 1 ${ROUNDS:-2}); do for var in iso iso-always shared-nobounce; do
+for round in $(seq 1 ${ROUNDS:-2}); do for var in ${VARIANTS:-iso iso-always shared-nobounce}; do
   echo "=== latency round=$round variant=$var" >> $log
   env $(v $var) timeout -s KILL 60 $H --latency --no-baselines --iterations 3000 --file $F --file-size 256M --json $OUT/lat-$var-$round.json >> $log 2>&1
 done; done
@@ -26,4 +28,4 @@ if [ "${WRITES:-1}" != 0 ]; then for var in iso shared-nobounce; do
   env $(v $var) timeout -s KILL 120 $H --mode write --streams 8 --io-size 16M --no-baselines --file $F --file-size 2G >> $log 2>&1
 done; fi
 rm -f $OUT/lat-*-2.json
-grep -E "^===|hipfile-rs|of which|GiB/s|^READ|^WRITE" $log | head -150
+grep -E "^===|hipfile-rs|of which|GiB/s|^READ|^WRITE|^CPU_GPU" $log | head -150

@@ -75,6 +75,7 @@ struct StatsInfo {
     fallback_chunks: u64,
     sync_retry_chunks: u64,
     caller_thread_requests: u64,
+    caller_thread_requests_beside_ops: u64,
     async_submitted: u64,
     async_prefetched: u64,
     device_releases: u64,
@@ -325,6 +326,7 @@ fn stats(b: &Bench) -> Option<StatsInfo> {
         fallback_chunks: engine.fallback_chunks,
         sync_retry_chunks: engine.sync_retry_chunks,
         caller_thread_requests: engine.caller_thread_requests,
+        caller_thread_requests_beside_ops: engine.caller_thread_requests_beside_ops,
         async_submitted: load(&a.submitted),
         async_prefetched: load(&a.prefetched),
         device_releases: load(&a.device_releases),
@@ -338,12 +340,13 @@ fn stats(b: &Bench) -> Option<StatsInfo> {
 
 fn print_stats(s: &StatsInfo) {
     println!(
-        "hipfile-rs counters: {} engine jobs ({} arena chunks, {} fallback, {} sync retries), {} requests on the caller's thread; async {} submitted, {} prefetched, {} device / {} host releases; file {} MiB O_DIRECT + {} MiB buffered read, {} MiB O_DIRECT + {} MiB buffered written",
+        "hipfile-rs counters: {} engine jobs ({} arena chunks, {} fallback, {} sync retries), {} requests on the caller's thread ({} while async ops were alive); async {} submitted, {} prefetched, {} device / {} host releases; file {} MiB O_DIRECT + {} MiB buffered read, {} MiB O_DIRECT + {} MiB buffered written",
         s.engine_jobs,
         s.arena_chunks,
         s.fallback_chunks,
         s.sync_retry_chunks,
         s.caller_thread_requests,
+        s.caller_thread_requests_beside_ops,
         s.async_submitted,
         s.async_prefetched,
         s.device_releases,
@@ -536,6 +539,9 @@ fn run_latency(
     drop(cf);
     println!();
     print!("{}", latency::table(&report));
+    if let Some(s) = stats(b) {
+        print_stats(&s);
+    }
     let ok = report.rows.iter().take(2).all(|r| r.total_us.is_some())
         && report.busy_stream.as_ref().is_some_and(|busy| busy.detail.is_none());
     write_outputs(b, args, cufile_line, Vec::new(), Some(report))?;

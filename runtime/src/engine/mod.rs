@@ -131,6 +131,9 @@ pub struct EngineStats {
     pub sync_retry_chunks: AtomicU64,
     /// Synchronous requests of at most one chunk moved on the caller's thread.
     pub caller_thread_requests: AtomicU64,
+    /// Of those, the ones moved while async ops were alive (their copies take the path no
+    /// held application stream can stall).
+    pub caller_thread_requests_beside_ops: AtomicU64,
     /// Jobs moved by a blocking executor (its glommio executor could not start).
     pub blocking_jobs: AtomicU64,
 }
@@ -154,6 +157,8 @@ pub struct EngineStatsSnapshot {
     pub sync_retry_chunks: u64,
     /// Synchronous requests of at most one chunk moved on the caller's thread.
     pub caller_thread_requests: u64,
+    /// Of those, the ones moved while async ops were alive.
+    pub caller_thread_requests_beside_ops: u64,
     /// Jobs moved by a blocking executor.
     pub blocking_jobs: u64,
 }
@@ -367,6 +372,7 @@ impl Engine {
             fallback_chunks: load(&self.stats.fallback_chunks),
             sync_retry_chunks: load(&self.stats.sync_retry_chunks),
             caller_thread_requests: load(&self.stats.caller_thread_requests),
+            caller_thread_requests_beside_ops: load(&self.stats.caller_thread_requests_beside_ops),
             blocking_jobs: load(&self.stats.blocking_jobs),
         }
     }
@@ -527,6 +533,9 @@ impl Engine {
         drop(chunk);
         drop(guard);
         EngineStats::add(&self.stats.caller_thread_requests, 1);
+        if ops_may_hold_streams {
+            EngineStats::add(&self.stats.caller_thread_requests_beside_ops, 1);
+        }
         Some(match moved {
             Ok(bytes) => {
                 request.file.record_bytes(request.direction, mode, bytes as u64);
