@@ -13,6 +13,9 @@
 //   bounce-window-8k/16k/32k  engine-push-bounce with a smaller window
 //   mapped-dtod        a device -> device copy from the device-mapped pinned chunk
 //   h2d-64k-only       the bounce's 64 KiB pinned -> scratch copy alone (no data check)
+//   engine-push-engine-pinned / primary-engine-pinned  engine-push / primary from pinned
+//                      memory allocated with the engine context current (as hipfile-rs's
+//                      staging is)
 //
 // Variants run interleaved (round robin, one copy each), so drift hits all alike. Every
 // copy is checked (the device buffer is read back every 256 iterations).
@@ -41,13 +44,14 @@
     }                                                                               \
   } while (0)
 
-enum { COPY_BYTES = 4096, WINDOW_BYTES = 65536, VARIANTS = 12 };
+enum { COPY_BYTES = 4096, WINDOW_BYTES = 65536, VARIANTS = 14 };
 
 static const char *NAMES[VARIANTS] = {
     "primary",           "engine-push",        "engine-nopush",
     "engine-push-bounce", "engine-nopush-bounce", "engine-sync",
     "push-pop",          "bounce-window-8k",   "bounce-window-16k",
-    "bounce-window-32k", "mapped-dtod",        "h2d-64k-only"};
+    "bounce-window-32k", "mapped-dtod",        "h2d-64k-only",
+    "engine-push-engine-pinned", "primary-engine-pinned"};
 
 // The bounce window of variants 3, 4, 7, 8, 9 (0: no bounce).
 static size_t window_of(int v) {
@@ -82,6 +86,7 @@ typedef struct {
   CUstream engine_streams[VARIANTS];  // one per variant: modes are not mixed on a stream
   unsigned char *pinned;  // WINDOW_BYTES, allocated portable (usable from both contexts)
   CUdeviceptr pinned_device;  // the same memory, device-mapped
+  unsigned char *engine_pinned;  // COPY_BYTES, allocated with the engine context current
   CUdeviceptr target;     // COPY_BYTES in the primary context (the application's buffer)
   CUdeviceptr scratch;    // WINDOW_BYTES in the engine context
   CUstream engine_stream; // the current variant's
@@ -115,17 +120,23 @@ static CUresult enqueue(Rig *r, int v, int push) {
     case 11:
       e = cuMemcpyHtoDAsync(r->scratch, r->pinned, WINDOW_BYTES, r->engine_stream);
       break;
+    case 12:
+      e = cuMemcpyHtoDAsync(r->target, r->engine_pinned, COPY_BYTES, r->engine_stream);
+      break;
+    case 13:
+      e = cuMemcpyHtoDAsync(r->target, r->engine_pinned, COPY_BYTES, r->primary_stream);
+      break;
     default:
       break;
   }
   return e;
 }
 
-static int pushes(int v) { return v != 0 && v != 2 && v != 4; }
+static int pushes(int v) { return v != 0 && v != 2 && v != 4 && v != 13; }
 
 static CUstream stream_of(Rig *r, int v) {
   r->engine_stream = r->engine_streams[v];
-  return v == 0 ? r->primary_stream : r->engine_stream;
+  return v == 0 || v == 13 ? r->primary_stream : r->engine_stream;
 }
 
 static CUresult sync_variant(Rig *r, int v) {
@@ -171,6 +182,8 @@ int main(int argc, char **argv) {
   for (int v = 0; v < VARIANTS; v++)
     CHECK(cuStreamCreate(&r.engine_streams[v], CU_STREAM_NON_BLOCKING));
   CHECK(cuMemAlloc(&r.scratch, WINDOW_BYTES));
+  CHECK(cuMemHostAlloc((void **)&r.engine_pinned, COPY_BYTES,
+                       CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP));
   CUcontext popped;
   CHECK(cuCtxPopCurrent(&popped));
   CHECK(cuDevicePrimaryCtxRetain(&r.primary, device));
@@ -193,6 +206,7 @@ int main(int argc, char **argv) {
       int variant = alone ? n / (iterations + 200) : (v + (i & 1 ? 3 : 0)) % VARIANTS;
       if (refused[variant] != CUDA_SUCCESS) continue;
       memset(r.pinned, (unsigned char)(i * 7 + variant), COPY_BYTES);
+      memset(r.engine_pinned, (unsigned char)(i * 7 + variant), COPY_BYTES);
       double t0 = now_us();
       refused[variant] = run_once(&r, variant);
       double t1 = now_us();
@@ -245,8 +259,7 @@ int main(int argc, char **argv) {
     if (e == CUDA_SUCCESS) {
       double start = now_us();
       CUresult q;
-      stream_of(&r, v);
-      while ((q = cuStreamQuery(v == 0 ? r.primary_stream : r.engine_stream)) ==
+      while ((q = cuStreamQuery(stream_of(&r, v))) ==
                  CUDA_ERROR_NOT_READY &&
              now_us() - start < 2e6) {
       }
