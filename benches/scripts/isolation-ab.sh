@@ -3,7 +3,8 @@
 # only while async ops are alive) against HIPFILE_CUDA_CALLER_BOUNCE=always and against
 # the pre-isolation data path (HIPFILE_CUDA_ENGINE_CONTEXT=shared, no short-copy bounce);
 # latency interleaved, two rounds. ROUNDS / READS=0 / WRITES=0 shorten it; VARIANTS picks
-# the latency variants (also iso-nobounce: HIPFILE_CUDA_MIN_COPY_BYTES=0).
+# the latency variants (also iso-nobounce: HIPFILE_CUDA_MIN_COPY_BYTES=0; iso-engine-staging:
+# HIPFILE_CUDA_STAGING_CONTEXT=engine), READ_VARIANTS the read runs.
 # Run with target/gpu-bundle built (tests/gpu/make-bundle.sh); results go to $OUT.
 cd "$(dirname "$0")/../.." || exit 1
 OUT=${OUT:-/tmp/hf-ab-out}; mkdir -p "$OUT"
@@ -14,12 +15,13 @@ log=$OUT/ab.txt; : > $log
 v() { case $1 in
   iso) echo "";; iso-always) echo "HIPFILE_CUDA_CALLER_BOUNCE=always";;
   iso-nobounce) echo "HIPFILE_CUDA_MIN_COPY_BYTES=0";;
+  iso-engine-staging) echo "HIPFILE_CUDA_STAGING_CONTEXT=engine";;
   shared-nobounce) echo "HIPFILE_CUDA_ENGINE_CONTEXT=shared HIPFILE_CUDA_MIN_COPY_BYTES=0";; esac; }
 for round in $(seq 1 ${ROUNDS:-2}); do for var in ${VARIANTS:-iso iso-always shared-nobounce}; do
   echo "=== latency round=$round variant=$var" >> $log
   env $(v $var) timeout -s KILL 60 $H --latency --no-baselines --iterations 3000 --file $F --file-size 256M --json $OUT/lat-$var-$round.json >> $log 2>&1
 done; done
-if [ "${READS:-1}" != 0 ]; then for var in iso shared-nobounce iso shared-nobounce; do
+if [ "${READS:-1}" != 0 ]; then for var in ${READ_VARIANTS:-iso shared-nobounce iso shared-nobounce}; do
   echo "=== read variant=$var" >> $log
   env $(v $var) timeout -s KILL 120 $H --mode read --streams 1,8,16 --io-size 16M --no-baselines --file $F --file-size 2G >> $log 2>&1
 done; fi
