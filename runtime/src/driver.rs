@@ -106,8 +106,8 @@ pub struct Driver {
     lifecycle: Mutex<()>,
     files: RwLock<HashMap<HandleId, Arc<FileHandle>>>,
     buffers: RwLock<BTreeMap<u64, Arc<RegisteredBuffer>>>,
-    engine: OnceLock<Result<Engine, String>>,
-    arm_poller: OnceLock<Result<ArmPoller, String>>,
+    engine: StartedOnUse<Engine>,
+    arm_poller: StartedOnUse<ArmPoller>,
     next_executor: AtomicUsize,
     streams: StreamTable,
     hazards: Mutex<HashMap<usize, FileHazards>>,
@@ -136,8 +136,8 @@ impl Driver {
             lifecycle: Mutex::new(()),
             files: RwLock::new(HashMap::new()),
             buffers: RwLock::new(BTreeMap::new()),
-            engine: OnceLock::new(),
-            arm_poller: OnceLock::new(),
+            engine: StartedOnUse::default(),
+            arm_poller: StartedOnUse::default(),
             next_executor: AtomicUsize::new(0),
             streams: StreamTable::new(Arc::clone(&device), prefetch_cap_bytes),
             hazards: Mutex::new(HashMap::new()),
@@ -202,14 +202,14 @@ impl Driver {
         for state in streams.iter().filter(|state| !state.idle()) {
             let _ = writeln!(report, "  {}", state.describe());
         }
-        match self.arm_poller.get() {
-            Some(Ok(poller)) => {
+        match (self.arm_poller.get(), self.arm_poller.last_failure()) {
+            (Some(poller), _) => {
                 let _ = writeln!(report, "  {}", poller.describe());
             }
-            Some(Err(error)) => {
+            (None, Some(error)) => {
                 let _ = writeln!(report, "  arm poller failed to start: {error}");
             }
-            None => {
+            (None, None) => {
                 let _ = writeln!(report, "  arm poller not started");
             }
         }
@@ -222,7 +222,7 @@ impl Driver {
             stats.device_releases.load(Ordering::Relaxed),
             stats.host_releases.load(Ordering::Relaxed),
         );
-        if let Some(Ok(engine)) = self.engine.get() {
+        if let Some(engine) = self.engine.get() {
             let _ = writeln!(
                 report,
                 "  engine: {} executor(s) ({} blocking), {:?}",
@@ -272,7 +272,7 @@ impl Driver {
             }
             write_lock(&self.buffers).clear();
             drop(files);
-            if let Some(Ok(engine)) = self.engine.get() {
+            if let Some(engine) = self.engine.get() {
                 engine.prune_files();
             }
         }
@@ -333,7 +333,7 @@ impl Driver {
         if let Some(file) = removed {
             file.mark_deregistered();
             drop(file);
-            if let Some(Ok(engine)) = self.engine.get() {
+            if let Some(engine) = self.engine.get() {
                 engine.prune_files();
             }
         }
@@ -436,34 +436,34 @@ impl Driver {
         })
     }
 
-    /// The engine, started on first use.
+    /// The engine, started on first use. A start that failed (no thread or address space
+    /// left, say) is tried again by a later call, at most every
+    /// [`StartedOnUse::RETRY_INTERVAL`]: a passing shortage does not disable the driver
+    /// for the life of the process.
     ///
     /// # Errors
-    /// `InternalError` when it could not start (the reason is printed once).
+    /// `InternalError` when it could not start (each new reason is printed once).
     pub fn engine(&self) -> Result<&Engine, Error> {
-        let started = self.engine.get_or_init(|| {
-            Engine::start(&self.config, Arc::clone(&self.device)).map_err(|e| {
-                eprintln!("hipfile: {e}");
-                e.to_string()
+        self.engine
+            .get_or_start(|| {
+                Engine::start(&self.config, Arc::clone(&self.device)).map_err(|e| e.to_string())
             })
-        });
-        started.as_ref().map_err(|_| Error::new(OpError::InternalError))
+            .map_err(|_| Error::new(OpError::InternalError))
     }
 
-    /// The thread that arms async ops by doorbell (started on first use).
+    /// The thread that arms async ops by doorbell (started on first use; a failed start
+    /// is tried again as the engine's is).
     ///
     /// # Errors
     /// `InternalError` when the thread cannot be started.
     pub(crate) fn arm_poller(&self) -> Result<&ArmPoller, Error> {
-        let started = self.arm_poller.get_or_init(|| {
-            let executors = self.config.executor_cpus.len();
-            let spin = crate::engine::spare_cores_for_spinning(executors);
-            ArmPoller::start(spin).map_err(|e| {
-                eprintln!("hipfile: starting the arm poller thread: {e}");
-                e.to_string()
+        self.arm_poller
+            .get_or_start(|| {
+                let executors = self.config.executor_cpus.len();
+                let spin = crate::engine::spare_cores_for_spinning(executors);
+                ArmPoller::start(spin).map_err(|e| format!("starting the arm poller thread: {e}"))
             })
-        });
-        started.as_ref().map_err(|_| Error::new(OpError::InternalError))
+            .map_err(|_| Error::new(OpError::InternalError))
     }
 
     /// Picks an executor for work that has no stream affinity.
@@ -553,4 +553,94 @@ fn read_lock<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
 
 fn write_lock<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
     lock.write().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// A part of the driver started on first use, whose failed start a later call tries
+/// again (at most every [`StartedOnUse::RETRY_INTERVAL`]; calls in between fail at once
+/// with the last reason). Each new reason is printed once.
+pub(crate) struct StartedOnUse<T> {
+    value: OnceLock<T>,
+    /// Serializes starts; the last failure and when it happened.
+    attempt: Mutex<Option<(std::time::Instant, String)>>,
+}
+
+impl<T> Default for StartedOnUse<T> {
+    fn default() -> StartedOnUse<T> {
+        StartedOnUse { value: OnceLock::new(), attempt: Mutex::new(None) }
+    }
+}
+
+impl<T> StartedOnUse<T> {
+    /// The shortest time between two start attempts.
+    pub(crate) const RETRY_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
+
+    /// The value, if it started.
+    pub(crate) fn get(&self) -> Option<&T> {
+        self.value.get()
+    }
+
+    /// Why the last start failed, while it has not started.
+    pub(crate) fn last_failure(&self) -> Option<String> {
+        if self.value.get().is_some() {
+            return None;
+        }
+        let attempt = self.attempt.lock().unwrap_or_else(|p| p.into_inner());
+        attempt.as_ref().map(|(_, reason)| reason.clone())
+    }
+
+    /// The value, started by `start` unless it is running or failed less than
+    /// [`StartedOnUse::RETRY_INTERVAL`] ago.
+    pub(crate) fn get_or_start(
+        &self,
+        start: impl FnOnce() -> Result<T, String>,
+    ) -> Result<&T, String> {
+        if let Some(value) = self.value.get() {
+            return Ok(value);
+        }
+        let mut attempt = self.attempt.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(value) = self.value.get() {
+            return Ok(value);
+        }
+        if let Some((at, reason)) = attempt.as_ref()
+            && at.elapsed() < Self::RETRY_INTERVAL
+        {
+            return Err(reason.clone());
+        }
+        match start() {
+            Ok(value) => {
+                *attempt = None;
+                Ok(self.value.get_or_init(|| value))
+            }
+            Err(reason) => {
+                let repeated = attempt.as_ref().is_some_and(|(_, last)| *last == reason);
+                if !repeated {
+                    eprintln!("hipfile: {reason} (tried again by a later call)");
+                }
+                *attempt = Some((std::time::Instant::now(), reason.clone()));
+                Err(reason)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod started_on_use_tests {
+    use super::StartedOnUse;
+
+    #[test]
+    fn a_failed_start_is_tried_again_after_the_interval_and_then_kept() {
+        let part = StartedOnUse::<u32>::default();
+        assert_eq!(part.get_or_start(|| Err("no threads".into())), Err("no threads".into()));
+        assert_eq!(part.last_failure().as_deref(), Some("no threads"));
+        // Within the interval: the last reason, without a new attempt.
+        assert_eq!(
+            part.get_or_start(|| panic!("no attempt within the interval")),
+            Err("no threads".into())
+        );
+        std::thread::sleep(StartedOnUse::<u32>::RETRY_INTERVAL);
+        assert_eq!(part.get_or_start(|| Ok(7)), Ok(&7));
+        assert_eq!(part.get_or_start(|| panic!("started already")), Ok(&7));
+        assert_eq!(part.get(), Some(&7));
+        assert_eq!(part.last_failure(), None);
+    }
 }
