@@ -953,3 +953,57 @@ fn a_forked_child_gets_an_error_from_the_parents_streams_not_a_hang() {
     assert_eq!(libc::WEXITSTATUS(status), 0, "0: error 3 as expected; 2: another error; 3: Ok");
     sync(&device, stream).unwrap();
 }
+
+/// The permissions (`rw-p`, `---p`, …) of the mapping holding `addr`, from
+/// `/proc/self/maps`.
+fn permissions_at(addr: u64) -> Option<String> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    maps.lines().find_map(|line| {
+        let mut fields = line.split_whitespace();
+        let (range, permissions) = (fields.next()?, fields.next()?);
+        let (start, end) = range.split_once('-')?;
+        let (start, end) =
+            (u64::from_str_radix(start, 16).ok()?, u64::from_str_radix(end, 16).ok()?);
+        (start <= addr && addr < end).then(|| permissions.to_string())
+    })
+}
+
+/// Every allocation of the device (device memory, pinned host memory) sits between two
+/// inaccessible guard pages, so a read or write by the library just outside a buffer
+/// faults instead of touching a neighbour (the data-path canary tests check the bytes;
+/// this checks the fence).
+#[test]
+fn allocations_sit_between_guard_pages() {
+    let device = CpuDevice::new(1);
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64;
+    for len in [1usize, 4096, 5000, 3 * 4096, 1 << 20] {
+        let base = device.malloc_device(0, len).unwrap();
+        let pinned = device.malloc_host(len).unwrap();
+        for (what, start) in [("device", base), ("pinned", pinned.host_ptr as u64)] {
+            assert_eq!(start % page, 0, "{what} allocation of {len} B is page-aligned");
+            let body_end = start + (len as u64).next_multiple_of(page);
+            assert_eq!(
+                permissions_at(start - 1).as_deref(),
+                Some("---p"),
+                "{what} {len} B: guard before"
+            );
+            assert_eq!(permissions_at(start).as_deref(), Some("rw-p"), "{what} {len} B: body");
+            assert_eq!(
+                permissions_at(body_end - 1).as_deref(),
+                Some("rw-p"),
+                "{what} {len} B: last byte"
+            );
+            assert_eq!(
+                permissions_at(body_end).as_deref(),
+                Some("---p"),
+                "{what} {len} B: guard after"
+            );
+        }
+        // SAFETY: nothing uses the memory any more.
+        unsafe {
+            device.free_device(base).unwrap();
+            device.free_host(pinned).unwrap();
+        }
+    }
+}

@@ -43,7 +43,6 @@
 //! device and every [`StreamGate`] are gone.
 
 use core::ffi::c_void;
-use std::alloc::{self, Layout};
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::panic::{self, AssertUnwindSafe};
@@ -137,9 +136,50 @@ impl Allocation {
     }
 }
 
-fn layout_for(len_bytes: usize) -> Result<Layout, DeviceError> {
-    Layout::from_size_align(len_bytes, ALIGNMENT_BYTES)
-        .map_err(|_| out_of_memory("allocation too large"))
+/// The mapping behind one allocation: a `PROT_NONE` guard page, the allocation's pages
+/// (read-write, zeroed), another guard page. A read or write just outside the allocation
+/// faults instead of touching a neighbour: before its start exactly, after its end
+/// exactly when the length is a multiple of the page size (else within the slack of its
+/// last page). `(mapping start, mapping length)` for an allocation at `base`.
+fn guarded_mapping(base: u64, len_bytes: usize) -> Option<(usize, usize)> {
+    let page = crate::sys::page_size_bytes() as usize;
+    let body = len_bytes.checked_next_multiple_of(page)?;
+    Some(((base as usize).checked_sub(page)?, body.checked_add(2 * page)?))
+}
+
+/// Maps `len_bytes` of zeroed memory between two guard pages ([`guarded_mapping`]);
+/// returns the allocation's address (page-aligned, so [`ALIGNMENT_BYTES`]-aligned).
+fn map_guarded(len_bytes: usize) -> Result<u64, DeviceError> {
+    let page = crate::sys::page_size_bytes() as usize;
+    debug_assert!(page >= ALIGNMENT_BYTES && page.is_multiple_of(ALIGNMENT_BYTES));
+    let too_large = || out_of_memory("allocation too large");
+    let body = len_bytes.checked_next_multiple_of(page).ok_or_else(too_large)?;
+    let total = body.checked_add(2 * page).ok_or_else(too_large)?;
+    // SAFETY: a fresh anonymous private mapping; no existing memory is affected.
+    let start = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            total,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if start == libc::MAP_FAILED {
+        return Err(out_of_memory("mmap failed"));
+    }
+    let body_start = start as usize + page;
+    // SAFETY: the body lies inside the mapping made above.
+    let opened = unsafe {
+        libc::mprotect(body_start as *mut c_void, body, libc::PROT_READ | libc::PROT_WRITE)
+    };
+    if opened != 0 {
+        // SAFETY: unmaps exactly the mapping made above, which nothing else uses.
+        unsafe { libc::munmap(start, total) };
+        return Err(out_of_memory("mprotect failed"));
+    }
+    Ok(body_start as u64)
 }
 
 type AllocationMap = BTreeMap<u64, Allocation>;
@@ -195,7 +235,7 @@ struct MemoryRegistry {
 }
 
 impl MemoryRegistry {
-    /// Allocates zeroed, 4096-aligned memory and tracks it.
+    /// Allocates zeroed, page-aligned memory between guard pages and tracks it.
     fn allocate(
         &self,
         len_bytes: usize,
@@ -206,13 +246,7 @@ impl MemoryRegistry {
         if len_bytes == 0 {
             return Err(invalid_value("zero-length allocation"));
         }
-        let layout = layout_for(len_bytes)?;
-        // SAFETY: `layout` has a non-zero size (checked above).
-        let ptr = unsafe { alloc::alloc_zeroed(layout) };
-        if ptr.is_null() {
-            return Err(out_of_memory("host allocator failed"));
-        }
-        let base = ptr as usize as u64;
+        let base = map_guarded(len_bytes)?;
         let allocation = Allocation { len_bytes, memory_type, device_ordinal, origin };
         write(&self.map).insert(base, allocation);
         Ok(base)
@@ -269,14 +303,14 @@ impl MemoryRegistry {
     }
 }
 
-/// Frees memory from `MemoryRegistry::allocate`.
+/// Frees memory from `MemoryRegistry::allocate`, with its guard pages.
 ///
 /// # Safety
-/// `base` came from `alloc_zeroed` with `layout_for(len_bytes)` and is freed once.
+/// `base` came from `map_guarded(len_bytes)` and is freed once.
 unsafe fn dealloc(base: u64, len_bytes: usize) {
-    if let Ok(layout) = layout_for(len_bytes) {
-        // SAFETY: guaranteed by the caller.
-        unsafe { alloc::dealloc(base as usize as *mut u8, layout) };
+    if let Some((start, total)) = guarded_mapping(base, len_bytes) {
+        // SAFETY: guaranteed by the caller: the whole mapping is ours and unused.
+        unsafe { libc::munmap(start as *mut c_void, total) };
     }
 }
 
