@@ -18,12 +18,24 @@
 
 use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, MutexGuard};
 use std::thread::{JoinHandle, ThreadId};
 use std::time::{Duration, Instant};
 
 use crate::stream::{ReleaseWord, StreamState};
+
+/// Which streams the poller watches, and its parking (model-checked with loom).
+#[path = "arm_handoff.rs"]
+mod handoff;
+
+/// The primitives [`handoff`] is written against (loom's in its model test).
+mod sync {
+    pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    pub(crate) use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+}
+
+use handoff::{HasPending, Pending, Watchlist};
 
 /// Name of the poller thread.
 pub const ARM_THREAD_NAME: &str = "hipfile-arm";
@@ -55,22 +67,21 @@ pub(crate) type ArmFn = Box<dyn FnOnce() + Send>;
 /// One stream's ops waiting to be armed, in sequence order, and its doorbell.
 pub(crate) struct ArmQueue {
     doorbell: ReleaseWord,
-    pending: Mutex<VecDeque<(u32, ArmFn)>>,
+    pending: Pending<(u32, ArmFn)>,
     /// The oldest pending sequence, or [`NONE_DUE`]: lets the poller look without the
     /// lock.
     next_due: AtomicU64,
-    /// In the poller's watch list.
-    watched: AtomicBool,
+}
+
+impl HasPending<(u32, ArmFn)> for StreamState {
+    fn pending(&self) -> &Pending<(u32, ArmFn)> {
+        &self.arm_queue().pending
+    }
 }
 
 impl ArmQueue {
     pub(crate) fn new(doorbell: ReleaseWord) -> ArmQueue {
-        ArmQueue {
-            doorbell,
-            pending: Mutex::new(VecDeque::new()),
-            next_due: AtomicU64::new(NONE_DUE),
-            watched: AtomicBool::new(false),
-        }
+        ArmQueue { doorbell, pending: Pending::default(), next_due: AtomicU64::new(NONE_DUE) }
     }
 
     /// The word the stream writes each op's sequence number into when it reaches it.
@@ -84,15 +95,14 @@ impl ArmQueue {
     }
 
     fn pending(&self) -> MutexGuard<'_, VecDeque<(u32, ArmFn)>> {
-        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+        self.pending.lock()
     }
 
-    fn push(&self, sequence: u32, arm: ArmFn) {
-        let mut pending = self.pending();
-        if pending.is_empty() {
+    /// Queues `arm` for `sequence`; `true` when the stream must be listed.
+    fn push(&self, sequence: u32, arm: ArmFn) -> bool {
+        self.pending.push((sequence, arm), || {
             self.next_due.store(u64::from(sequence), Ordering::SeqCst);
-        }
-        pending.push_back((sequence, arm));
+        })
     }
 
     /// Takes the arms the doorbell has reached, oldest first; `false` when none waits.
@@ -135,13 +145,10 @@ pub(crate) struct ArmPoller {
 }
 
 struct Shared {
-    watched: Mutex<Watched>,
-    /// Bumped whenever a stream joins `watched`.
-    generation: AtomicU64,
+    /// The streams with ops waiting to be armed.
+    list: Watchlist<StreamState>,
     /// Bumped by every submission (restarts the poller's spin window).
     submissions: AtomicU64,
-    wake: Condvar,
-    stop: AtomicBool,
 }
 
 impl ArmPoller {
@@ -151,13 +158,8 @@ impl ArmPoller {
     /// # Errors
     /// The thread could not be spawned.
     pub(crate) fn start(spin: bool) -> std::io::Result<ArmPoller> {
-        let shared = Arc::new(Shared {
-            watched: Mutex::new(Watched { streams: Vec::new(), parked: false }),
-            generation: AtomicU64::new(0),
-            submissions: AtomicU64::new(0),
-            wake: Condvar::new(),
-            stop: AtomicBool::new(false),
-        });
+        let shared =
+            Arc::new(Shared { list: Watchlist::default(), submissions: AtomicU64::new(0) });
         let for_thread = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name(ARM_THREAD_NAME.into())
@@ -170,20 +172,13 @@ impl ArmPoller {
     /// stream's submit lock, after the doorbell write was enqueued, so the queue stays in
     /// sequence order.
     pub(crate) fn watch(&self, stream: &Arc<StreamState>, sequence: u32, arm: ArmFn) {
-        let queue = stream.arm_queue();
-        queue.push(sequence, arm);
+        let must_list = stream.arm_queue().push(sequence, arm);
         self.shared.submissions.fetch_add(1, Ordering::Relaxed);
-        // After the push: the poller drops a stream from its list only after seeing its
-        // queue empty, and clears `watched` under the queue's lock. It parks only with an
-        // empty list, so a stream already listed needs no wake-up; a spinning poller
-        // needs none either (it rereads the list when the generation changes).
-        if !queue.watched.swap(true, Ordering::SeqCst) {
-            let mut watched = self.shared.watched();
-            watched.streams.push(Arc::clone(stream));
-            self.shared.generation.fetch_add(1, Ordering::SeqCst);
-            if watched.parked {
-                self.shared.wake.notify_one();
-            }
+        // A stream already listed needs no wake-up (the poller parks only with an empty
+        // list); a spinning poller rereads the list when the generation changes
+        // (`handoff`'s protocol).
+        if must_list {
+            self.shared.list.enlist(Arc::clone(stream));
         }
     }
 }
@@ -191,36 +186,19 @@ impl ArmPoller {
 impl ArmPoller {
     /// One line for [`crate::Driver::pending_report`]: streams watched, parked or not.
     pub(crate) fn describe(&self) -> String {
-        let watched = self.shared.watched();
+        let listed = self.shared.list.lock();
         format!(
             "arm poller: {} stream(s) watched, {}, {} submission(s) seen",
-            watched.streams.len(),
-            if watched.parked { "parked" } else { "polling" },
+            listed.streams.len(),
+            if listed.parked { "parked" } else { "polling" },
             self.shared.submissions.load(Ordering::Relaxed)
         )
     }
 }
 
-/// The streams with ops waiting to be armed, and whether the poller sleeps on `wake`.
-struct Watched {
-    streams: Vec<Arc<StreamState>>,
-    parked: bool,
-}
-
-impl Shared {
-    fn watched(&self) -> MutexGuard<'_, Watched> {
-        self.watched.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
 impl Drop for ArmPoller {
     fn drop(&mut self) {
-        {
-            // Under the list lock: the poller checks `stop` under it before it parks.
-            let _watched = self.shared.watched();
-            self.shared.stop.store(true, Ordering::SeqCst);
-            self.shared.wake.notify_all();
-        }
+        self.shared.list.stop();
         // The last driver reference may go away on the poller thread itself (an arm that
         // published at once); it cannot join itself and ends on its own.
         if let Some(thread) = self.thread.take()
@@ -245,7 +223,7 @@ fn poll_doorbells(shared: &Shared, spin: bool) {
     let mut last_arm = Instant::now();
     let mut seen_submissions = 0;
     let mut sleep = MIN_SLEEP;
-    while !shared.stop.load(Ordering::SeqCst) {
+    while !shared.list.stopping() {
         let submissions = shared.submissions.load(Ordering::Relaxed);
         if submissions != seen_submissions {
             seen_submissions = submissions;
@@ -268,37 +246,25 @@ fn poll_doorbells(shared: &Shared, spin: bool) {
             continue;
         }
         let now = Instant::now();
-        if !any_waiting || shared.generation.load(Ordering::SeqCst) != copied_generation {
-            let mut watched = shared.watched();
-            // Streams with nothing queued leave the list. The queue's lock is held while
-            // `watched` is cleared: a push after it sees the flag clear and lists the
-            // stream again (see `watch`).
-            watched.streams.retain(|stream| {
-                let queue = stream.arm_queue();
-                let pending = queue.pending();
-                let keep = !pending.is_empty();
-                if !keep {
-                    queue.watched.store(false, Ordering::SeqCst);
-                }
-                keep
-            });
-            if watched.streams.is_empty() && now >= spin_until {
-                if shared.stop.load(Ordering::SeqCst) {
+        if !any_waiting || shared.list.generation() != copied_generation {
+            let mut listed = shared.list.lock();
+            // Streams with nothing queued leave the list (`handoff`'s protocol: a push
+            // after this lists the stream again).
+            Watchlist::prune(&mut listed);
+            if listed.streams.is_empty() && now >= spin_until {
+                if shared.list.stopping() {
                     break;
                 }
                 streams.clear();
-                watched.parked = true;
-                let mut woken = shared.wake.wait(watched).unwrap_or_else(|p| p.into_inner());
-                woken.parked = false;
-                drop(woken);
+                drop(shared.list.park(listed));
                 copied_generation = u64::MAX;
                 spin_until = Instant::now() + spin_after_submit;
                 sleep = MIN_SLEEP;
                 continue;
             }
             streams.clear();
-            streams.extend(watched.streams.iter().cloned());
-            copied_generation = shared.generation.load(Ordering::SeqCst);
+            streams.extend(listed.streams.iter().cloned());
+            copied_generation = shared.list.generation();
         }
         if now < spin_until {
             std::hint::spin_loop();
