@@ -14,28 +14,12 @@
 // Build: gcc -O2 -std=c11 connections_probe.c -I$CUDA/include -L$CUDA/lib64/stubs -lcuda
 #define _GNU_SOURCE
 #include <cuda.h>
+#include "probe_common.h"
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-#define CHECK(call)                                                                 \
-  do {                                                                              \
-    CUresult r_ = (call);                                                           \
-    if (r_ != CUDA_SUCCESS) {                                                       \
-      const char *n_ = "?";                                                         \
-      cuGetErrorName(r_, &n_);                                                      \
-      fprintf(stderr, "%s:%d %s -> %s\n", __FILE__, __LINE__, #call, n_);           \
-      exit(1);                                                                      \
-    }                                                                               \
-  } while (0)
-
-static double now_us(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
-}
 
 static const char *arg(int argc, char **argv, const char *name, const char *fallback) {
   for (int i = 1; i + 1 < argc; i++)

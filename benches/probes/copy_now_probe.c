@@ -27,22 +27,12 @@
 // Build: gcc -O2 -std=c11 copy_now_probe.c -I$CUDA/include -L$CUDA/lib64/stubs -lcuda
 #define _GNU_SOURCE
 #include <cuda.h>
+#include "probe_common.h"
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-#define CHECK(call)                                                                 \
-  do {                                                                              \
-    CUresult r_ = (call);                                                           \
-    if (r_ != CUDA_SUCCESS) {                                                       \
-      const char *n_ = "?";                                                         \
-      cuGetErrorName(r_, &n_);                                                      \
-      fprintf(stderr, "%s:%d %s -> %s\n", __FILE__, __LINE__, #call, n_);           \
-      exit(1);                                                                      \
-    }                                                                               \
-  } while (0)
 
 enum { COPY_BYTES = 4096, WINDOW_BYTES = 65536, VARIANTS = 14 };
 
@@ -62,22 +52,6 @@ static size_t window_of(int v) {
     case 9: return 32768;
     default: return 0;
   }
-}
-
-static double now_us(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-static double pct(double *v, int n, double p) {
-  qsort(v, n, sizeof *v, cmp_double);
-  return v[(int)(p * (n - 1) + 0.5)];
 }
 
 typedef struct {
@@ -178,7 +152,11 @@ int main(int argc, char **argv) {
   CUdevice device;
   CHECK(cuDeviceGet(&device, 0));
   Rig r;
+#if CUDA_VERSION >= 13000
   CHECK(cuCtxCreate(&r.engine, NULL, 0, device));  // CUDA 13: (ctx, params, flags, dev)
+#else
+  CHECK(cuCtxCreate(&r.engine, 0, device));
+#endif
   for (int v = 0; v < VARIANTS; v++)
     CHECK(cuStreamCreate(&r.engine_streams[v], CU_STREAM_NON_BLOCKING));
   CHECK(cuMemAlloc(&r.scratch, WINDOW_BYTES));

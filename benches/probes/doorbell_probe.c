@@ -9,40 +9,13 @@
 // Build: gcc -O2 -std=c11 doorbell_probe.c -I$CUDA/include -L$CUDA/lib64/stubs -lcuda -lpthread
 #define _GNU_SOURCE
 #include <cuda.h>
+#include "probe_common.h"
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-#define CHECK(call)                                                                 \
-  do {                                                                              \
-    CUresult r_ = (call);                                                           \
-    if (r_ != CUDA_SUCCESS) {                                                       \
-      const char *n_ = "?";                                                         \
-      cuGetErrorName(r_, &n_);                                                      \
-      fprintf(stderr, "%s:%d %s -> %s\n", __FILE__, __LINE__, #call, n_);           \
-      exit(1);                                                                      \
-    }                                                                               \
-  } while (0)
-
-static double now_us(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-static double pct(double *v, int n, double p) {
-  qsort(v, n, sizeof *v, cmp_double);
-  int i = (int)(p * (n - 1) + 0.5);
-  return v[i];
-}
 
 typedef struct {
   volatile uint32_t *host;

@@ -391,6 +391,20 @@ impl CudaDevice {
             return work();
         }
         // SAFETY: an engine context we created and never destroy.
+        unsafe { self.with_pushed(context, work) }
+    }
+
+    /// Runs `work` with `context` pushed on this thread's context stack, popped after.
+    ///
+    /// # Safety
+    /// `context` is a live context of ours (an engine context, or a primary context we
+    /// retained) that stays alive for the call.
+    unsafe fn with_pushed<R>(
+        &self,
+        context: usize,
+        work: impl FnOnce() -> Result<R, DeviceError>,
+    ) -> Result<R, DeviceError> {
+        // SAFETY: the caller's contract.
         let pushed = unsafe { (self.api.cuCtxPushCurrent)(context as CUcontext) };
         self.call(pushed, "cuCtxPushCurrent")?;
         let result = work();
@@ -419,13 +433,7 @@ impl CudaDevice {
             .first()
             .ok_or(DeviceError::new(DeviceError::HIP_ERROR_INVALID_DEVICE, "no device"))?;
         // SAFETY: a primary context we retained and never release.
-        let pushed = unsafe { (self.api.cuCtxPushCurrent)(context as CUcontext) };
-        self.call(pushed, "cuCtxPushCurrent")?;
-        let result = work();
-        let mut popped: CUcontext = std::ptr::null_mut();
-        // SAFETY: pops the context pushed above.
-        let popped_code = unsafe { (self.api.cuCtxPopCurrent)(&mut popped) };
-        result.and_then(|value| self.call(popped_code, "cuCtxPopCurrent").map(|()| value))
+        unsafe { self.with_pushed(context, work) }
     }
 
     /// Whether device `ordinal`'s engine work runs in a context of its own (for reports).
