@@ -2,8 +2,9 @@
 //! [`Plan`], and then only at the sites it names.
 //!
 //! Sites sit behind the I/O layer (every `pread`/`pwrite` of the library, each engine
-//! chunk read and write through io_uring), the device layer (copies and events of the
-//! `cpu` device, pinned allocations) and the engine's start. Whether the k-th call at a
+//! chunk read and write through io_uring), at the library's calls into the device layer
+//! (engine and caller-thread copies, events, pinned allocations: the same on every
+//! backend, so the GPU suite runs the same plans) and at the engine's start. Whether the k-th call at a
 //! site fails is a function of the plan's seed, the site and k alone, so a plan replays
 //! the same faults for the same sequence of calls at each site.
 //!
@@ -26,11 +27,12 @@ pub enum Site {
     ChunkRead,
     /// One engine chunk write through io_uring (before it is issued).
     ChunkWrite,
-    /// A copy enqueued on the `cpu` device (engine streams and caller-thread copies).
+    /// A device copy the library asks for (engine streams and caller-thread copies); the
+    /// copy is not enqueued.
     DeviceCopy,
-    /// An event recorded on the `cpu` device.
+    /// An event the engine records after a copy (the copy was enqueued).
     DeviceEvent,
-    /// A pinned host allocation of the `cpu` device (staging fallback, release words).
+    /// A pinned host allocation of the library (staging fallback, release words).
     PinnedAlloc,
     /// The start of one glommio executor (it is then replaced by a blocking one).
     ExecutorStart,
@@ -124,6 +126,19 @@ pub fn injected_total() -> u64 {
 }
 
 /// The fault for this call at `site`, if the installed plan has one.
+/// At a device-layer site: an injected device error (HIP's invalid value, or out of
+/// memory for [`Site::PinnedAlloc`]) when the plan fails this call.
+pub(crate) fn device_fault(site: Site) -> Result<(), crate::device::DeviceError> {
+    use crate::device::DeviceError;
+    match at(site) {
+        None => Ok(()),
+        Some(_) if site == Site::PinnedAlloc => {
+            Err(DeviceError::new(DeviceError::HIP_ERROR_OUT_OF_MEMORY, "injected fault"))
+        }
+        Some(_) => Err(DeviceError::new(DeviceError::HIP_ERROR_INVALID_VALUE, "injected fault")),
+    }
+}
+
 pub(crate) fn at(site: Site) -> Option<Fault> {
     if !ACTIVE.load(Ordering::Relaxed) {
         return None;

@@ -1325,14 +1325,6 @@ impl Drop for CpuDevice {
     }
 }
 
-/// An injected failure (crate::fault) of an engine copy: the copy is not enqueued.
-fn injected_copy_fault() -> Result<(), DeviceError> {
-    match crate::fault::at(crate::fault::Site::DeviceCopy) {
-        Some(_) => Err(invalid_value("injected fault: device copy")),
-        None => Ok(()),
-    }
-}
-
 impl Device for CpuDevice {
     unsafe fn store_word_host(&self, word_host_ptr: *mut u32, value: u32) {
         // SAFETY: the caller guarantees a live, aligned pinned word; on this device the
@@ -1381,9 +1373,6 @@ impl Device for CpuDevice {
     }
 
     fn alloc_pinned(&self, len_bytes: usize) -> Result<PinnedRegion, DeviceError> {
-        if crate::fault::at(crate::fault::Site::PinnedAlloc).is_some() {
-            return Err(out_of_memory("injected fault: pinned allocation"));
-        }
         self.malloc_host(len_bytes)
     }
 
@@ -1429,7 +1418,6 @@ impl Device for CpuDevice {
         source: *const u8,
         len_bytes: usize,
     ) -> Result<(), DeviceError> {
-        injected_copy_fault()?;
         let source = source as usize as u64;
         self.enqueue_copy(stream.0, target, source, len_bytes, CopyRule::HostToDevice)
     }
@@ -1441,15 +1429,11 @@ impl Device for CpuDevice {
         source: u64,
         len_bytes: usize,
     ) -> Result<(), DeviceError> {
-        injected_copy_fault()?;
         let target = target as usize as u64;
         self.enqueue_copy(stream.0, target, source, len_bytes, CopyRule::DeviceToHost)
     }
 
     fn record_event(&self, stream: InternalStream) -> Result<EventHandle, DeviceError> {
-        if crate::fault::at(crate::fault::Site::DeviceEvent).is_some() {
-            return Err(invalid_value("injected fault: event record"));
-        }
         self.record_event_on(StreamHandle(stream.0))
     }
 
@@ -1483,7 +1467,6 @@ impl Device for CpuDevice {
     ) -> Result<(), DeviceError> {
         use hipfile_core::Direction;
         self.check_ordinal(device_ordinal)?;
-        injected_copy_fault()?;
         // Streams of this device never share queues: the hint only counts.
         bump(&self.shared.stats.caller_copies, 1);
         if ops_may_hold_streams {

@@ -630,11 +630,14 @@ impl Executor {
             Staging::Read(_) => &self.setup.stats.arena_chunks,
         };
         EngineStats::add(counter, 1);
+        crate::fault::device_fault(Site::DeviceCopy)?;
         // SAFETY: the staging (arena or pinned fallback chunk) holds `len` bytes and is
         // kept alive in the returned InFlightCopy until the event completes; `target`
         // lies in the job's validated device range.
         unsafe { device.copy_to_device_async(stream, target, staging_ptr(&staging), len)? };
-        match device.record_event(stream) {
+        match crate::fault::device_fault(Site::DeviceEvent)
+            .and_then(|()| device.record_event(stream))
+        {
             Ok(event) => Ok(InFlightCopy { event, _staging: staging, _share: share }),
             Err(error) => {
                 self.settle_unrecorded_copy(stream, (staging, share));
@@ -762,6 +765,7 @@ impl Executor {
         let staging = if in_arena && !files.uring_refused.get() {
             EngineStats::add(&self.setup.stats.arena_chunks, 1);
             let target = buffer.as_bytes_mut().as_mut_ptr();
+            crate::fault::device_fault(Site::DeviceCopy)?;
             // SAFETY: `buffer` is an arena (registered, pinned) buffer of `len` bytes that
             // the returned staging keeps alive until the copy's event is waited for.
             unsafe { self.setup.device.copy_from_device_async(stream, target, source, len)? };
@@ -769,6 +773,7 @@ impl Executor {
         } else {
             EngineStats::add(&self.setup.stats.fallback_chunks, 1);
             let chunk_memory = self.take_fallback().await?;
+            crate::fault::device_fault(Site::DeviceCopy)?;
             // SAFETY: the fallback chunk is pinned, ours, and >= len bytes; kept alive in
             // the returned staging until the copy's event is waited for.
             unsafe {
@@ -781,7 +786,9 @@ impl Executor {
             };
             WriteStaging::Fallback(buffer, chunk_memory)
         };
-        match self.setup.device.record_event(stream) {
+        let recorded = crate::fault::device_fault(Site::DeviceEvent)
+            .and_then(|()| self.setup.device.record_event(stream));
+        match recorded {
             Ok(event) => Ok((event, staging)),
             Err(error) => {
                 self.settle_unrecorded_copy(stream, staging);

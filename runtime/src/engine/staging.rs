@@ -98,7 +98,9 @@ impl FallbackPool {
         }
         state.allocated_chunks += 1;
         drop(state);
-        match self.device.alloc_pinned(self.chunk_bytes) {
+        let allocated = crate::fault::device_fault(crate::fault::Site::PinnedAlloc)
+            .and_then(|()| self.device.alloc_pinned(self.chunk_bytes));
+        match allocated {
             Ok(region) => {
                 Ok(Some(FallbackChunk { pool: Arc::clone(self), region, valid_len_bytes: 0 }))
             }
