@@ -49,6 +49,17 @@ use crate::error::Error;
 use crate::file::{ChangeStamp, FileHandle, OpGuard};
 use crate::stream::{DeferredStart, StreamState};
 
+/// The prefetch gate of an op (model-checked with loom).
+#[path = "op_gate.rs"]
+mod op_gate;
+
+/// The primitives [`op_gate`] is written against (loom's in its model test).
+mod sync {
+    pub(crate) use std::sync::{Mutex, MutexGuard};
+}
+
+use op_gate::OpGate;
+
 /// Unfinished writes tracked per file for the prefetch hazard check.
 pub(crate) const WRITE_HAZARDS_PER_FILE: usize = 64;
 
@@ -166,9 +177,8 @@ struct AsyncOp {
     file: Arc<FileHandle>,
     resources: Mutex<Option<(OpGuard, BufferUse)>>,
     machine: Mutex<OpMachine>,
-    gate: Mutex<Option<flume::Sender<bool>>>,
-    /// Jobs the prefetch gate must open (one message each).
-    gate_parts: AtomicUsize,
+    /// The prefetch's gate: the arm opens it (one message per job of the prefetch).
+    gate: OpGate<flume::Sender<bool>>,
     /// Whether this op holds part of its stream's prefetch window.
     holds_prefetch_window: AtomicBool,
     /// The device lacks stream memory operations: the arm host function blocks until
@@ -176,8 +186,6 @@ struct AsyncOp {
     blocking_fallback: bool,
     /// Signalled when the op has published (for the blocking fallback).
     published_signal: (Mutex<bool>, std::sync::Condvar),
-    /// The arm host function has begun (a deferred prefetch must not start then).
-    arm_started: AtomicBool,
     /// A fully FIXED read that the stream's prefetch window did not admit at submission:
     /// it is queued on the stream and starts prefetching when the window has room.
     wants_deferred_prefetch: bool,
@@ -494,10 +502,8 @@ impl AsyncOp {
             file: parts.file,
             resources: Mutex::new(Some((parts.guard, buffer.begin_use()))),
             machine: Mutex::new(OpMachine::new(parts.io.size_bytes(), eligible)),
-            gate: Mutex::new(None),
-            gate_parts: AtomicUsize::new(0),
+            gate: OpGate::default(),
             holds_prefetch_window: AtomicBool::new(prefetch),
-            arm_started: AtomicBool::new(false),
             blocking_fallback: !driver.device().supports_stream_memops(buffer.device_ordinal),
             published_signal: (Mutex::new(false), std::sync::Condvar::new()),
             wants_deferred_prefetch: eligible && !prefetch,
@@ -522,17 +528,7 @@ impl AsyncOp {
         // any moment and must find it); the prefetch job is posted once the enqueue
         // succeeded (a gate opened early is buffered in the channel).
         let admitted = self.holds_prefetch_window.load(Ordering::SeqCst);
-        let prefetch_gate = if admitted && self.machine().apply(OpEvent::Prefetch).is_ok() {
-            self.note_prefetch_start();
-            let parts =
-                engine.parts(self.submitted.file_offset_bytes(), self.submitted.size_bytes());
-            self.gate_parts.store(parts.len(), Ordering::SeqCst);
-            let (sender, receiver) = flume::bounded(parts.len());
-            *self.gate.lock().unwrap_or_else(|p| p.into_inner()) = Some(sender);
-            Some(receiver)
-        } else {
-            None
-        };
+        let prefetch_gate = if admitted { self.start_prefetch(engine) } else { None };
         let queued = if self.blocking_fallback {
             self.enqueue_host_function_arm()
         } else {
@@ -620,7 +616,7 @@ impl AsyncOp {
     /// at submission, if the stream has not reached it yet and the window has room now.
     fn try_start_deferred_prefetch(self: &Arc<Self>) -> DeferredStart {
         let len_bytes = self.submitted.size_bytes();
-        if self.abandoned.load(Ordering::SeqCst) || self.arm_started.load(Ordering::SeqCst) {
+        if self.abandoned.load(Ordering::SeqCst) || self.gate.reached() {
             return DeferredStart::Gone;
         }
         let Ok(engine) = self.driver.engine() else { return DeferredStart::Gone };
@@ -630,25 +626,34 @@ impl AsyncOp {
         if !self.stream.admit_prefetch(len_bytes) {
             return DeferredStart::NoRoom;
         }
-        let receiver = {
-            let mut machine = self.machine();
-            if self.arm_started.load(Ordering::SeqCst) || machine.apply(OpEvent::Prefetch).is_err()
-            {
-                drop(machine);
+        // The window's share is the op's once the prefetch started (before its gate
+        // exists: the arm may release it as soon as it finds the gate).
+        self.holds_prefetch_window.store(true, Ordering::SeqCst);
+        let Some(receiver) = self.start_prefetch(engine) else {
+            if self.holds_prefetch_window.swap(false, Ordering::SeqCst) {
                 self.stream.release_prefetch(len_bytes);
-                return DeferredStart::Gone;
             }
-            self.holds_prefetch_window.store(true, Ordering::SeqCst);
-            self.note_prefetch_start();
-            let parts = engine.parts(self.submitted.file_offset_bytes(), len_bytes);
-            self.gate_parts.store(parts.len(), Ordering::SeqCst);
-            let (sender, receiver) = flume::bounded(parts.len());
-            *self.gate.lock().unwrap_or_else(|p| p.into_inner()) = Some(sender);
-            receiver
+            return DeferredStart::Gone;
         };
         self.driver.async_stats().prefetched.fetch_add(1, Ordering::Relaxed);
         self.post(engine, self.submitted, Some(receiver));
         DeferredStart::Started
+    }
+
+    /// Starts the op's prefetch through its gate unless the stream reached the op (or it
+    /// was abandoned): the receiver its jobs wait on.
+    fn start_prefetch(&self, engine: &Engine) -> Option<flume::Receiver<bool>> {
+        let mut receiver = None;
+        self.gate.start_prefetch(|| {
+            self.machine().apply(OpEvent::Prefetch).ok()?;
+            self.note_prefetch_start();
+            let parts =
+                engine.parts(self.submitted.file_offset_bytes(), self.submitted.size_bytes());
+            let (sender, waiting) = flume::bounded(parts.len());
+            receiver = Some(waiting);
+            Some((sender, parts.len()))
+        });
+        receiver
     }
 
     /// Records what a prefetch starting now is read against: our write count of the
@@ -680,7 +685,7 @@ impl AsyncOp {
     fn abandon(&self) {
         self.abandoned.store(true, Ordering::SeqCst);
         // A prefetch job in flight sees its gate disconnect and ends without copying.
-        self.gate.lock().unwrap_or_else(|p| p.into_inner()).take();
+        self.gate.abandon();
         self.release_prefetch_window();
         self.driver.remove_write_hazard(&self.file, self.hazard);
         self.resources.lock().unwrap_or_else(|p| p.into_inner()).take();
@@ -694,17 +699,11 @@ impl AsyncOp {
             self.published.store(true, Ordering::SeqCst);
             return;
         }
-        // Under the machine lock, so that a deferred prefetch (see
-        // `try_start_deferred_prefetch`) either installed its gate before or sees the arm.
-        let gate = {
-            let _machine = self.machine();
-            self.arm_started.store(true, Ordering::SeqCst);
-            self.gate.lock().unwrap_or_else(|p| p.into_inner()).take()
-        };
-        if let Some(gate) = gate {
+        // A deferred prefetch (see `try_start_deferred_prefetch`) either started before
+        // and is found here, or cannot start any more (`op_gate`).
+        if let Some((gate, parts)) = self.gate.reach() {
             let _ = self.machine().apply(OpEvent::Arm);
             let fresh = self.prefetch_still_fresh();
-            let parts = self.gate_parts.load(Ordering::SeqCst);
             if fresh {
                 for _ in 0..parts {
                     let _ = gate.send(true);
