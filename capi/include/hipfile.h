@@ -364,16 +364,24 @@ HIPFILE_API hipFileError_t hipFileDriverClose(void);
 /** The use count (-1 if the device is unavailable). */
 HIPFILE_API int64_t hipFileUseCount(void);
 
-/** Not implemented yet (hipFile: the same): returns hipFileInternalError (5030) and
- *  writes nothing. */
+/* Driver properties. Differs from hipFile (5030 for all of these): implemented, from the
+ * engine's settings (README, "Parameters"). The Set calls, like the parameter Set calls
+ * below, apply until the first I/O starts the engine or a file handle is registered;
+ * after that they return hipFileDriverAlreadyOpen (5026) and change nothing. */
+
+/** Properties of the open driver. NULL: 5022; driver not open: 5001; nothing written
+ *  on failure. driver_status_flags is 0 (no file system has a direct path: all I/O is
+ *  the compatibility path); control flags: poll mode, compat mode; features: streams,
+ *  parallel I/O. */
 HIPFILE_API hipFileError_t hipFileDriverGetProperties(hipFileDriverProps_t *props);
-/** Not implemented yet (hipFile: the same): hipFileInternalError (5030). */
+/** One-chunk sync requests always complete on the caller's thread: poll must be true
+ *  and the threshold (KiB) the staging chunk's size; otherwise 5022. */
 HIPFILE_API hipFileError_t hipFileDriverSetPollMode(bool poll, size_t poll_threshold_size);
-/** Not implemented yet (hipFile: the same): hipFileInternalError (5030). */
+/** The staging chunk in KiB: a power of two, 4..65536 (5022 otherwise). */
 HIPFILE_API hipFileError_t hipFileDriverSetMaxDirectIOSize(size_t max_direct_io_size);
-/** Not implemented yet (hipFile: the same): hipFileInternalError (5030). */
+/** All executors' staging arenas together, in KiB (each at least two chunks). */
 HIPFILE_API hipFileError_t hipFileDriverSetMaxCacheSize(size_t max_cache_size);
-/** Not implemented yet (hipFile: the same): hipFileInternalError (5030). */
+/** Pinned memory the engine may hold, in KiB: the arenas plus at least one chunk. */
 HIPFILE_API hipFileError_t hipFileDriverSetMaxPinnedMemSize(size_t max_pinned_size);
 
 /* ---------------------------------------------------------------------------------
@@ -468,8 +476,12 @@ HIPFILE_API hipFileError_t hipFileStreamRegister(hipStream_t stream, unsigned fl
 HIPFILE_API hipFileError_t hipFileStreamDeregister(hipStream_t stream);
 
 /* ---------------------------------------------------------------------------------
- * Parameters (not implemented yet; hipFile: the same). Each returns
- * hipFileInternalError (5030) and writes nothing.
+ * Parameters. Differs from hipFile (5030 for all of these): every key is answered
+ * (README, "Parameters", says what each maps to). Get: NULL or an unknown key 5022,
+ * nothing written; a string needs len > its length (5022 otherwise). Set: a key with a
+ * setting here takes a value in range (5022 otherwise); a read-only key accepts only its
+ * own value (5022 otherwise, never ignored); 5026 once the engine runs or a file handle
+ * is registered. A failed Set changes nothing.
  * --------------------------------------------------------------------------------- */
 
 HIPFILE_API hipFileError_t hipFileGetParameterSizeT(hipFileSizeTConfigParameter_t param, size_t *value);

@@ -2,8 +2,9 @@
 //!
 //! Behaviour is hipFile's (`reference/behaviour.md` §2, §3) except where `hipfile.h`
 //! and the README say "differs from hipFile". Functions whose feature is not
-//! implemented yet (driver properties, parameters, batch status/cancel) return
-//! `hipFileInternalError` (5030) as hipFile does today, and write no output.
+//! implemented yet (batch status/cancel) return `hipFileInternalError` (5030) as hipFile
+//! does today, and write no output. Parameters and driver properties are implemented
+//! (hipFile returns 5030 for them): `hipfile_runtime::parameters`.
 
 #![allow(non_snake_case, reason = "C function names are hipFile's")]
 
@@ -12,12 +13,17 @@ use std::ffi::CString;
 use std::sync::{Arc, OnceLock};
 
 use hipfile_core::{Direction, OpError, RawIo, UNKNOWN_ERROR_MESSAGE};
+use hipfile_runtime::config::Config;
 use hipfile_runtime::device::StreamHandle;
+use hipfile_runtime::parameters::{
+    BoolParameter, DriverProperties, SizeParameter, StringParameter,
+};
 use hipfile_runtime::{AsyncArgs, Driver, Error, HandleId, capi_support};
 
 use crate::boundary::{ffi_fn, in_ref, out_ptr};
 use crate::types::{
-    HipFileDescr, HipFileDriverProps, HipFileError, HipFileIoEvents, VERSION, handle_type,
+    HipFileDescr, HipFileDriverProps, HipFileError, HipFileIoEvents, NvfsProps, VERSION,
+    handle_type,
 };
 
 /// The C API's driver (built on first use; see `capi_support::global`).
@@ -153,49 +159,86 @@ ffi_fn! {
         driver().map_or(-1, |driver| driver.use_count())
     }
 
-    /// `hipFileDriverGetProperties`: not implemented yet (5030); writes nothing.
+    /// `hipFileDriverGetProperties`: the driver's properties, from the configuration in
+    /// force (`hipfile_runtime::parameters::DriverProperties`). NULL → 5022; the driver
+    /// not open → 5001 (as cuFile); nothing is written on failure.
     ///
     /// # Safety
-    /// None: `props` is not accessed.
+    /// A non-NULL `props` points to a writable `hipFileDriverProps_t`.
     fn hipFileDriverGetProperties(props: *mut HipFileDriverProps) -> HipFileError {
-        let _ = props;
-        not_implemented()
+        let Some(props) = out_ptr(props) else { return invalid_value() };
+        let driver = match driver() {
+            Ok(driver) => driver,
+            Err(error) => return HipFileError::from(error),
+        };
+        if driver.use_count() <= 0 {
+            return HipFileError::from(OpError::DriverNotInitialized);
+        }
+        let p = DriverProperties::of(&driver.config());
+        let value = HipFileDriverProps {
+            nvfs: NvfsProps {
+                major_version: VERSION.0,
+                minor_version: VERSION.1,
+                poll_thresh_size_kib: p.poll_threshold_kib,
+                max_direct_io_size_kib: p.max_direct_io_kib,
+                // No file system is served by a direct (peer-to-peer) path: all I/O is the
+                // compatibility path.
+                driver_status_flags: 0,
+                driver_control_flags: p.control_flags,
+            },
+            feature_flags: p.feature_flags,
+            max_device_cache_size_kib: p.max_device_cache_kib,
+            per_buffer_cache_size_kib: p.per_buffer_cache_kib,
+            max_device_pinned_mem_size_kib: p.max_pinned_kib,
+            max_batch_io_count: p.max_batch_entries,
+            max_batch_io_timeout_msecs: p.max_batch_timeout_ms,
+        };
+        // SAFETY: non-NULL and writable per the contract.
+        unsafe { props.write_unaligned(value) };
+        HipFileError::from(Ok::<(), Error>(()))
     }
 
-    /// `hipFileDriverSetPollMode`: not implemented yet (5030).
+    /// `hipFileDriverSetPollMode`: one-chunk sync requests always complete on the
+    /// caller's thread, up to the staging chunk: `poll` must be true and the threshold
+    /// (KiB) the chunk's size, else 5022; 5026 once the engine runs or a file is
+    /// registered.
     ///
     /// # Safety
     /// None.
     fn hipFileDriverSetPollMode(poll: bool, poll_threshold_size: usize) -> HipFileError {
-        let _ = (poll, poll_threshold_size);
-        not_implemented()
+        configure(|config| {
+            BoolParameter::PropertiesUsePollMode.set(config, poll)?;
+            SizeParameter::PollThresholdSizeKb.set(config, poll_threshold_size as u64)
+        })
     }
 
-    /// `hipFileDriverSetMaxDirectIOSize`: not implemented yet (5030).
+    /// `hipFileDriverSetMaxDirectIOSize`: the staging chunk, in KiB (a power of two,
+    /// 4..=65536; 5022 otherwise); 5026 once the engine runs or a file is registered.
     ///
     /// # Safety
     /// None.
     fn hipFileDriverSetMaxDirectIOSize(max_direct_io_size: usize) -> HipFileError {
-        let _ = max_direct_io_size;
-        not_implemented()
+        set_size(SizeParameter::PropertiesMaxDirectIoSizeKb, max_direct_io_size as u64)
     }
 
-    /// `hipFileDriverSetMaxCacheSize`: not implemented yet (5030).
+    /// `hipFileDriverSetMaxCacheSize`: all executors' staging arenas together, in KiB
+    /// (each at least 2 chunks; 5022 otherwise); 5026 once the engine runs or a file is
+    /// registered.
     ///
     /// # Safety
     /// None.
     fn hipFileDriverSetMaxCacheSize(max_cache_size: usize) -> HipFileError {
-        let _ = max_cache_size;
-        not_implemented()
+        set_size(SizeParameter::PropertiesMaxDeviceCacheSizeKb, max_cache_size as u64)
     }
 
-    /// `hipFileDriverSetMaxPinnedMemSize`: not implemented yet (5030).
+    /// `hipFileDriverSetMaxPinnedMemSize`: the pinned memory the engine may hold, in KiB
+    /// (arenas plus at least one fallback chunk; 5022 otherwise); 5026 once the engine
+    /// runs or a file is registered.
     ///
     /// # Safety
     /// None.
     fn hipFileDriverSetMaxPinnedMemSize(max_pinned_size: usize) -> HipFileError {
-        let _ = max_pinned_size;
-        not_implemented()
+        set_size(SizeParameter::PropertiesMaxDevicePinnedMemSizeKb, max_pinned_size as u64)
     }
 
     /// `hipFileHandleRegister`: NULL `fh` or `descr` → 5022 without opening the driver;
@@ -352,59 +395,123 @@ ffi_fn! {
         not_implemented()
     }
 
-    /// `hipFileGetParameterSizeT`: not implemented yet (5030); writes nothing.
+    /// `hipFileGetParameterSizeT`: the value in force, in hipFile's unit (README,
+    /// "Parameters"). NULL `value` or an unknown key → 5022, nothing written.
     ///
     /// # Safety
-    /// None: `value` is not accessed.
+    /// A non-NULL `value` points to a writable `size_t`.
     fn hipFileGetParameterSizeT(param: c_int, value: *mut usize) -> HipFileError {
-        let _ = (param, value);
-        not_implemented()
+        let Some(value) = out_ptr(value) else { return invalid_value() };
+        let result = SizeParameter::from_raw(param).and_then(|key| {
+            let got = key.get(&driver()?.config());
+            usize::try_from(got).map_err(|_| Error::new(OpError::InternalError))
+        });
+        match result {
+            Ok(got) => {
+                // SAFETY: non-NULL and writable per the contract.
+                unsafe { value.write_unaligned(got) };
+                HipFileError::from(Ok::<(), Error>(()))
+            }
+            Err(error) => HipFileError::from(error),
+        }
     }
 
-    /// `hipFileGetParameterBool`: not implemented yet (5030); writes nothing.
+    /// `hipFileGetParameterBool`: as `hipFileGetParameterSizeT`.
     ///
     /// # Safety
-    /// None: `value` is not accessed.
+    /// A non-NULL `value` points to a writable `bool`.
     fn hipFileGetParameterBool(param: c_int, value: *mut bool) -> HipFileError {
-        let _ = (param, value);
-        not_implemented()
+        let Some(value) = out_ptr(value) else { return invalid_value() };
+        let result =
+            BoolParameter::from_raw(param).and_then(|key| Ok(key.get(&driver()?.config())));
+        match result {
+            Ok(got) => {
+                // SAFETY: non-NULL and writable per the contract.
+                unsafe { value.write_unaligned(got) };
+                HipFileError::from(Ok::<(), Error>(()))
+            }
+            Err(error) => HipFileError::from(error),
+        }
     }
 
-    /// `hipFileGetParameterString`: not implemented yet (5030); writes nothing.
+    /// `hipFileGetParameterString`: the value, NUL-terminated, into `desc_str` of `len`
+    /// bytes. NULL, `len` ≤ 0, a buffer too short for the value and its NUL, or an
+    /// unknown key → 5022, nothing written.
     ///
     /// # Safety
-    /// None: `desc_str` is not accessed.
+    /// A non-NULL `desc_str` points to `len` writable bytes.
     fn hipFileGetParameterString(param: c_int, desc_str: *mut c_char, len: c_int) -> HipFileError {
-        let _ = (param, desc_str, len);
-        not_implemented()
+        let Some(target) = out_ptr(desc_str) else { return invalid_value() };
+        let key = match StringParameter::from_raw(param) {
+            Ok(key) => key,
+            Err(error) => return HipFileError::from(error),
+        };
+        let text = key.get().as_bytes();
+        if usize::try_from(len).map_or(true, |len| len <= text.len()) {
+            return invalid_value();
+        }
+        // SAFETY: `len` > text.len() writable bytes per the contract.
+        unsafe {
+            std::ptr::copy_nonoverlapping(text.as_ptr().cast::<c_char>(), target, text.len());
+            target.add(text.len()).write(0);
+        }
+        HipFileError::from(Ok::<(), Error>(()))
     }
 
-    /// `hipFileSetParameterSizeT`: not implemented yet (5030).
+    /// `hipFileSetParameterSizeT`: applies the value (README, "Parameters"): out of
+    /// range, an unknown key, or another value for a read-only key → 5022; 5026 once the
+    /// engine runs or a file is registered; nothing changes on failure.
     ///
     /// # Safety
     /// None.
     fn hipFileSetParameterSizeT(param: c_int, value: usize) -> HipFileError {
-        let _ = (param, value);
-        not_implemented()
+        match SizeParameter::from_raw(param) {
+            Ok(key) => set_size(key, value as u64),
+            Err(error) => HipFileError::from(error),
+        }
     }
 
-    /// `hipFileSetParameterBool`: not implemented yet (5030).
+    /// `hipFileSetParameterBool`: as `hipFileSetParameterSizeT`.
     ///
     /// # Safety
     /// None.
     fn hipFileSetParameterBool(param: c_int, value: bool) -> HipFileError {
-        let _ = (param, value);
-        not_implemented()
+        match BoolParameter::from_raw(param) {
+            Ok(key) => configure(|config| key.set(config, value)),
+            Err(error) => HipFileError::from(error),
+        }
     }
 
-    /// `hipFileSetParameterString`: not implemented yet (5030).
+    /// `hipFileSetParameterString`: every string key is read-only here (messages go to
+    /// stderr): its own value passes, any other, NULL, non-UTF-8 or an unknown key → 5022.
     ///
     /// # Safety
-    /// None: `desc_str` is not accessed.
+    /// A non-NULL `desc_str` points to a NUL-terminated string.
     fn hipFileSetParameterString(param: c_int, desc_str: *const c_char) -> HipFileError {
-        let _ = (param, desc_str);
-        not_implemented()
+        if desc_str.is_null() {
+            return invalid_value();
+        }
+        // SAFETY: non-NULL and NUL-terminated per the contract.
+        let text = unsafe { std::ffi::CStr::from_ptr(desc_str) };
+        let result = StringParameter::from_raw(param).and_then(|key| {
+            key.set(text.to_str().map_err(|_| Error::new(OpError::InvalidValue))?)
+        });
+        HipFileError::from(result)
     }
+}
+
+/// `hipFileInvalidValue`.
+fn invalid_value() -> HipFileError {
+    HipFileError::from(OpError::InvalidValue)
+}
+
+/// Changes the C API driver's configuration (see `Driver::configure`).
+fn configure(change: impl FnOnce(&mut Config) -> Result<(), Error>) -> HipFileError {
+    HipFileError::from(driver().and_then(|driver| driver.configure(change)))
+}
+
+fn set_size(key: SizeParameter, value: u64) -> HipFileError {
+    configure(|config| key.set(config, value))
 }
 
 #[cfg(test)]
@@ -430,13 +537,19 @@ mod tests {
     }
 
     #[test]
-    fn stubs_return_5030_and_write_nothing() {
+    fn bad_parameter_calls_are_5022_and_write_nothing() {
         let mut value = 7usize;
         // SAFETY: valid pointers.
-        let status = unsafe { hipFileGetParameterSizeT(0, &mut value) };
-        assert_eq!((status.err, status.hip_drv_err, value), (5030, 0, 7));
+        let status = unsafe { hipFileGetParameterSizeT(12, &mut value) };
+        assert_eq!((status.err, status.hip_drv_err, value), (5022, 0, 7));
         // SAFETY: NULL is accepted.
-        assert_eq!(unsafe { hipFileDriverGetProperties(std::ptr::null_mut()) }.err, 5030);
+        assert_eq!(unsafe { hipFileDriverGetProperties(std::ptr::null_mut()) }.err, 5022);
+        let mut text = [b'x' as c_char; 4];
+        // SAFETY: 4 writable bytes; "WARN" needs 5.
+        let status = unsafe { hipFileGetParameterString(0, text.as_mut_ptr(), 4) };
+        assert_eq!((status.err, text), (5022, [b'x' as c_char; 4]));
+        // SAFETY: NULL is accepted.
+        assert_eq!(unsafe { hipFileBatchIOCancel(std::ptr::null_mut()) }.err, 5030);
     }
 
     #[test]

@@ -126,8 +126,9 @@ mod codes {
     pub const BUF_DEREGISTER: &[c_int] = &[0, 5006, 5024, 5030];
     /// `hipFileRead`/`hipFileWrite`: the negated hipFile codes they may return
     /// (NULL buffer / bad arguments 5022, unknown handle 5027, not device memory 5013,
-    /// no backend / internal 5030).
-    pub const SYNC_IO_NEGATED: &[c_int] = &[5013, 5022, 5027, 5030];
+    /// no backend / internal 5030, compat mode turned off by a parameter call of another
+    /// thread 5034).
+    pub const SYNC_IO_NEGATED: &[c_int] = &[5013, 5022, 5027, 5030, 5034];
     /// The `hipError_t` values the cpu device reports (a sync call returns them
     /// negated; 1 coincides with -1 and errno).
     pub const HIP_ERRORS: &[c_int] = &[1, 2, 3, 101, 400, 600, 801, 999];
@@ -157,8 +158,12 @@ mod codes {
     /// `hipFileBatchIOSubmit`: nr 0 on a valid handle 0; validation 5022; driver
     /// closed, unregistered fh, or passing validation (not executed yet) 5030.
     pub const BATCH_SUBMIT: &[c_int] = &[0, 5022, 5030];
-    /// Not implemented yet: properties, parameters, batch status/cancel.
+    /// Not implemented yet: batch status/cancel.
     pub const STUB: &[c_int] = &[5030];
+    /// Parameter and property calls: success; NULL, unknown key or bad value 5022;
+    /// properties of a closed driver 5001; a change once the engine runs or a file is
+    /// registered 5026.
+    pub const PARAMETER: &[c_int] = &[0, 5001, 5022, 5026];
 }
 
 // ---------------------------------------------------------------------------------
@@ -1246,9 +1251,58 @@ fn error_string(what: &str, code: c_int) -> Check {
 }
 
 fn stub(what: &str, which: u8, param: c_int, value: usize) -> Check {
+    if which < 12 {
+        return parameter_call(what, which, param, value);
+    }
+    // SAFETY: every pointer is NULL; the stubs access none.
+    let status = unsafe {
+        match which {
+            12 => hipFileBatchIOGetStatus(
+                value as *mut c_void,
+                param as c_uint,
+                core::ptr::null_mut(),
+                core::ptr::null_mut(),
+                core::ptr::null_mut(),
+            ),
+            _ => hipFileBatchIOCancel(value as *mut c_void),
+        }
+    };
+    check_status(what, status, codes::STUB)
+}
+
+/// The size_t parameter a `hipFileDriverSet*` call (`which` 3..=5) changes.
+fn size_key_of(which: u8, param: c_int) -> c_int {
+    match which {
+        3 => 5, // PropertiesMaxDirectIOSizeKB
+        4 => 6, // PropertiesMaxDeviceCacheSizeKB
+        5 => 8, // PropertiesMaxDevicePinnedMemSizeKB
+        _ => param,
+    }
+}
+
+fn get_size(key: c_int) -> Option<usize> {
+    let mut value = 0usize;
+    // SAFETY: a valid out-pointer.
+    (unsafe { hipFileGetParameterSizeT(key, &mut value) }.err == 0).then_some(value)
+}
+
+fn get_bool(key: c_int) -> Option<bool> {
+    let mut value = false;
+    // SAFETY: a valid out-pointer.
+    (unsafe { hipFileGetParameterBool(key, &mut value) }.err == 0).then_some(value)
+}
+
+/// A parameter or property call with hostile arguments. A change that succeeds is
+/// undone at once (the value read before it set back, and the executor count's
+/// request parallelism with it), so that the rest of the run keeps its configuration;
+/// the undo must succeed unless the engine started in between (5026).
+fn parameter_call(what: &str, which: u8, param: c_int, value: usize) -> Check {
     let mut props = HipFileDriverProps::default();
     props.nvfs.major_version = 0x5a5a;
-    // SAFETY: every pointer is NULL or valid; the stubs access none.
+    let key = size_key_of(which, param);
+    let (size_before, bool_before, parallelism_before) =
+        (get_size(key), get_bool(param), get_size(4));
+    // SAFETY: every pointer is NULL or valid.
     let status = unsafe {
         match which {
             0 => hipFileDriverGetProperties(core::ptr::null_mut()),
@@ -1262,19 +1316,35 @@ fn stub(what: &str, which: u8, param: c_int, value: usize) -> Check {
             8 => hipFileGetParameterString(param, core::ptr::null_mut::<c_char>(), param),
             9 => hipFileSetParameterSizeT(param, value),
             10 => hipFileSetParameterBool(param, value & 1 == 1),
-            11 => hipFileSetParameterString(param, core::ptr::null()),
-            12 => hipFileBatchIOGetStatus(
-                value as *mut c_void,
-                param as c_uint,
-                core::ptr::null_mut(),
-                core::ptr::null_mut(),
-                core::ptr::null_mut(),
-            ),
-            _ => hipFileBatchIOCancel(value as *mut c_void),
+            _ => hipFileSetParameterString(param, core::ptr::null()),
         }
     };
-    check_status(what, status, codes::STUB)?;
-    check_that(what, props.nvfs.major_version == 0x5a5a, || "wrote the properties".into())
+    check_status(what, status, codes::PARAMETER)?;
+    let wrote = props.nvfs.major_version != 0x5a5a;
+    check_that(what, wrote == (which == 1 && status.err == 0), || {
+        format!("properties written: {wrote} with status {}", status.err)
+    })?;
+    if status.err != 0 || !matches!(which, 2..=5 | 9 | 10) {
+        return Ok(());
+    }
+    // Undo the change.
+    // SAFETY: plain values.
+    let undone = unsafe {
+        match (which, size_before, bool_before) {
+            (10, _, Some(before)) => hipFileSetParameterBool(param, before),
+            (2..=5 | 9, Some(before), _) => {
+                let first = hipFileSetParameterSizeT(key, before);
+                match (key, parallelism_before) {
+                    (2, Some(parallelism)) if first.err == 0 => {
+                        hipFileSetParameterSizeT(4, parallelism)
+                    }
+                    _ => first,
+                }
+            }
+            _ => return Ok(()),
+        }
+    };
+    check_status(&format!("{what} (undo)"), undone, &[0, 5026])
 }
 
 /// Back to a closed driver with nothing registered (streams and batches included).

@@ -23,6 +23,8 @@ use crate::file::DirectPolicy;
 
 const DEVICE: &str = "HIPFILE_DEVICE";
 const THREADS: &str = "HIPFILE_THREADS";
+const IO_URING: &str = "HIPFILE_IO_URING";
+const REASON_IO_URING: &str = "must be 1/on/true or 0/off/false";
 const CPUS: &str = "HIPFILE_CPUS";
 const CHUNK_KB: &str = "HIPFILE_CHUNK_KB";
 const STAGING_MB: &str = "HIPFILE_STAGING_MB";
@@ -128,6 +130,7 @@ pub const ENV_VARS: &[(&str, &str)] = &[
         "allow the POSIX compatibility path: true or false, any case; other values are \
          ignored (default true)",
     ),
+    (IO_URING, "the engine uses io_uring: 1/on/true or 0/off/false (default on)"),
 ];
 
 /// Which device backend to use (`HIPFILE_DEVICE`).
@@ -196,6 +199,9 @@ pub struct Config {
     pub cpu_device_count: u32,
     /// Whether the POSIX compatibility path is allowed (`HIPFILE_ALLOW_COMPAT_MODE`).
     pub allow_compat_mode: bool,
+    /// Whether the engine uses io_uring (`HIPFILE_IO_URING`, default on); off: every
+    /// executor runs blocking `pread`/`pwrite`.
+    pub use_io_uring: bool,
 }
 
 impl Default for Config {
@@ -300,6 +306,14 @@ impl Config {
         config.cpu_device_count = u32::try_from(cpu_devices).unwrap_or(MAX_CPU_DEVICES);
         // hipFile's bool parsing sees the raw value, empty included.
         config.allow_compat_mode = parse_hipfile_bool(lookup(ALLOW_COMPAT_MODE)).unwrap_or(true);
+        config.use_io_uring = match get(IO_URING).as_deref().map(str::trim) {
+            None | Some("1" | "on" | "true") => true,
+            Some("0" | "off" | "false") => false,
+            Some(other) => {
+                let value = other.to_string();
+                return Err(ConfigError { variable: IO_URING, value, reason: REASON_IO_URING });
+            }
+        };
         config.validate()?;
         Ok(config)
     }
@@ -358,7 +372,7 @@ impl Config {
     }
 
     /// Every variable unset, with `usable_cpus` as the CPU pool.
-    fn defaults_for(usable_cpus: &[usize]) -> Config {
+    pub(crate) fn defaults_for(usable_cpus: &[usize]) -> Config {
         // Fails only for an empty pool; CPU 0 then stands in.
         let executor_cpus =
             parse_executor_cpus(None, None, usable_cpus).unwrap_or_else(|_| vec![0]);
@@ -374,6 +388,7 @@ impl Config {
             chunks_in_flight: DEFAULT_CHUNKS_IN_FLIGHT,
             cpu_device_count: 1,
             allow_compat_mode: true,
+            use_io_uring: true,
         }
     }
 

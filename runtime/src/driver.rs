@@ -99,7 +99,9 @@ impl Drop for BufferUse {
 
 /// The driver: configuration, device, engine and registries.
 pub struct Driver {
-    config: Config,
+    /// The configuration in force; replaced whole by [`Driver::configure`] before any
+    /// I/O (the engine start holds a read lock while it reads it).
+    config: RwLock<Arc<Config>>,
     device: Arc<dyn Device>,
     page_size_bytes: u64,
     refcount: AtomicI64,
@@ -130,7 +132,7 @@ impl Driver {
         // the ops the streams have reached (stream.rs, PrefetchBudget).
         let prefetch_cap_bytes = config.prefetch_cap_bytes() as u64;
         Arc::new(Driver {
-            config,
+            config: RwLock::new(Arc::new(config)),
             page_size_bytes: crate::sys::page_size_bytes(),
             refcount: AtomicI64::new(0),
             lifecycle: Mutex::new(()),
@@ -238,8 +240,32 @@ impl Driver {
     }
 
     /// The configuration in force.
-    pub fn config(&self) -> &Config {
-        &self.config
+    pub fn config(&self) -> Arc<Config> {
+        Arc::clone(&read_lock(&self.config))
+    }
+
+    /// Changes the configuration (hipFile's parameter and property calls,
+    /// [`crate::parameters`]): `change` edits a copy, which must then validate. Allowed
+    /// until the engine starts (the first I/O) or a file handle is registered; the
+    /// settings shape the engine and each handle's descriptors.
+    ///
+    /// # Errors
+    /// `DriverAlreadyOpen` once the engine runs or a handle is registered (nothing
+    /// changes); `change`'s error, or `InvalidValue` when the result does not validate.
+    pub fn configure(
+        &self,
+        change: impl FnOnce(&mut Config) -> Result<(), Error>,
+    ) -> Result<(), Error> {
+        let mut config = write_lock(&self.config);
+        if self.engine.get().is_some() || !read_lock(&self.files).is_empty() {
+            return Err(Error::new(OpError::DriverAlreadyOpen));
+        }
+        let mut next = Config::clone(&config);
+        change(&mut next)?;
+        next.validate().map_err(|_| Error::new(OpError::InvalidValue))?;
+        self.streams.set_prefetch_cap(next.prefetch_cap_bytes() as u64);
+        *config = Arc::new(next);
+        Ok(())
     }
 
     /// System page size (the max-I/O clamp rounds to it).
@@ -312,7 +338,7 @@ impl Driver {
             self.ensure_open();
             return Err(Error::new(OpError::HandleAlreadyRegistered));
         }
-        let file = Arc::new(FileHandle::open(fd, self.config.direct)?);
+        let file = Arc::new(FileHandle::open(fd, self.config().direct)?);
         let id = HandleId::next();
         let mut files = write_lock(&self.files);
         if files.values().any(|f| f.client_fd() == fd) {
@@ -444,9 +470,15 @@ impl Driver {
     /// # Errors
     /// `InternalError` when it could not start (each new reason is printed once).
     pub fn engine(&self) -> Result<&Engine, Error> {
+        if let Some(engine) = self.engine.get() {
+            return Ok(engine);
+        }
+        // The read lock is held until the engine is in place: a concurrent `configure`
+        // either lands before the start or sees the engine and is refused.
+        let config = read_lock(&self.config);
         self.engine
             .get_or_start(|| {
-                Engine::start(&self.config, Arc::clone(&self.device)).map_err(|e| e.to_string())
+                Engine::start(&config, Arc::clone(&self.device)).map_err(|e| e.to_string())
             })
             .map_err(|_| Error::new(OpError::InternalError))
     }
@@ -459,7 +491,7 @@ impl Driver {
     pub(crate) fn arm_poller(&self) -> Result<&ArmPoller, Error> {
         self.arm_poller
             .get_or_start(|| {
-                let executors = self.config.executor_cpus.len();
+                let executors = self.config().executor_cpus.len();
                 let spin = crate::engine::spare_cores_for_spinning(executors);
                 ArmPoller::start(spin).map_err(|e| format!("starting the arm poller thread: {e}"))
             })
@@ -490,7 +522,7 @@ impl Driver {
         }
         let file = self.file(handle)?;
         let buffer = self.resolve_buffer(buffer_addr)?;
-        if !self.config.allow_compat_mode {
+        if !self.config().allow_compat_mode {
             return Err(IoError::Library(OpError::InternalError));
         }
         let io = validate(raw, buffer.span, StreamFlags::empty(), self.page_size_bytes)?;

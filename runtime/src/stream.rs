@@ -41,13 +41,21 @@ pub const PREFETCH_WINDOW_BYTES: u64 = 32 << 20;
 /// 16 MiB reads ran 3.7x slower than the sync path that way).
 #[derive(Debug)]
 pub(crate) struct PrefetchBudget {
-    cap_bytes: u64,
+    cap_bytes: std::sync::atomic::AtomicU64,
     used_bytes: std::sync::atomic::AtomicU64,
 }
 
 impl PrefetchBudget {
     pub(crate) fn new(cap_bytes: u64) -> PrefetchBudget {
-        PrefetchBudget { cap_bytes, used_bytes: std::sync::atomic::AtomicU64::new(0) }
+        PrefetchBudget {
+            cap_bytes: std::sync::atomic::AtomicU64::new(cap_bytes),
+            used_bytes: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// Changes the cap (a configuration change before any I/O).
+    pub(crate) fn set_cap(&self, cap_bytes: u64) {
+        self.cap_bytes.store(cap_bytes, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Takes `len_bytes` of `used` unless that would pass `cap_bytes`; a lone op larger
@@ -318,7 +326,8 @@ impl StreamState {
             return false;
         }
         let budget = &self.prefetch_budget;
-        if !PrefetchBudget::take(&budget.used_bytes, budget.cap_bytes, len_bytes) {
+        let cap_bytes = budget.cap_bytes.load(std::sync::atomic::Ordering::SeqCst);
+        if !PrefetchBudget::take(&budget.used_bytes, cap_bytes, len_bytes) {
             self.prefetch_bytes.fetch_sub(len_bytes, SeqCst);
             return false;
         }
@@ -412,6 +421,11 @@ pub(crate) struct StreamTable {
 }
 
 impl StreamTable {
+    /// Changes the bytes all streams' prefetches may hold together.
+    pub(crate) fn set_prefetch_cap(&self, prefetch_cap_bytes: u64) {
+        self.prefetch_budget.set_cap(prefetch_cap_bytes);
+    }
+
     /// Streams over `device` whose prefetches share `prefetch_cap_bytes`.
     pub(crate) fn new(device: Arc<dyn Device>, prefetch_cap_bytes: u64) -> StreamTable {
         StreamTable {

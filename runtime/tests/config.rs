@@ -415,3 +415,15 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn io_uring_can_be_turned_off() {
+    assert!(parse_ok(&[]).use_io_uring);
+    for on in ["1", "on", "true"] {
+        assert!(parse_ok(&[("HIPFILE_IO_URING", on)]).use_io_uring, "{on}");
+    }
+    for off in ["0", "off", "false", " 0 "] {
+        assert!(!parse_ok(&[("HIPFILE_IO_URING", off)]).use_io_uring, "{off}");
+    }
+    rejected(&[("HIPFILE_IO_URING", "maybe")], &cpus(4), "HIPFILE_IO_URING");
+}

@@ -120,26 +120,61 @@ static void version_and_stubs(void) {
     EXPECT_ERR(hipFileGetVersion(NULL, &minor, NULL), hipFileSuccess);
     EXPECT(minor == HIPFILE_VERSION_MINOR);
 
-    /* D28: not implemented (hipFile: the same): 5030, outputs untouched, count stays 0. */
+    /* D28 (differs from hipFile, where all of these return 5030): parameters and driver
+     * properties map onto the engine's settings (README, "Parameters"). Nothing is
+     * registered and no I/O has run yet, so settings may still change. */
     hipFileDriverProps_t props;
     memset(&props, 0x5a, sizeof props);
-    EXPECT_ERR(hipFileDriverGetProperties(&props), hipFileInternalError);
-    EXPECT_ERR(hipFileDriverGetProperties(NULL), hipFileInternalError);
+    EXPECT_ERR(hipFileDriverGetProperties(NULL), hipFileInvalidValue);
+    EXPECT_ERR(hipFileDriverGetProperties(&props), hipFileDriverNotInitialized); /* not open */
     EXPECT(props.nvfs.major_version == 0x5a5a5a5au);
-    EXPECT_ERR(hipFileDriverSetPollMode(true, 4), hipFileInternalError);
-    EXPECT_ERR(hipFileDriverSetMaxDirectIOSize(1024), hipFileInternalError);
-    EXPECT_ERR(hipFileDriverSetMaxCacheSize(1024), hipFileInternalError);
-    EXPECT_ERR(hipFileDriverSetMaxPinnedMemSize(1024), hipFileInternalError);
-    size_t value = 77;
-    bool flag = true;
+    size_t chunk_kb = 0, value = 77, depth = 0;
+    EXPECT_ERR(hipFileGetParameterSizeT(hipFileParamPropertiesMaxDirectIOSizeKB, &chunk_kb), hipFileSuccess);
+    EXPECT(chunk_kb >= 4 && (chunk_kb & (chunk_kb - 1)) == 0);
+    EXPECT_ERR(hipFileGetParameterSizeT(hipFileParamPollthresholdSizeKB, &value), hipFileSuccess);
+    EXPECT(value == chunk_kb);
+    EXPECT_ERR(hipFileDriverSetPollMode(false, chunk_kb), hipFileInvalidValue);
+    EXPECT_ERR(hipFileDriverSetPollMode(true, chunk_kb), hipFileSuccess);
+    EXPECT_ERR(hipFileDriverSetMaxDirectIOSize(3), hipFileInvalidValue); /* not a power of two */
+    EXPECT_ERR(hipFileDriverSetMaxDirectIOSize(chunk_kb / 2), hipFileSuccess);
+    EXPECT_ERR(hipFileGetParameterSizeT(hipFileParamExecutionMinIOThresholdSizeKB, &value), hipFileSuccess);
+    EXPECT(value == chunk_kb / 2);
+    EXPECT_ERR(hipFileDriverSetMaxDirectIOSize(chunk_kb), hipFileSuccess);
+    EXPECT_ERR(hipFileGetParameterSizeT(hipFileParamExecutionMaxIOQueueDepth, &depth), hipFileSuccess);
+    EXPECT_ERR(hipFileSetParameterSizeT(hipFileParamExecutionMaxIOQueueDepth, 65), hipFileInvalidValue);
+    EXPECT_ERR(hipFileSetParameterSizeT(hipFileParamExecutionMaxIOQueueDepth, 8), hipFileSuccess);
+    EXPECT_ERR(hipFileGetParameterSizeT(hipFileParamExecutionMaxIOQueueDepth, &value), hipFileSuccess);
+    EXPECT(value == 8);
+    EXPECT_ERR(hipFileSetParameterSizeT(hipFileParamExecutionMaxIOQueueDepth, depth), hipFileSuccess);
+    value = 77;
+    EXPECT_ERR(hipFileGetParameterSizeT((hipFileSizeTConfigParameter_t)12, &value), hipFileInvalidValue);
+    EXPECT_ERR(hipFileGetParameterSizeT(hipFileParamProfileStats, NULL), hipFileInvalidValue);
+    EXPECT_ERR(hipFileSetParameterSizeT(hipFileParamPropertiesIOBatchsize, 64), hipFileInvalidValue);
+    EXPECT(value == 77);
+    bool flag = false;
+    EXPECT_ERR(hipFileGetParameterBool(hipFileParamPreferIOUring, &flag), hipFileSuccess);
+    EXPECT(flag);
+    EXPECT_ERR(hipFileSetParameterBool(hipFileParamForceCompatMode, false), hipFileInvalidValue);
+    EXPECT_ERR(hipFileSetParameterBool(hipFileParamForceCompatMode, true), hipFileSuccess);
+    EXPECT_ERR(hipFileGetParameterBool((hipFileBoolConfigParameter_t)-1, &flag), hipFileInvalidValue);
     char text[16] = "untouched";
-    EXPECT_ERR(hipFileGetParameterSizeT(hipFileParamProfileStats, &value), hipFileInternalError);
-    EXPECT_ERR(hipFileGetParameterBool(hipFileParamPreferIOUring, &flag), hipFileInternalError);
-    EXPECT_ERR(hipFileGetParameterString(hipFileParamLogDir, text, (int)sizeof text), hipFileInternalError);
-    EXPECT_ERR(hipFileSetParameterSizeT(hipFileParamExecutionMaxIOThreads, 4), hipFileInternalError);
-    EXPECT_ERR(hipFileSetParameterBool(hipFileParamForceCompatMode, true), hipFileInternalError);
-    EXPECT_ERR(hipFileSetParameterString(hipFileParamLoggingLevel, "debug"), hipFileInternalError);
-    EXPECT(value == 77 && flag && strcmp(text, "untouched") == 0);
+    EXPECT_ERR(hipFileGetParameterString(hipFileParamLoggingLevel, text, 4), hipFileInvalidValue);
+    EXPECT(strcmp(text, "untouched") == 0);
+    EXPECT_ERR(hipFileGetParameterString(hipFileParamLoggingLevel, text, (int)sizeof text), hipFileSuccess);
+    EXPECT(strcmp(text, "WARN") == 0);
+    EXPECT_ERR(hipFileSetParameterString(hipFileParamLoggingLevel, "debug"), hipFileInvalidValue);
+    EXPECT_ERR(hipFileSetParameterString(hipFileParamLoggingLevel, "WARN"), hipFileSuccess);
+    EXPECT_ERR(hipFileSetParameterString(hipFileParamLogDir, NULL), hipFileInvalidValue);
+    EXPECT_ERR(hipFileDriverOpen(), hipFileSuccess);
+    EXPECT_ERR(hipFileDriverGetProperties(&props), hipFileSuccess);
+    EXPECT(props.nvfs.major_version == HIPFILE_VERSION_MAJOR && props.nvfs.minor_version == HIPFILE_VERSION_MINOR);
+    EXPECT(props.nvfs.max_direct_io_size == chunk_kb && props.nvfs.poll_thresh_size == chunk_kb);
+    EXPECT(props.nvfs.driver_status_flags == 0);
+    EXPECT(props.nvfs.driver_control_flags == ((1u << hipFileUsePollMode) | (1u << hipFileAllowCompatMode)));
+    EXPECT(props.feature_flags & (1u << hipFileStreamsSupported));
+    EXPECT(props.max_batch_io_count == 128);
+    EXPECT(props.max_device_pinned_mem_size >= props.max_device_cache_size);
+    EXPECT_ERR(hipFileDriverClose(), hipFileSuccess);
     EXPECT(hipFileUseCount() == 0);
 }
 

@@ -249,7 +249,11 @@ impl Engine {
         let stats = Arc::new(EngineStats::default());
         // Without io_uring (a container's seccomp profile) glommio cannot start: serve
         // every executor's jobs with a blocking one instead of letting glommio fail.
-        let io_uring = crate::sys::probe_io_uring();
+        let io_uring = if config.use_io_uring {
+            crate::sys::probe_io_uring()
+        } else {
+            Err(std::io::Error::other("turned off (HIPFILE_IO_URING=0 or PreferIOUring false)"))
+        };
         let mut starting = Vec::with_capacity(config.executor_cpus.len());
         for (index, &cpu) in config.executor_cpus.iter().enumerate() {
             let (sender, receiver) = flume::bounded(JOB_QUEUE_CAPACITY);
@@ -318,11 +322,13 @@ impl Engine {
                 Ok(()) => "their io_uring executors failed to start (is RLIMIT_MEMLOCK too low?)"
                     .to_string(),
             };
-            eprintln!(
-                "hipfile: warning: {blocking} of {} I/O executors run blocking pread/pwrite \
-                 instead of io_uring ({why}): same results, no O_DIRECT, less throughput",
-                executors.len()
-            );
+            if config.use_io_uring {
+                eprintln!(
+                    "hipfile: warning: {blocking} of {} I/O executors run blocking pread/pwrite \
+                     instead of io_uring ({why}): same results, no O_DIRECT, less throughput",
+                    executors.len()
+                );
+            }
         }
         Ok(Engine {
             device,

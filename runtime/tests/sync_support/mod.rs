@@ -35,6 +35,7 @@ pub fn config(cpus: &[usize]) -> Config {
         cpu_device_count: 1,
         direct: DirectPolicy::Auto,
         allow_compat_mode: true,
+        use_io_uring: true,
     };
     config.validate().expect("test config is valid");
     config
