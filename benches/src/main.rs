@@ -31,6 +31,7 @@ use crate::cli::{Cli, Command, DeviceArg};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    hipfile_runtime::logging::install_stderr_logger();
     // Not for `check`, which reports the caller's own setting.
     if cli.command.is_none() && std::env::var_os("CUDA_DEVICE_MAX_CONNECTIONS").is_none() {
         // Streams blocked on a wait-value must not share a hardware queue with the

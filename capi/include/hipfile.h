@@ -481,7 +481,8 @@ HIPFILE_API hipFileError_t hipFileStreamDeregister(hipStream_t stream);
  * nothing written; a string needs len > its length (5022 otherwise). Set: a key with a
  * setting here takes a value in range (5022 otherwise); a read-only key accepts only its
  * own value (5022 otherwise, never ignored); 5026 once the engine runs or a file handle
- * is registered. A failed Set changes nothing.
+ * is registered. A failed Set changes nothing. hipFileParamLoggingLevel takes a level
+ * name (OFF, ERROR, WARN, INFO, DEBUG, TRACE) at any time.
  * --------------------------------------------------------------------------------- */
 
 HIPFILE_API hipFileError_t hipFileGetParameterSizeT(hipFileSizeTConfigParameter_t param, size_t *value);

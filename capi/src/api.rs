@@ -26,8 +26,10 @@ use crate::types::{
     handle_type,
 };
 
-/// The C API's driver (built on first use; see `capi_support::global`).
+/// The C API's driver (built on first use; see `capi_support::global`). A C program has
+/// no logger of its own: the library's messages go to stderr at `HIPFILE_LOG`'s level.
 pub(crate) fn driver() -> Result<&'static Arc<Driver>, Error> {
+    hipfile_runtime::logging::install_stderr_logger();
     capi_support::global().map(|runtime| &runtime.driver)
 }
 
@@ -442,6 +444,7 @@ ffi_fn! {
     /// A non-NULL `desc_str` points to `len` writable bytes.
     fn hipFileGetParameterString(param: c_int, desc_str: *mut c_char, len: c_int) -> HipFileError {
         let Some(target) = out_ptr(desc_str) else { return invalid_value() };
+        hipfile_runtime::logging::install_stderr_logger();
         let key = match StringParameter::from_raw(param) {
             Ok(key) => key,
             Err(error) => return HipFileError::from(error),
@@ -482,8 +485,10 @@ ffi_fn! {
         }
     }
 
-    /// `hipFileSetParameterString`: every string key is read-only here (messages go to
-    /// stderr): its own value passes, any other, NULL, non-UTF-8 or an unknown key → 5022.
+    /// `hipFileSetParameterString`: `LoggingLevel` takes a level name (`OFF`, `ERROR`,
+    /// `WARN`, `INFO`, `DEBUG`, `TRACE`, any case) at any time; the file and directory
+    /// keys only their own value (empty: messages go to stderr). Anything else, NULL,
+    /// non-UTF-8 or an unknown key → 5022.
     ///
     /// # Safety
     /// A non-NULL `desc_str` points to a NUL-terminated string.
@@ -491,6 +496,7 @@ ffi_fn! {
         if desc_str.is_null() {
             return invalid_value();
         }
+        hipfile_runtime::logging::install_stderr_logger();
         // SAFETY: non-NULL and NUL-terminated per the contract.
         let text = unsafe { std::ffi::CStr::from_ptr(desc_str) };
         let result = StringParameter::from_raw(param).and_then(|key| {

@@ -60,7 +60,7 @@ fn build(config: Config) -> Result<CapiRuntime, Error> {
         other => match open_device(other, cpu_devices) {
             Ok(device) => (device as Arc<dyn Device>, None),
             Err(reason) => {
-                eprintln!("hipfile: HIPFILE_DEVICE={other:?}: {reason}");
+                log::error!("HIPFILE_DEVICE={other:?}: {reason}");
                 return Err(Error::new(OpError::DeviceNotFound));
             }
         },

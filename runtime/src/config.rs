@@ -327,7 +327,7 @@ impl Config {
         static GLOBAL: OnceLock<Config> = OnceLock::new();
         GLOBAL.get_or_init(|| {
             Config::from_env().unwrap_or_else(|error| {
-                eprintln!("hipfile: warning: ignoring HIPFILE_* settings, {error}; using defaults");
+                log::warn!("ignoring HIPFILE_* settings, {error}; using defaults");
                 Config::default()
             })
         })

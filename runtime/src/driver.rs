@@ -573,7 +573,7 @@ fn select_device(config: &Config) -> Result<Arc<dyn Device>, Error> {
     match crate::device::user::open_device(config.device, config.cpu_device_count) {
         Ok(device) => Ok(device),
         Err(reason) => {
-            eprintln!("hipfile: HIPFILE_DEVICE={:?}: {reason}", config.device);
+            log::error!("HIPFILE_DEVICE={:?}: {reason}", config.device);
             Err(Error::new(OpError::DeviceNotFound))
         }
     }
@@ -646,7 +646,7 @@ impl<T> StartedOnUse<T> {
             Err(reason) => {
                 let repeated = attempt.as_ref().is_some_and(|(_, last)| *last == reason);
                 if !repeated {
-                    eprintln!("hipfile: {reason} (tried again by a later call)");
+                    log::error!("{reason} (tried again by a later call)");
                 }
                 *attempt = Some((std::time::Instant::now(), reason.clone()));
                 Err(reason)

@@ -13,6 +13,7 @@ pub mod error;
 #[doc(hidden)]
 pub mod fault;
 pub mod file;
+pub mod logging;
 pub mod parameters;
 pub mod stream;
 mod sys;

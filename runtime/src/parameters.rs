@@ -86,9 +86,10 @@ pub enum BoolParameter {
 /// `hipFileStringConfigParameter_t`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StringParameter {
-    /// Messages' level (read-only: `WARN`; warnings and errors go to stderr).
+    /// Level of the library's messages (`crate::logging`: `OFF`, `ERROR`, `WARN`,
+    /// `INFO`, `DEBUG`, `TRACE`; settable at any time).
     LoggingLevel = 0,
-    /// Log file (read-only: empty, messages go to stderr).
+    /// Log file (read-only: empty; messages go to the application's logger, or stderr).
     EnvLogfilePath = 1,
     /// Log directory (read-only: empty).
     LogDir = 2,
@@ -258,17 +259,26 @@ impl StringParameter {
     /// The value in force.
     pub fn get(self) -> &'static str {
         match self {
-            StringParameter::LoggingLevel => "WARN",
+            StringParameter::LoggingLevel => crate::logging::level_name(),
             StringParameter::EnvLogfilePath | StringParameter::LogDir => "",
         }
     }
 
-    /// Accepts only the value in force (every string key is read-only here).
+    /// Sets the messages' level (any case; `WARNING` too); the file and directory keys
+    /// accept only their own value (empty).
     ///
     /// # Errors
-    /// `hipFileInvalidValue` for any other value.
+    /// `hipFileInvalidValue` for a name that is not a level, or another file or
+    /// directory than none.
     pub fn set(self, value: &str) -> Result<(), Error> {
-        read_only(self.get() == value)
+        match self {
+            StringParameter::LoggingLevel => {
+                crate::logging::set_level(value).map_err(|()| invalid())
+            }
+            StringParameter::EnvLogfilePath | StringParameter::LogDir => {
+                read_only(self.get() == value)
+            }
+        }
     }
 }
 
@@ -416,7 +426,7 @@ mod tests {
         let properties = DriverProperties::of(&config);
         assert_eq!(properties.control_flags, 0b01, "poll mode on, compat mode off");
         assert_eq!(properties.feature_flags, 0b1100, "streams, parallel I/O");
-        StringParameter::LoggingLevel.set("WARN").expect("its own value");
         assert!(StringParameter::LogDir.set("/tmp").is_err());
+        StringParameter::LogDir.set("").expect("its own value");
     }
 }

@@ -162,8 +162,13 @@ static void version_and_stubs(void) {
     EXPECT(strcmp(text, "untouched") == 0);
     EXPECT_ERR(hipFileGetParameterString(hipFileParamLoggingLevel, text, (int)sizeof text), hipFileSuccess);
     EXPECT(strcmp(text, "WARN") == 0);
-    EXPECT_ERR(hipFileSetParameterString(hipFileParamLoggingLevel, "debug"), hipFileInvalidValue);
+    EXPECT_ERR(hipFileSetParameterString(hipFileParamLoggingLevel, "loud"), hipFileInvalidValue);
+    EXPECT_ERR(hipFileSetParameterString(hipFileParamLoggingLevel, "error"), hipFileSuccess);
+    EXPECT_ERR(hipFileGetParameterString(hipFileParamLoggingLevel, text, (int)sizeof text), hipFileSuccess);
+    EXPECT(strcmp(text, "ERROR") == 0);
     EXPECT_ERR(hipFileSetParameterString(hipFileParamLoggingLevel, "WARN"), hipFileSuccess);
+    EXPECT_ERR(hipFileSetParameterString(hipFileParamLogDir, "/tmp"), hipFileInvalidValue);
+    EXPECT_ERR(hipFileSetParameterString(hipFileParamLogDir, ""), hipFileSuccess);
     EXPECT_ERR(hipFileSetParameterString(hipFileParamLogDir, NULL), hipFileInvalidValue);
     EXPECT_ERR(hipFileDriverOpen(), hipFileSuccess);
     EXPECT_ERR(hipFileDriverGetProperties(&props), hipFileSuccess);

@@ -944,10 +944,7 @@ fn warn_copy_stalled(device: &dyn Device, waited: Duration) {
         return;
     }
     let setting = device.hardware_queue_setting().unwrap_or_default();
-    eprintln!(
-        "hipfile: warning: a staging copy has not completed after {} s ({setting})",
-        waited.as_secs()
-    );
+    log::warn!("a staging copy has not completed after {} s ({setting})", waited.as_secs());
 }
 
 type PlanIter = hipfile_core::ChunkPlan;

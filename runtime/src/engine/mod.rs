@@ -323,8 +323,8 @@ impl Engine {
                     .to_string(),
             };
             if config.use_io_uring {
-                eprintln!(
-                    "hipfile: warning: {blocking} of {} I/O executors run blocking pread/pwrite \
+                log::warn!(
+                    "{blocking} of {} I/O executors run blocking pread/pwrite \
                      instead of io_uring ({why}): same results, no O_DIRECT, less throughput",
                     executors.len()
                 );
@@ -683,13 +683,13 @@ fn raise_memlock_limit(config: &Config) {
         Ok(limit_bytes) if crate::sys::has_ipc_lock_capability() => {
             let _ = limit_bytes;
         }
-        Ok(limit_bytes) => eprintln!(
-            "hipfile: warning: RLIMIT_MEMLOCK is {limit_bytes} bytes but the staging arenas need \
+        Ok(limit_bytes) => log::warn!(
+            "RLIMIT_MEMLOCK is {limit_bytes} bytes but the staging arenas need \
              {needed_bytes} (3 x HIPFILE_STAGING_MB x executors); io_uring buffer registration \
              may fail and I/O will use slower unregistered buffers. Raise it (ulimit -l) or \
              lower HIPFILE_STAGING_MB / HIPFILE_THREADS."
         ),
-        Err(error) => eprintln!("hipfile: warning: cannot read RLIMIT_MEMLOCK: {error}"),
+        Err(error) => log::warn!("cannot read RLIMIT_MEMLOCK: {error}"),
     }
 }
 

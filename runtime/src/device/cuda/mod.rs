@@ -67,8 +67,8 @@ impl CallerBounce {
             Err(_) | Ok("" | "auto") => CallerBounce::WhileOpsHoldStreams,
             Ok("always") => CallerBounce::Always,
             Ok(other) => {
-                eprintln!(
-                    "hipfile: warning: HIPFILE_CUDA_CALLER_BOUNCE={other:?} is not auto or \
+                log::warn!(
+                    "HIPFILE_CUDA_CALLER_BOUNCE={other:?} is not auto or \
                      always; using auto"
                 );
                 CallerBounce::WhileOpsHoldStreams
@@ -337,8 +337,8 @@ impl CudaDevice {
     fn create_engine_context(&self, ordinal: u32) -> EngineContext {
         let primary = EngineContext { context: self.contexts[ordinal as usize], isolated: false };
         let failed = |why: String| {
-            eprintln!(
-                "hipfile: warning: no engine context on CUDA device {ordinal} ({why}); the \
+            log::warn!(
+                "no engine context on CUDA device {ordinal} ({why}); the \
                  engine shares the application's primary context, where a stream held on \
                  an async op can stall the engine's copies"
             );
