@@ -81,9 +81,11 @@ pub fn level_name() -> &'static str {
 /// process-wide maximum).
 ///
 /// # Errors
-/// The name is not a level.
-pub fn set_level(name: &str) -> Result<(), ()> {
-    log::set_max_level(parse_level(name).ok_or(())?);
+/// `InvalidValue` when the name is not a level (nothing changes).
+pub fn set_level(name: &str) -> Result<(), crate::error::Error> {
+    let level = parse_level(name)
+        .ok_or_else(|| crate::error::Error::new(hipfile_core::OpError::InvalidValue))?;
+    log::set_max_level(level);
     Ok(())
 }
 

@@ -272,9 +272,7 @@ impl StringParameter {
     /// directory than none.
     pub fn set(self, value: &str) -> Result<(), Error> {
         match self {
-            StringParameter::LoggingLevel => {
-                crate::logging::set_level(value).map_err(|()| invalid())
-            }
+            StringParameter::LoggingLevel => crate::logging::set_level(value),
             StringParameter::EnvLogfilePath | StringParameter::LogDir => {
                 read_only(self.get() == value)
             }
