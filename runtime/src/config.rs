@@ -89,6 +89,8 @@ const REASON_STAGING: &str = "must be a positive integer number of MiB that fits
 const REASON_STAGING_CHUNKS: &str = "must hold at least 2 chunks of HIPFILE_CHUNK_KB";
 const REASON_PINNED_OVERFLOW: &str =
     "executor count x staging + pinned fallback overflows usize bytes";
+const REASON_PINNED_MEMORY: &str =
+    "executor count x staging + pinned fallback exceeds the machine's physical memory";
 const REASON_FALLBACK: &str = "must be an integer number of MiB that fits in usize";
 const REASON_FALLBACK_CHUNK: &str =
     "must hold at least one chunk of HIPFILE_CHUNK_KB (the engine's backpressure needs one)";
@@ -352,6 +354,12 @@ impl Config {
         })?;
         check(STAGING_MB, in_unit(staging_bytes, MIB), REASON_PINNED_OVERFLOW, || {
             self.checked_pinned_cap_bytes().is_some()
+        })?;
+        // Pinned memory cannot be paged out: more than the machine has can never be
+        // allocated (and a typo such as a size in KiB given as MiB would only fail later).
+        check(STAGING_MB, in_unit(staging_bytes, MIB), REASON_PINNED_MEMORY, || {
+            let physical = crate::sys::physical_memory_bytes().unwrap_or(u64::MAX);
+            self.pinned_cap_bytes() as u64 <= physical
         })?;
         let fallback_bytes = self.pinned_fallback_cap_bytes;
         check(PINNED_FALLBACK_MB, in_unit(fallback_bytes, MIB), REASON_FALLBACK_CHUNK, || {

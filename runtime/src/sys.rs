@@ -73,6 +73,13 @@ pub(crate) fn page_size_bytes() -> u64 {
     u64::try_from(size).ok().filter(|s| s.is_power_of_two()).unwrap_or(4096)
 }
 
+/// Physical memory in bytes (`_SC_PHYS_PAGES` × page size), if the system says.
+pub(crate) fn physical_memory_bytes() -> Option<u64> {
+    // SAFETY: sysconf takes a constant name and has no memory effects.
+    let pages = unsafe { libc::sysconf(libc::_SC_PHYS_PAGES) };
+    u64::try_from(pages).ok().filter(|&pages| pages > 0)?.checked_mul(page_size_bytes())
+}
+
 /// Sets the calling thread's timer slack (how late the kernel may wake a sleeping thread)
 /// to `slack_ns`; the default 50 µs would dominate short polling sleeps. Best effort.
 pub(crate) fn set_thread_timer_slack_ns(slack_ns: u64) {

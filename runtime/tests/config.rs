@@ -267,10 +267,12 @@ fn mib_sizes_overflowing_usize_are_rejected() {
 #[cfg(target_pointer_width = "64")]
 #[test]
 fn pinned_cap_overflow_is_rejected() {
-    // 2^43 MiB = 2^63 bytes per executor fits; two executors do not.
+    // 2^43 MiB = 2^63 bytes per executor fits in usize but in no machine's memory; two
+    // executors do not fit in usize.
     let staging = (1u64 << 43).to_string();
-    let one = parse(&[("HIPFILE_STAGING_MB", &staging), ("HIPFILE_PINNED_FALLBACK_MB", "1")], &[0]);
-    assert_eq!(one.expect("one executor").pinned_cap_bytes(), (1 << 63) + MIB);
+    let pairs = [("HIPFILE_STAGING_MB", staging.as_str()), ("HIPFILE_PINNED_FALLBACK_MB", "1")];
+    let error = rejected(&pairs, &[0], "HIPFILE_STAGING_MB");
+    assert!(error.reason.contains("physical memory"), "{error}");
     let error = rejected(&[("HIPFILE_STAGING_MB", &staging)], &cpus(2), "HIPFILE_STAGING_MB");
     assert!(error.reason.contains("overflow"), "{error}");
 }
@@ -426,4 +428,22 @@ fn io_uring_can_be_turned_off() {
         assert!(!parse_ok(&[("HIPFILE_IO_URING", off)]).use_io_uring, "{off}");
     }
     rejected(&[("HIPFILE_IO_URING", "maybe")], &cpus(4), "HIPFILE_IO_URING");
+}
+
+#[test]
+fn pinned_staging_beyond_physical_memory_is_refused() {
+    // SAFETY: sysconf has no preconditions.
+    let pages = unsafe { libc::sysconf(libc::_SC_PHYS_PAGES) } as u64;
+    // SAFETY: as above.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64;
+    let physical_mb = (pages * page) >> 20;
+    let too_much = (physical_mb + 1).to_string();
+    let error = rejected(
+        &[("HIPFILE_STAGING_MB", &too_much), ("HIPFILE_THREADS", "1")],
+        &cpus(4),
+        "HIPFILE_STAGING_MB",
+    );
+    assert!(error.reason.contains("physical memory"), "{error}");
+    // Within it: accepted.
+    parse_ok(&[("HIPFILE_STAGING_MB", "64"), ("HIPFILE_THREADS", "1")]);
 }
