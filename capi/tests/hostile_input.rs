@@ -126,9 +126,9 @@ mod codes {
     pub const BUF_DEREGISTER: &[c_int] = &[0, 5006, 5024, 5030];
     /// `hipFileRead`/`hipFileWrite`: the negated hipFile codes they may return
     /// (NULL buffer / bad arguments 5022, unknown handle 5027, not device memory 5013,
-    /// no backend / internal 5030, compat mode turned off by a parameter call of another
-    /// thread 5034).
-    pub const SYNC_IO_NEGATED: &[c_int] = &[5013, 5022, 5027, 5030, 5034];
+    /// no backend / internal 5030, also while a parameter call of another thread has
+    /// turned compat mode off).
+    pub const SYNC_IO_NEGATED: &[c_int] = &[5013, 5022, 5027, 5030];
     /// The `hipError_t` values the cpu device reports (a sync call returns them
     /// negated; 1 coincides with -1 and errno).
     pub const HIP_ERRORS: &[c_int] = &[1, 2, 3, 101, 400, 600, 801, 999];
@@ -367,16 +367,20 @@ enum FdKind {
     IntMin,
 }
 
-/// A file handle: the one registered now in a slot (0: the O_RDWR file, 1: the
-/// O_RDONLY one), the last one a slot ever held (possibly deregistered since), NULL,
-/// or a value never given out.
+/// A handle-like value kept in [`Slots`]: the one held now in a slot, the last one a
+/// slot ever held (possibly released since), NULL, or a value never given out.
 #[derive(Clone, Copy, Debug)]
-enum HandleRef {
+enum SlotRef {
     Current(usize),
     Last(usize),
     Null,
     Garbage,
 }
+
+/// A file handle (slot 0: the O_RDWR file, 1: the O_RDONLY one).
+type HandleRef = SlotRef;
+/// A batch context.
+type BatchRef = SlotRef;
 
 /// A buffer pointer.
 #[derive(Clone, Copy, Debug)]
@@ -398,14 +402,6 @@ enum StreamRef {
     Made(usize),
     Null,
     Bogus,
-}
-
-#[derive(Clone, Copy, Debug)]
-enum BatchRef {
-    Current(usize),
-    Last(usize),
-    Null,
-    Garbage,
 }
 
 /// One `hipFileIOParams_t` template of a batch submission.
@@ -721,6 +717,17 @@ impl Slots {
         self.current[slot].swap(value, Ordering::SeqCst)
     }
 
+    /// The value `which` names, as the pointer the C API takes.
+    fn pointer(&self, which: SlotRef) -> *mut c_void {
+        let value = match which {
+            SlotRef::Current(slot) => self.current[slot].load(Ordering::SeqCst),
+            SlotRef::Last(slot) => self.last[slot].load(Ordering::SeqCst),
+            SlotRef::Null => 0,
+            SlotRef::Garbage => GARBAGE_HANDLE,
+        };
+        value as *mut c_void
+    }
+
     /// Forgets `value` as slot `slot`'s current one, unless another thread replaced it.
     fn forget(&self, slot: usize, value: usize) {
         let _ = self.current[slot].compare_exchange(value, 0, Ordering::SeqCst, Ordering::SeqCst);
@@ -838,23 +845,11 @@ fn check_that(what: &str, ok: bool, message: impl FnOnce() -> String) -> Check {
 
 impl Runner<'_> {
     fn handle(&self, handle: HandleRef) -> *mut c_void {
-        let value = match handle {
-            HandleRef::Current(slot) => self.shared.handles.current[slot].load(Ordering::SeqCst),
-            HandleRef::Last(slot) => self.shared.handles.last[slot].load(Ordering::SeqCst),
-            HandleRef::Null => 0,
-            HandleRef::Garbage => GARBAGE_HANDLE,
-        };
-        value as *mut c_void
+        self.shared.handles.pointer(handle)
     }
 
     fn batch(&self, batch: BatchRef) -> *mut c_void {
-        let value = match batch {
-            BatchRef::Current(slot) => self.shared.batches.current[slot].load(Ordering::SeqCst),
-            BatchRef::Last(slot) => self.shared.batches.last[slot].load(Ordering::SeqCst),
-            BatchRef::Null => 0,
-            BatchRef::Garbage => GARBAGE_HANDLE,
-        };
-        value as *mut c_void
+        self.shared.batches.pointer(batch)
     }
 
     fn buf(&self, buf: BufRef) -> *mut c_void {

@@ -20,6 +20,7 @@ const THREADS: i32 = 2;
 const PARALLELISM: i32 = 4;
 const MAX_DIRECT_IO_KB: i32 = 5;
 const PREFER_IO_URING: i32 = 8;
+const ALLOW_COMPAT_MODE: i32 = 1;
 
 fn get_size(key: i32) -> usize {
     let mut value = usize::MAX;
@@ -85,6 +86,18 @@ fn settings_shape_the_engine_until_it_starts() {
     unsafe { hipFileHandleDeregister(fh) };
     // SAFETY: a plain value.
     assert_eq!(unsafe { hipFileSetParameterSizeT(QUEUE_DEPTH, 6) }.err, 0, "free again");
+
+    // Compat mode off: sync I/O is refused (5030, as hipFile with no backend left), and
+    // the engine does not start.
+    // SAFETY: a plain value.
+    assert_eq!(unsafe { hipFileSetParameterBool(ALLOW_COMPAT_MODE, false) }.err, 0);
+    let fh = register(&file);
+    // SAFETY: a registered handle and 1 MiB of device memory.
+    assert_eq!(unsafe { hipFileRead(fh, buffer, 1 << 20, 0, 0) }, -5030);
+    // SAFETY: our handle.
+    unsafe { hipFileHandleDeregister(fh) };
+    // SAFETY: a plain value.
+    assert_eq!(unsafe { hipFileSetParameterBool(ALLOW_COMPAT_MODE, true) }.err, 0);
 
     // The first I/O starts the engine with the settings in force.
     let fh = register(&file);

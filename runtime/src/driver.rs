@@ -14,7 +14,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use hipfile_core::{
@@ -102,6 +102,9 @@ pub struct Driver {
     /// The configuration in force; replaced whole by [`Driver::configure`] before any
     /// I/O (the engine start holds a read lock while it reads it).
     config: RwLock<Arc<Config>>,
+    /// `config.allow_compat_mode`, read on every sync call without the lock (a shared
+    /// reader count would be one more contended cache line per call).
+    compat_mode_allowed: AtomicBool,
     device: Arc<dyn Device>,
     page_size_bytes: u64,
     refcount: AtomicI64,
@@ -132,6 +135,7 @@ impl Driver {
         // the ops the streams have reached (stream.rs, PrefetchBudget).
         let prefetch_cap_bytes = config.prefetch_cap_bytes() as u64;
         Arc::new(Driver {
+            compat_mode_allowed: AtomicBool::new(config.allow_compat_mode),
             config: RwLock::new(Arc::new(config)),
             page_size_bytes: crate::sys::page_size_bytes(),
             refcount: AtomicI64::new(0),
@@ -264,6 +268,7 @@ impl Driver {
         change(&mut next)?;
         next.validate().map_err(|_| Error::new(OpError::InvalidValue))?;
         self.streams.set_prefetch_cap(next.prefetch_cap_bytes() as u64);
+        self.compat_mode_allowed.store(next.allow_compat_mode, Ordering::SeqCst);
         *config = Arc::new(next);
         Ok(())
     }
@@ -522,7 +527,7 @@ impl Driver {
         }
         let file = self.file(handle)?;
         let buffer = self.resolve_buffer(buffer_addr)?;
-        if !self.config().allow_compat_mode {
+        if !self.compat_mode_allowed.load(Ordering::Relaxed) {
             return Err(IoError::Library(OpError::InternalError));
         }
         let io = validate(raw, buffer.span, StreamFlags::empty(), self.page_size_bytes)?;

@@ -50,19 +50,6 @@ fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").expect("list /proc/self/fd").count()
 }
 
-/// SplitMix64: sizes and offsets, reproducible per seed.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: usize) -> usize {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        ((z ^ (z >> 31)) % n as u64) as usize
-    }
-}
-
 #[test]
 fn tiny_unaligned_reads_complete_with_bounded_descriptors_and_flat_memory() {
     let _serial = serial();

@@ -30,30 +30,6 @@ const REGION: usize = MIB;
 const MAX_OP: usize = 256 * KIB;
 const MAX_OUTSTANDING: usize = 48;
 
-/// SplitMix64.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-
-    /// Log-uniform in 1..=max.
-    fn size(&mut self, max: usize) -> usize {
-        let bits = self.below(max.ilog2() as usize + 1);
-        let low = 1usize << bits;
-        (low + self.below(low)).min(max)
-    }
-}
-
 /// One stream, its region and its model.
 struct Lane {
     stream: StreamHandle,

@@ -103,19 +103,6 @@ fn a_file_registered_read_only_is_never_written() {
     rig.driver.handle_deregister(handle);
 }
 
-/// SplitMix64.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: usize) -> usize {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        ((z ^ (z >> 31)) % n as u64) as usize
-    }
-}
-
 #[test]
 fn random_transfers_never_touch_a_byte_outside_their_range() {
     const SPAN: usize = 4 * MIB;

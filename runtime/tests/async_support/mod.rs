@@ -660,3 +660,29 @@ pub fn run_in_child(test: &str, variable: &str, value: &str, limit: Duration) {
         Some(status) => assert!(status.success(), "{value}: the child failed\n{output}"),
     }
 }
+
+/// SplitMix64: sizes and offsets, reproducible per seed.
+pub struct Rng(pub u64);
+
+impl Rng {
+    /// The next 64 random bits.
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n`.
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+
+    /// Log-uniform in 1..=max.
+    pub fn size(&mut self, max: usize) -> usize {
+        let bits = self.below(max.ilog2() as usize + 1);
+        let low = 1usize << bits;
+        (low + self.below(low)).min(max)
+    }
+}
