@@ -8,7 +8,8 @@
 //! - [`PlanConfig`] / [`ChunkPlan`]: staging-sized chunks marked direct or buffered;
 //! - [`OpMachine`]: the async op state machine and the value published in `*bytes_p`;
 //! - [`StreamFifo`] / [`WriteHazards`]: fixed-capacity per-stream and per-file
-//!   bookkeeping.
+//!   bookkeeping;
+//! - [`BatchLedger`]: the entry slots of one batch (batch I/O), with hipFile's limits.
 //!
 //! It is `#![no_std]` without `alloc`, so a runtime can embed it anywhere.
 //!
@@ -31,6 +32,7 @@
 #![forbid(unsafe_code)]
 #![warn(clippy::std_instead_of_core, clippy::alloc_instead_of_core)]
 
+mod batch;
 mod error;
 mod flags;
 mod op;
@@ -38,6 +40,10 @@ mod plan;
 mod queue;
 mod validate;
 
+pub use batch::{
+    BATCH_MODE, BatchEvent, BatchLedger, BatchStatus, MAX_BATCH_ENTRIES, SlotIndex, batch_capacity,
+    batch_direction,
+};
 pub use error::{BASE_ERR, OpError, UNKNOWN_ERROR_MESSAGE, is_hipfile_err};
 pub use flags::{STREAM_FLAGS_MASK, StreamFlags};
 pub use op::{Direction, IllegalTransition, OpEvent, OpMachine, OpState, Outcome};
