@@ -1,10 +1,9 @@
 //! The hipFile API (`hipfile.h`): every function of hipFile's public header.
 //!
 //! Behaviour is hipFile's (`reference/behaviour.md` §2, §3) except where `hipfile.h`
-//! and the README say "differs from hipFile". Functions whose feature is not
-//! implemented yet (batch status/cancel) return `hipFileInternalError` (5030) as hipFile
-//! does today, and write no output. Parameters and driver properties are implemented
-//! (hipFile returns 5030 for them): `hipfile_runtime::parameters`.
+//! and the README say "differs from hipFile". Parameters and driver properties are
+//! implemented (hipFile returns 5030 for them): `hipfile_runtime::parameters`; batch I/O
+//! is in `batch.rs` (hipFile never runs a batch).
 
 #![allow(non_snake_case, reason = "C function names are hipFile's")]
 
@@ -22,8 +21,7 @@ use hipfile_runtime::{AsyncArgs, Driver, Error, HandleId, capi_support};
 
 use crate::boundary::{ffi_fn, in_ref, out_ptr};
 use crate::types::{
-    HipFileDescr, HipFileDriverProps, HipFileError, HipFileIoEvents, NvfsProps, VERSION,
-    handle_type,
+    HipFileDescr, HipFileDriverProps, HipFileError, NvfsProps, VERSION, handle_type,
 };
 
 /// The C API's driver (built on first use; see `capi_support::global`). A C program has
@@ -31,11 +29,6 @@ use crate::types::{
 pub(crate) fn driver() -> Result<&'static Arc<Driver>, Error> {
     hipfile_runtime::logging::install_stderr_logger();
     capi_support::global().map(|runtime| &runtime.driver)
-}
-
-/// `hipFileInternalError`: what the functions not implemented yet return.
-fn not_implemented() -> HipFileError {
-    HipFileError::from(OpError::InternalError)
 }
 
 /// The static, NUL-terminated message of `value` ("Unknown hipFile error" for values
@@ -373,30 +366,6 @@ ffi_fn! {
         driver()?.stream_deregister(StreamHandle(stream as usize))
     }
 
-    /// `hipFileBatchIOGetStatus`: not implemented yet (5030); writes nothing.
-    ///
-    /// # Safety
-    /// None: no pointer is accessed.
-    fn hipFileBatchIOGetStatus(
-        batch_idp: *mut c_void,
-        min_nr: c_uint,
-        nr: *mut c_uint,
-        iocbp: *mut HipFileIoEvents,
-        timeout: *mut libc::timespec,
-    ) -> HipFileError {
-        let _ = (batch_idp, min_nr, nr, iocbp, timeout);
-        not_implemented()
-    }
-
-    /// `hipFileBatchIOCancel`: not implemented yet (5030).
-    ///
-    /// # Safety
-    /// None.
-    fn hipFileBatchIOCancel(batch_idp: *mut c_void) -> HipFileError {
-        let _ = batch_idp;
-        not_implemented()
-    }
-
     /// `hipFileGetParameterSizeT`: the value in force, in hipFile's unit (README,
     /// "Parameters"). NULL `value` or an unknown key → 5022, nothing written.
     ///
@@ -554,8 +523,6 @@ mod tests {
         // SAFETY: 4 writable bytes; "WARN" needs 5.
         let status = unsafe { hipFileGetParameterString(0, text.as_mut_ptr(), 4) };
         assert_eq!((status.err, text), (5022, [b'x' as c_char; 4]));
-        // SAFETY: NULL is accepted.
-        assert_eq!(unsafe { hipFileBatchIOCancel(std::ptr::null_mut()) }.err, 5030);
     }
 
     #[test]

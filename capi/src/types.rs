@@ -192,20 +192,6 @@ pub mod handle_type {
     pub const USERSPACE_FS: c_int = 3;
 }
 
-/// `hipFileOpcode_t` values.
-pub mod opcode {
-    use core::ffi::c_int;
-    /// `hipFileBatchRead`.
-    pub const BATCH_READ: c_int = 0;
-    /// `hipFileBatchWrite`.
-    pub const BATCH_WRITE: c_int = 1;
-}
-
-/// `hipFileBatchMode_t::hipFileBatch`.
-pub const BATCH_MODE: c_int = 1;
-/// The most operations a batch context may hold (hipFile's `IBatchContext::MAX_SIZE`).
-pub const BATCH_MAX_OPS: u32 = 128;
-
 /// `hipfileCpuMemoryType_t` values.
 pub mod cpu_memory {
     use core::ffi::c_int;

@@ -48,9 +48,8 @@ use std::sync::{Mutex, MutexGuard, Once, OnceLock, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use hipfile::api::{
-    hipFileBatchIOCancel, hipFileBatchIOGetStatus, hipFileBufDeregister, hipFileBufRegister,
-    hipFileDriverClose, hipFileDriverGetProperties, hipFileDriverOpen,
-    hipFileDriverSetMaxCacheSize, hipFileDriverSetMaxDirectIOSize,
+    hipFileBufDeregister, hipFileBufRegister, hipFileDriverClose, hipFileDriverGetProperties,
+    hipFileDriverOpen, hipFileDriverSetMaxCacheSize, hipFileDriverSetMaxDirectIOSize,
     hipFileDriverSetMaxPinnedMemSize, hipFileDriverSetPollMode, hipFileGetOpErrorString,
     hipFileGetParameterBool, hipFileGetParameterSizeT, hipFileGetParameterString,
     hipFileGetVersion, hipFileHandleDeregister, hipFileHandleRegister, hipFileRead,
@@ -58,14 +57,17 @@ use hipfile::api::{
     hipFileStreamDeregister, hipFileStreamRegister, hipFileUseCount, hipFileWrite,
     hipFileWriteAsync,
 };
-use hipfile::batch::{hipFileBatchIODestroy, hipFileBatchIOSetUp, hipFileBatchIOSubmit};
+use hipfile::batch::{
+    hipFileBatchIOCancel, hipFileBatchIODestroy, hipFileBatchIOGetStatus, hipFileBatchIOSetUp,
+    hipFileBatchIOSubmit,
+};
 use hipfile::cpu_ext::{
     hipfileCpuDeviceSynchronize, hipfileCpuHostMalloc, hipfileCpuMalloc, hipfileCpuStreamCreate,
     hipfileCpuStreamSynchronize,
 };
 use hipfile::types::{
-    BatchIo, DescrHandle, HipFileDescr, HipFileDriverProps, HipFileError, HipFileIoParams,
-    IoParamsUnion,
+    BatchIo, DescrHandle, HipFileDescr, HipFileDriverProps, HipFileError, HipFileIoEvents,
+    HipFileIoParams, IoParamsUnion,
 };
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
@@ -155,11 +157,12 @@ mod codes {
     pub const BATCH_SETUP_BAD: &[c_int] = &[5022];
     /// `hipFileBatchIOSetUp` otherwise.
     pub const BATCH_SETUP: &[c_int] = &[0];
-    /// `hipFileBatchIOSubmit`: nr 0 on a valid handle 0; validation 5022; driver
-    /// closed, unregistered fh, or passing validation (not executed yet) 5030.
+    /// `hipFileBatchIOSubmit`: accepted 0; validation or no room 5022; driver closed,
+    /// unregistered fh, or compat mode off 5030.
     pub const BATCH_SUBMIT: &[c_int] = &[0, 5022, 5030];
-    /// Not implemented yet: batch status/cancel.
-    pub const STUB: &[c_int] = &[5030];
+    /// `hipFileBatchIOGetStatus` / `hipFileBatchIOCancel`: 0; unknown handle, NULL `nr`,
+    /// NULL events, `min_nr > *nr` or a bad timeout 5022.
+    pub const BATCH_STATUS: &[c_int] = &[0, 5022];
     /// Parameter and property calls: success; NULL, unknown key or bad value 5022;
     /// properties of a closed driver 5001; a change once the engine runs or a file is
     /// registered 5026.
@@ -480,6 +483,15 @@ enum Op {
         op: BatchTemplate,
     },
     BatchDestroy(BatchRef),
+    BatchStatus {
+        batch: BatchRef,
+        min_nr: c_uint,
+        max_nr: c_uint,
+        /// `None`: NULL timeout (wait for `min_nr`); else milliseconds, -1 invalid.
+        timeout_ms: Option<i64>,
+        null_events: bool,
+    },
+    BatchCancel(BatchRef),
 }
 
 /// Sizes: mostly ones that fit the buffers, the rest hostile.
@@ -641,6 +653,17 @@ fn op() -> impl Strategy<Value = Op> {
     let nrs = prop::sample::select(vec![0u32, 1, 2, 128, 129]);
     let batch_submit = (batch_ref(), nrs, prop::bool::weighted(0.2), batch_template())
         .prop_map(|(batch, nr, null_iocbp, op)| Op::BatchSubmit { batch, nr, null_iocbp, op });
+    let timeouts = prop::sample::select(vec![None, Some(0), Some(1), Some(20), Some(-1)]);
+    let status_nrs = prop::sample::select(vec![0u32, 1, 2, 3, 128]);
+    let batch_status =
+        (batch_ref(), status_nrs.clone(), status_nrs, timeouts, prop::bool::weighted(0.1))
+            .prop_map(|(batch, min_nr, max_nr, timeout_ms, null_events)| Op::BatchStatus {
+                batch,
+                min_nr,
+                max_nr,
+                timeout_ms,
+                null_events,
+            });
     prop_oneof![
         3 => Just(Op::DriverOpen),
         1 => Just(Op::DriverClose),
@@ -660,6 +683,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => batch_setup,
         1 => batch_submit,
         1 => batch_ref().prop_map(Op::BatchDestroy),
+        2 => batch_status,
+        1 => batch_ref().prop_map(Op::BatchCancel),
     ]
 }
 
@@ -784,9 +809,11 @@ fn function_name(what: &str) -> &'static str {
         ("Async { write: false", "hipFileReadAsync"),
         ("StreamRegister", "hipFileStreamRegister"),
         ("StreamDeregister", "hipFileStreamDeregister"),
-        ("Stub", "(not implemented yet)"),
+        ("Stub", "(parameters, raw batch values)"),
         ("BatchSetUp", "hipFileBatchIOSetUp"),
         ("BatchSubmit", "hipFileBatchIOSubmit"),
+        ("BatchStatus", "hipFileBatchIOGetStatus"),
+        ("BatchCancel", "hipFileBatchIOCancel"),
     ];
     NAMES.iter().find(|(prefix, _)| what.starts_with(prefix)).map_or("other", |&(_, name)| name)
 }
@@ -1049,7 +1076,61 @@ impl Runner<'_> {
                 unsafe { hipFileBatchIODestroy(value) };
                 Ok(())
             }
+            Op::BatchStatus { batch, min_nr, max_nr, timeout_ms, null_events } => {
+                self.batch_status(what, batch, min_nr, max_nr, timeout_ms, null_events)
+            }
+            Op::BatchCancel(batch) => {
+                // SAFETY: the handle is only looked up.
+                let status = unsafe { hipFileBatchIOCancel(self.batch(batch)) };
+                check_status(what, status, codes::BATCH_STATUS)
+            }
         }
+    }
+
+    /// `hipFileBatchIOGetStatus` with real storage: at most `max_nr` events, each
+    /// complete (at most the largest entry's bytes) or failed (a documented negative
+    /// code), and nothing written past `*nr`.
+    fn batch_status(
+        &self,
+        what: &str,
+        batch: BatchRef,
+        min_nr: c_uint,
+        max_nr: c_uint,
+        timeout_ms: Option<i64>,
+        null_events: bool,
+    ) -> Check {
+        const UNTOUCHED: usize = 0xdead_beef;
+        let blank = HipFileIoEvents { cookie: core::ptr::null_mut(), status: -7, ret: UNTOUCHED };
+        let mut events = vec![blank; max_nr as usize + 1];
+        let mut nr = max_nr;
+        let timeout = timeout_ms.map(|ms| libc::timespec {
+            tv_sec: if ms < 0 { -1 } else { ms / 1000 },
+            tv_nsec: (ms.max(0) % 1000) * 1_000_000,
+        });
+        let timeout_ptr =
+            timeout.as_ref().map_or(core::ptr::null_mut(), |t| core::ptr::from_ref(t).cast_mut());
+        let events_ptr = if null_events { core::ptr::null_mut() } else { events.as_mut_ptr() };
+        // SAFETY: `nr` is valid; `events` has room for `max_nr` (+1 sentinel); the
+        // timeout is NULL or valid.
+        let status = unsafe {
+            hipFileBatchIOGetStatus(self.batch(batch), min_nr, &mut nr, events_ptr, timeout_ptr)
+        };
+        check_status(what, status, codes::BATCH_STATUS)?;
+        if status.err != 0 {
+            return check_that(what, nr == max_nr, || "wrote *nr on failure".into());
+        }
+        check_that(what, nr <= max_nr, || format!("{nr} events for room of {max_nr}"))?;
+        check_that(what, events[max_nr as usize].ret == UNTOUCHED, || "wrote past *nr".into())?;
+        for event in &events[..nr as usize] {
+            let ret = event.ret as isize;
+            let ok = match event.status {
+                16 => (0..=BUF_LEN as isize).contains(&ret),
+                64 => ret < 0 && (codes::ALL.contains(&(-ret as c_int)) || -ret < 4096),
+                _ => false,
+            };
+            check_that(what, ok, || format!("event {event:?}"))?;
+        }
+        Ok(())
     }
 
     fn version(&self, what: &str, null_mask: u8) -> Check {
@@ -1262,7 +1343,7 @@ fn stub(what: &str, which: u8, param: c_int, value: usize) -> Check {
             _ => hipFileBatchIOCancel(value as *mut c_void),
         }
     };
-    check_status(what, status, codes::STUB)
+    check_status(what, status, codes::BATCH_STATUS)
 }
 
 /// The size_t parameter a `hipFileDriverSet*` call (`which` 3..=5) changes.

@@ -302,7 +302,10 @@ mod tests {
         assert!(!ledger.start(slots[0]), "running: its next part is refused");
         ledger.finish(slots[1], Outcome::OsError(125));
         ledger.finish(slots[0], Outcome::Bytes(10));
-        assert_eq!((ledger.cancelled_in_flight(), ledger.outstanding(), ledger.pop()), (0, 0, None));
+        assert_eq!(
+            (ledger.cancelled_in_flight(), ledger.outstanding(), ledger.pop()),
+            (0, 0, None)
+        );
     }
 
     #[derive(Clone, Debug)]

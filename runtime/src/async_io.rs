@@ -44,7 +44,7 @@ use hipfile_core::{
 
 use crate::device::{DeviceError, StreamHandle, WriteThenWaitError};
 use crate::driver::{BufferUse, Driver, HandleId, ResolvedBuffer};
-use crate::engine::{Completion, Engine, IoJob, JobEnd};
+use crate::engine::{Completion, Engine, IoJob, JobEnd, PartJoiner};
 use crate::error::Error;
 use crate::file::{ChangeStamp, FileHandle, OpGuard};
 use crate::stream::{DeferredStart, StreamState};
@@ -780,6 +780,7 @@ impl AsyncOp {
                 device_ordinal: self.device_ordinal,
                 wait_for_copies: fan_out || !self.releases_device_side(),
                 arm_gate: gate.clone(),
+                may_start: None,
                 done: Completion::new(Arc::clone(self.driver.device()), done),
             };
             engine.post(self.stream.executor + index, job);
@@ -920,45 +921,5 @@ unsafe extern "C" fn arm_host_fn(user_data: *mut c_void) {
         while !*published {
             published = signal.wait(published).unwrap_or_else(|p| p.into_inner());
         }
-    }
-}
-
-/// One part's result.
-type PartResult = (Outcome, Option<DeviceError>);
-
-/// Joins the parts of an op split over several executors.
-struct PartJoiner {
-    direction: Direction,
-    parts: Vec<(u64, u64)>,
-    results: Mutex<Vec<Option<PartResult>>>,
-}
-
-impl PartJoiner {
-    fn new(direction: Direction, parts: Vec<(u64, u64)>) -> PartJoiner {
-        let results = Mutex::new(vec![None; parts.len()]);
-        PartJoiner { direction, parts, results }
-    }
-
-    /// Records part `index`; returns the combined result when it was the last.
-    fn part_done(
-        &self,
-        index: usize,
-        outcome: Outcome,
-        device_error: Option<DeviceError>,
-    ) -> Option<(Outcome, Option<DeviceError>)> {
-        let mut results = self.results.lock().unwrap_or_else(|p| p.into_inner());
-        results[index] = Some((outcome, device_error));
-        if results.iter().any(Option::is_none) {
-            return None;
-        }
-        let in_order: Vec<(usize, Outcome, Option<DeviceError>)> = results
-            .iter()
-            .enumerate()
-            .map(|(index, result)| {
-                let (outcome, device_error) = result.expect("all parts reported");
-                (index, outcome, device_error)
-            })
-            .collect();
-        Some(crate::engine::combine(self.direction, &self.parts, &in_order))
     }
 }

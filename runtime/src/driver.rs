@@ -503,6 +503,11 @@ impl Driver {
             .map_err(|_| Error::new(OpError::InternalError))
     }
 
+    /// Whether the compatibility (staged) path may run (`allow_compat_mode`).
+    pub(crate) fn compat_mode_allowed(&self) -> bool {
+        self.compat_mode_allowed.load(Ordering::Relaxed)
+    }
+
     /// Picks an executor for work that has no stream affinity.
     pub(crate) fn next_executor(&self) -> usize {
         self.next_executor.fetch_add(1, Ordering::Relaxed)
@@ -527,7 +532,7 @@ impl Driver {
         }
         let file = self.file(handle)?;
         let buffer = self.resolve_buffer(buffer_addr)?;
-        if !self.compat_mode_allowed.load(Ordering::Relaxed) {
+        if !self.compat_mode_allowed() {
             return Err(IoError::Library(OpError::InternalError));
         }
         let io = validate(raw, buffer.span, StreamFlags::empty(), self.page_size_bytes)?;

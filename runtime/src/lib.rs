@@ -4,6 +4,7 @@
 pub mod api;
 mod arm;
 pub mod async_io;
+pub mod batch;
 pub mod capi_support;
 pub mod config;
 pub mod device;

@@ -18,7 +18,7 @@ use crate::file::DirectPolicy;
 const KIB: usize = 1 << 10;
 
 /// Entries one batch may hold (hipFile's batch capacity, 1..=128).
-pub const MAX_BATCH_ENTRIES: u32 = 128;
+pub const MAX_BATCH_ENTRIES: u32 = hipfile_core::MAX_BATCH_ENTRIES as u32;
 
 /// `hipFileSizeTConfigParameter_t`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

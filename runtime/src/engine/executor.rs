@@ -235,7 +235,13 @@ impl Executor {
         Ok(stream)
     }
 
-    async fn run_job(self: &Rc<Self>, job: IoJob) {
+    async fn run_job(self: &Rc<Self>, mut job: IoJob) {
+        if let Some(may_start) = job.may_start.take()
+            && !may_start()
+        {
+            job.done.finish(Outcome::OsError(libc::ECANCELED), None, None);
+            return;
+        }
         let IoJob { file, guard, direction, file_offset_bytes, device_addr, len_bytes, .. } = &job;
         let range = JobRange {
             file_offset_bytes: *file_offset_bytes,

@@ -53,6 +53,9 @@ pub(crate) struct JobEnd<'a> {
 /// Callback run once per job, on the executor.
 pub(crate) type JobDone = Box<dyn FnOnce(JobEnd<'_>) + Send>;
 
+/// See [`IoJob::may_start`].
+pub(crate) type StartCheck = Box<dyn FnOnce() -> bool + Send>;
+
 /// Runs a job's callback exactly once: with the job's result, or — if the job is dropped
 /// unfinished (an executor panicked or stopped) — with `hipFileInternalError`, so that no
 /// caller and no stream ever waits forever.
@@ -114,6 +117,9 @@ pub(crate) struct IoJob {
     /// stale) or a disconnected gate (the op was abandoned) ends the job without touching
     /// device memory.
     pub arm_gate: Option<flume::Receiver<bool>>,
+    /// Asked once when the executor takes the job up, before it touches the file or
+    /// memory: `false` ends the job at once with `ECANCELED` (a cancelled batch entry).
+    pub may_start: Option<StartCheck>,
     /// Called once with the result.
     pub done: Completion,
 }
@@ -464,6 +470,7 @@ impl Engine {
                 device_ordinal: request.device_ordinal,
                 wait_for_copies: true,
                 arm_gate: None,
+                may_start: None,
                 done: Completion::new(
                     Arc::clone(&self.device),
                     Box::new(move |end: JobEnd<'_>| {
@@ -655,6 +662,45 @@ pub(crate) fn combine(
         return (Outcome::Library(OpError::InternalError), None);
     }
     (Outcome::Bytes(total), None)
+}
+
+/// One part's result.
+pub(crate) type PartResult = (Outcome, Option<DeviceError>);
+
+/// Joins the results of a request split over several executors ([`Engine::parts`]).
+pub(crate) struct PartJoiner {
+    direction: Direction,
+    parts: Vec<(u64, u64)>,
+    results: std::sync::Mutex<Vec<Option<PartResult>>>,
+}
+
+impl PartJoiner {
+    /// A joiner for a request split into `parts`.
+    pub(crate) fn new(direction: Direction, parts: Vec<(u64, u64)>) -> PartJoiner {
+        let results = std::sync::Mutex::new(vec![None; parts.len()]);
+        PartJoiner { direction, parts, results }
+    }
+
+    /// Records part `index`; returns the combined result ([`combine`]) when it was the
+    /// last.
+    pub(crate) fn part_done(
+        &self,
+        index: usize,
+        outcome: Outcome,
+        device_error: Option<DeviceError>,
+    ) -> Option<PartResult> {
+        let mut results = self.results.lock().unwrap_or_else(|p| p.into_inner());
+        results[index] = Some((outcome, device_error));
+        if results.iter().any(Option::is_none) {
+            return None;
+        }
+        let in_order: Vec<(usize, Outcome, Option<DeviceError>)> = results
+            .iter()
+            .enumerate()
+            .filter_map(|(index, result)| result.map(|(o, e)| (index, o, e)))
+            .collect();
+        Some(combine(self.direction, &self.parts, &in_order))
+    }
 }
 
 impl Drop for Engine {
