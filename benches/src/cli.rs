@@ -127,6 +127,10 @@ pub struct RunArgs {
     #[arg(long, value_name = "SECS", default_value_t = 60,
           value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub case_timeout: u64,
+    /// `--mode batch`: entries per batch (and async ops in flight), comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "32,128",
+          value_parser = clap::value_parser!(u32).range(1..=128))]
+    pub batch_entries: Vec<u32>,
     /// `--mode sweep`, internal: run one case in this process (`read:24:mixed:4M:4`).
     #[arg(long, hide = true, value_name = "CASE")]
     pub sweep_case: Option<String>,
@@ -137,13 +141,23 @@ pub struct RunArgs {
 }
 
 impl RunArgs {
-    /// `--io-size`, else 16M (4K,1M,4M,16M for `--mode sweep`).
+    /// `--io-size`, else 16M (4K,1M,4M,16M for `--mode sweep`, 4K,64K for `--mode
+    /// batch`).
     pub fn io_sizes(&self) -> Vec<u64> {
-        match (self.io_size.is_empty(), self.is_sweep()) {
-            (false, _) => self.io_size.clone(),
-            (true, false) => vec![16 << 20],
-            (true, true) => vec![4 << 10, 1 << 20, 4 << 20, 16 << 20],
+        if !self.io_size.is_empty() {
+            self.io_size.clone()
+        } else if self.is_sweep() {
+            vec![4 << 10, 1 << 20, 4 << 20, 16 << 20]
+        } else if self.is_batch() {
+            vec![4 << 10, 64 << 10]
+        } else {
+            vec![16 << 20]
         }
+    }
+
+    /// Whether `--mode` asks for the batch mode.
+    pub fn is_batch(&self) -> bool {
+        self.mode.contains(&Mode::Batch)
     }
 
     /// Whether `--mode` asks for the stream-count sweep.
@@ -220,6 +234,10 @@ pub enum Mode {
     /// The stream-count sweep (reads and writes on 1..256 streams, each case in a child
     /// process under `--case-timeout`); given alone.
     Sweep,
+    /// Small random reads through batches of `--batch-entries` entries, against the
+    /// async and sync paths and cuFile (sync with 8 threads, and its batch API); given
+    /// alone. Ops per case: `--iterations`.
+    Batch,
 }
 
 impl Mode {
@@ -231,6 +249,7 @@ impl Mode {
             Mode::Randread => "RANDREAD",
             Mode::Randwrite => "RANDWRITE",
             Mode::Sweep => "SWEEP",
+            Mode::Batch => "BATCH",
         }
     }
 

@@ -123,6 +123,62 @@ struct Api {
     stream_register: unsafe extern "C" fn(*mut c_void, c_uint) -> CuFileError,
     stream_deregister: unsafe extern "C" fn(*mut c_void) -> CuFileError,
     get_version: Option<unsafe extern "C" fn(*mut c_int) -> CuFileError>,
+    batch: Option<BatchApi>,
+}
+
+/// `CUfileIOParams_t` (the layout `hipFileIOParams_t` copies): 64 bytes.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CuFileIoParams {
+    mode: c_int,
+    dev_ptr_base: *mut c_void,
+    file_offset: i64,
+    dev_ptr_offset: i64,
+    size: usize,
+    fh: *mut c_void,
+    opcode: c_int,
+    cookie: *mut c_void,
+}
+
+/// `CUfileIOEvents_t`: 24 bytes.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CuFileIoEvents {
+    cookie: *mut c_void,
+    status: c_int,
+    ret: usize,
+}
+
+const _: () = assert!(size_of::<CuFileIoParams>() == 64 && size_of::<CuFileIoEvents>() == 24);
+
+/// `CUFILE_BATCH`, `CUFILE_READ`, `CUFILE_COMPLETE`.
+const CUFILE_BATCH: c_int = 1;
+const CUFILE_READ: c_int = 0;
+const CUFILE_COMPLETE: c_int = 0x10;
+
+/// cuFile's batch entry points.
+struct BatchApi {
+    setup: unsafe extern "C" fn(*mut *mut c_void, c_uint) -> CuFileError,
+    submit: unsafe extern "C" fn(*mut c_void, c_uint, *mut CuFileIoParams, c_uint) -> CuFileError,
+    status: unsafe extern "C" fn(
+        *mut c_void,
+        c_uint,
+        *mut c_uint,
+        *mut CuFileIoEvents,
+        *mut libc::timespec,
+    ) -> CuFileError,
+    destroy: unsafe extern "C" fn(*mut c_void),
+}
+
+impl BatchApi {
+    fn load(lib: *mut c_void) -> Result<BatchApi, String> {
+        Ok(BatchApi {
+            setup: symbol(lib, c"cuFileBatchIOSetUp")?,
+            submit: symbol(lib, c"cuFileBatchIOSubmit")?,
+            status: symbol(lib, c"cuFileBatchIOGetStatus")?,
+            destroy: symbol(lib, c"cuFileBatchIODestroy")?,
+        })
+    }
 }
 
 /// `dlsym(lib, name)` as a function pointer of type `T`.
@@ -156,6 +212,7 @@ impl Api {
             stream_register: symbol(lib, c"cuFileStreamRegister")?,
             stream_deregister: symbol(lib, c"cuFileStreamDeregister")?,
             get_version: symbol(lib, c"cuFileGetVersion").ok(),
+            batch: BatchApi::load(lib).ok(),
         })
     }
 }
@@ -357,6 +414,91 @@ impl CuFile {
             )
         }
         .check(if read { "cuFileReadAsync" } else { "cuFileWriteAsync" })
+    }
+}
+
+impl CuFile {
+    fn batch_api(&self) -> Result<&BatchApi, String> {
+        self.api.batch.as_ref().ok_or_else(|| "libcufile has no batch API".to_string())
+    }
+
+    /// `cuFileBatchIOSetUp(max_nr)`: the batch handle.
+    pub fn batch_setup(&self, max_nr: u32) -> Result<usize, String> {
+        let api = self.batch_api()?;
+        let mut handle: *mut c_void = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer.
+        unsafe { (api.setup)(&mut handle, max_nr) }.check("cuFileBatchIOSetUp")?;
+        Ok(handle as usize)
+    }
+
+    /// Reads `io_size` bytes at each of `offsets` (buffer offset = file offset) as one
+    /// batch submission, and waits for every entry.
+    pub fn batch_read(
+        &self,
+        batch: usize,
+        addr: u64,
+        io_size: usize,
+        offsets: &[u64],
+    ) -> Result<(), String> {
+        let api = self.batch_api()?;
+        let mut params: Vec<CuFileIoParams> = offsets
+            .iter()
+            .enumerate()
+            .map(|(i, &off)| CuFileIoParams {
+                mode: CUFILE_BATCH,
+                dev_ptr_base: addr as *mut c_void,
+                file_offset: off as i64,
+                dev_ptr_offset: off as i64,
+                size: io_size,
+                fh: self.handle as *mut c_void,
+                opcode: CUFILE_READ,
+                cookie: i as *mut c_void,
+            })
+            .collect();
+        let nr = params.len() as c_uint;
+        // SAFETY: `nr` valid entries; the buffer is registered and covers every range.
+        unsafe { (api.submit)(batch as *mut c_void, nr, params.as_mut_ptr(), 0) }
+            .check("cuFileBatchIOSubmit")?;
+        let blank = CuFileIoEvents { cookie: std::ptr::null_mut(), status: 0, ret: 0 };
+        let mut events = vec![blank; params.len()];
+        let (mut done, started) = (0usize, std::time::Instant::now());
+        while done < params.len() {
+            let left = (params.len() - done) as c_uint;
+            let mut got = left;
+            let mut timeout = libc::timespec { tv_sec: 1, tv_nsec: 0 };
+            // SAFETY: `events` has room for `left` events; valid pointers.
+            unsafe {
+                (api.status)(
+                    batch as *mut c_void,
+                    left,
+                    &mut got,
+                    events.as_mut_ptr(),
+                    &mut timeout,
+                )
+            }
+            .check("cuFileBatchIOGetStatus")?;
+            for event in &events[..got as usize] {
+                if event.status != CUFILE_COMPLETE || event.ret != io_size {
+                    return Err(format!(
+                        "cuFile batch entry: status {:#x}, ret {}",
+                        event.status, event.ret as isize
+                    ));
+                }
+            }
+            done += got as usize;
+            if started.elapsed() > crate::batch_mode::CUFILE_BATCH_TIMEOUT {
+                return Err(format!("cuFile batch: {done} of {} entries after 30 s", params.len()));
+            }
+        }
+        Ok(())
+    }
+
+    /// `cuFileBatchIODestroy`.
+    pub fn batch_destroy(&self, batch: usize) {
+        if let Ok(api) = self.batch_api() {
+            // SAFETY: a handle from `batch_setup`, destroyed once, nothing in flight.
+            unsafe { (api.destroy)(batch as *mut c_void) };
+        }
     }
 }
 

@@ -7,6 +7,7 @@
 //! and cuFile compat mode when libcufile loads). See `--help`.
 
 mod baselines;
+mod batch_mode;
 mod bench;
 mod check;
 mod cli;

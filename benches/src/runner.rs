@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 
+use crate::batch_mode;
 use crate::bench::{Bench, Env, RunError, Sample, default_file_path, open_env};
 use crate::cli::{Mode, RunArgs, format_size};
 use crate::cufile::CuFile;
@@ -494,6 +495,9 @@ pub fn main(args: &RunArgs) -> Result<bool> {
     if args.latency {
         return run_latency(&mut bench, cf, args, cufile_line);
     }
+    if args.is_batch() {
+        return run_batch(&mut bench, cf, args, cufile_line);
+    }
     describe_runs(args, &bench);
     let cases = cases(args, cf.is_some());
     println!();
@@ -527,6 +531,43 @@ fn legend(rows: &[Row]) -> String {
         .filter(|x| rows.iter().any(|r| r.xfer == x.name()))
         .map(|x| format!("  {:<13} {}\n", x.name(), x.describe()))
         .collect()
+}
+
+fn run_batch(
+    b: &mut Bench,
+    cf: Option<CuFile>,
+    args: &RunArgs,
+    cufile_line: String,
+) -> Result<bool> {
+    if args.mode.len() > 1 {
+        return fail("--mode batch is given alone".to_string());
+    }
+    let entries: Vec<usize> = args.batch_entries.iter().map(|&n| n as usize).collect();
+    let sizes: Vec<usize> = args.io_sizes().iter().map(|&s| s as usize).collect();
+    println!(
+        "batch: random reads of a hot file, {} ops per case; entries {entries:?}; ASYNC on 8 streams with the same ops in flight; SYNC and CUFILE_SYNC on 8 threads",
+        args.iterations
+    );
+    let rows = batch_mode::run(b, cf.as_ref(), &entries, &sizes, args.iterations as usize);
+    drop(cf);
+    println!();
+    print!("{}", batch_mode::table(&rows));
+    if let Some(s) = stats(b) {
+        print_stats(&s);
+    }
+    if let Some(path) = &args.json {
+        let report = BatchJson { cufile: cufile_line, rows: &rows };
+        report::write_json(path, &report)?;
+        println!("json: {}", path.display());
+    }
+    Ok(batch_mode::ours_ok(&rows))
+}
+
+/// The batch mode's JSON.
+#[derive(serde::Serialize)]
+struct BatchJson<'a> {
+    cufile: String,
+    rows: &'a [batch_mode::BatchRow],
 }
 
 fn run_latency(
