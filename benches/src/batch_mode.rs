@@ -106,6 +106,9 @@ fn timed(
             row.cpu_us_per_op = Some(cpu * 1e6 / shape.ops as f64);
         }
         Err(RunError::Wrong(detail)) => (row.status, row.detail) = ("WRONG", Some(detail)),
+        Err(RunError::Failed(detail)) if detail.starts_with("HANG") => {
+            (row.status, row.detail) = ("HANG", Some(detail));
+        }
         Err(RunError::Failed(detail)) => (row.status, row.detail) = ("FAILED", Some(detail)),
     }
     row
@@ -294,10 +297,15 @@ pub fn run(
             let _ = ours_sync(b, &shape);
             let mut paths: Vec<(&'static str, usize)> =
                 vec![("BATCH", in_flight), ("ASYNC", in_flight), ("SYNC", PARALLEL)];
-            if cf.is_some() {
-                paths.extend([("CUFILE_BATCH", in_flight), ("CUFILE_SYNC", PARALLEL)]);
+            if let Some(cf) = cf {
+                if !cf.batch_hung() {
+                    paths.push(("CUFILE_BATCH", in_flight));
+                }
+                paths.push(("CUFILE_SYNC", PARALLEL));
             }
             for (path, shown) in paths {
+                eprintln!("batch: {path} {shown} x {io_size} B, {ops} ops ...");
+                let case_started = Instant::now();
                 if let Err(error) = clear(b, &shape) {
                     let detail = format!("{error:?}");
                     rows.push(failed_row(path, shown, &shape, detail));
@@ -311,7 +319,16 @@ pub fn run(
                     ("CUFILE_SYNC", Some(cf)) => cufile_sync(cf, b, &shape),
                     _ => Err(RunError::Failed("no such path".into())),
                 });
-                rows.push(BatchRow { in_flight: shown, ..row });
+                let row = BatchRow { in_flight: shown, ..row };
+                eprintln!(
+                    "batch: {} {} x {} B: {} ({:?} IOPS)",
+                    row.path,
+                    row.in_flight,
+                    row.io_size,
+                    row.status,
+                    row.iops.map(|v| v as u64)
+                );
+                rows.push(row);
             }
         }
     }

@@ -314,6 +314,7 @@ pub struct CuFile {
     pub version: Option<i32>,
     handle: usize,
     buffers: Vec<u64>,
+    batch_hung: std::sync::atomic::AtomicBool,
 }
 
 impl CuFile {
@@ -329,7 +330,8 @@ impl CuFile {
             // SAFETY: a valid out-pointer.
             unsafe { get(&mut version) }.check("cuFileGetVersion").ok().map(|()| version)
         });
-        Ok(CuFile { api, path, version, handle: 0, buffers: Vec::new() })
+        let batch_hung = std::sync::atomic::AtomicBool::new(false);
+        Ok(CuFile { api, path, version, handle: 0, buffers: Vec::new(), batch_hung })
     }
 
     /// `cuFileHandleRegister` for `fd` (OPAQUE_FD, no fs_ops).
@@ -463,18 +465,14 @@ impl CuFile {
         let mut events = vec![blank; params.len()];
         let (mut done, started) = (0usize, std::time::Instant::now());
         while done < params.len() {
-            let left = (params.len() - done) as c_uint;
-            let mut got = left;
-            let mut timeout = libc::timespec { tv_sec: 1, tv_nsec: 0 };
-            // SAFETY: `events` has room for `left` events; valid pointers.
+            // Polled (min_nr 0, zero timeout): cuFile 1.15 in compat mode was seen to
+            // block in GetStatus past its timeout with a batch that never completed
+            // (128 x 64 KiB reads on the H200); polling keeps our own deadline.
+            let mut got = (params.len() - done) as c_uint;
+            let mut timeout = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+            // SAFETY: `events` has room for `got` events; valid pointers.
             unsafe {
-                (api.status)(
-                    batch as *mut c_void,
-                    left,
-                    &mut got,
-                    events.as_mut_ptr(),
-                    &mut timeout,
-                )
+                (api.status)(batch as *mut c_void, 0, &mut got, events.as_mut_ptr(), &mut timeout)
             }
             .check("cuFileBatchIOGetStatus")?;
             for event in &events[..got as usize] {
@@ -486,15 +484,32 @@ impl CuFile {
                 }
             }
             done += got as usize;
-            if started.elapsed() > crate::batch_mode::CUFILE_BATCH_TIMEOUT {
-                return Err(format!("cuFile batch: {done} of {} entries after 30 s", params.len()));
+            if got == 0 {
+                if started.elapsed() > crate::batch_mode::CUFILE_BATCH_TIMEOUT {
+                    self.batch_hung.store(true, std::sync::atomic::Ordering::SeqCst);
+                    return Err(format!(
+                        "HANG: cuFile batch completed {done} of {} entries in {} s",
+                        params.len(),
+                        crate::batch_mode::CUFILE_BATCH_TIMEOUT.as_secs()
+                    ));
+                }
+                std::thread::sleep(std::time::Duration::from_micros(10));
             }
         }
         Ok(())
     }
 
-    /// `cuFileBatchIODestroy`.
+    /// Whether a cuFile batch never completed (its entries may still be in flight:
+    /// neither the batch nor the driver is torn down then).
+    pub fn batch_hung(&self) -> bool {
+        self.batch_hung.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// `cuFileBatchIODestroy` (skipped after a hung batch).
     pub fn batch_destroy(&self, batch: usize) {
+        if self.batch_hung() {
+            return;
+        }
         if let Ok(api) = self.batch_api() {
             // SAFETY: a handle from `batch_setup`, destroyed once, nothing in flight.
             unsafe { (api.destroy)(batch as *mut c_void) };
@@ -504,6 +519,10 @@ impl CuFile {
 
 impl Drop for CuFile {
     fn drop(&mut self) {
+        if self.batch_hung() {
+            // Entries of a hung batch may still target the buffer: leave cuFile as it is.
+            return;
+        }
         for &addr in &self.buffers {
             // SAFETY: registered in `register_buffer`, still allocated, no op in flight.
             let _ = unsafe { (self.api.buf_deregister)(addr as *const c_void) };
