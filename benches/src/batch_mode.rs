@@ -321,12 +321,13 @@ pub fn run(
                 });
                 let row = BatchRow { in_flight: shown, ..row };
                 eprintln!(
-                    "batch: {} {} x {} B: {} ({:?} IOPS)",
+                    "batch: {} {} x {} B: {} ({:?} IOPS; {:.1} s with clear and check)",
                     row.path,
                     row.in_flight,
                     row.io_size,
                     row.status,
-                    row.iops.map(|v| v as u64)
+                    row.iops.map(|v| v as u64),
+                    case_started.elapsed().as_secs_f64()
                 );
                 rows.push(row);
             }
