@@ -417,28 +417,40 @@ HIPFILE_API ssize_t hipFileWrite(hipFileHandle_t fh, const void *buffer_base, si
                                  hoff_t file_offset, hoff_t buffer_offset);
 
 /* ---------------------------------------------------------------------------------
- * Batch I/O (not executed yet)
+ * Batch I/O: entries run at once on the engine (io_uring, several executors) and are
+ * reported as they finish. Not stream-ordered: an entry is complete when its bytes are
+ * in device memory (reads) or handed to the file (writes, no fsync).
  * --------------------------------------------------------------------------------- */
 
-/** Makes a context for up to max_nr (1..128) operations. NULL or max_nr out of range:
- *  5022. Needs no driver. */
+/** Makes a context for up to max_nr (1..128) entries. NULL or max_nr out of range:
+ *  5022. Needs no open driver. */
 HIPFILE_API hipFileError_t hipFileBatchIOSetUp(hipFileBatchHandle_t *batch_idp, unsigned max_nr);
-/** Validates like hipFile (5022: unknown handle, NULL iocbp with nr > 0, nr over the
- *  free capacity, a bad operation; 5030: driver closed or unregistered fh), then returns
- *  hipFileInternalError (5030): batch execution is not implemented yet, and nothing is
- *  queued. nr == 0 on a valid handle succeeds (nothing to run). Differs from hipFile,
- *  which reports success and never executes the ops. flags is ignored. */
+/** Checks every entry, then runs all of them, or none: 5022 for an unknown handle, NULL
+ *  iocbp with nr > 0, nr above the free room (max_nr minus entries not yet reported), a
+ *  bad entry (mode, opcode, negative offsets, a range outside the buffer, memory that is
+ *  not device memory); 5030 (as hipFile) when the driver is closed, an fh is not
+ *  registered, or the compat path is disabled. devPtr_base is a registered buffer's base
+ *  or any device address. nr == 0 on a valid handle succeeds. flags is ignored. hipFile
+ *  reports success and never runs the entries. */
 HIPFILE_API hipFileError_t hipFileBatchIOSubmit(hipFileBatchHandle_t batch_idp, unsigned nr,
                                                 hipFileIOParams_t *iocbp, unsigned flags);
-/** Not implemented yet (hipFile: the same): hipFileInternalError (5030); writes
- *  nothing. */
+/** Waits until min_nr entries have finished (min_nr is capped at the entries that can
+ *  still finish, so it never waits for entries not submitted) or the relative timeout
+ *  passed (NULL: no limit; {0,0}: just look), then writes up to *nr events, oldest first,
+ *  and their count to *nr. Each entry is reported once and its room freed. Event: the
+ *  cookie, hipFileComplete with ret = bytes (short at end of file), or hipFileFailed with
+ *  ret = -errno or -hipFileOpError as a size_t (read it as ssize_t). 5022: unknown
+ *  handle, NULL nr, NULL iocbp with *nr > 0, min_nr > *nr, a timeout with tv_sec < 0 or
+ *  tv_nsec outside 0..999999999. hipFile: 5030. */
 HIPFILE_API hipFileError_t hipFileBatchIOGetStatus(hipFileBatchHandle_t batch_idp, unsigned min_nr,
                                                    unsigned *nr, hipFileIOEvents_t *iocbp,
                                                    struct timespec *timeout);
-/** Not implemented yet (hipFile: the same): hipFileInternalError (5030). */
+/** Cancels: entries not started never run, entries moving data finish; returns once none
+ *  is in flight (their buffers are free). Every entry not yet reported is forgotten: the
+ *  batch is empty and takes a new submission. Unknown handle: 5022. hipFile: 5030. */
 HIPFILE_API hipFileError_t hipFileBatchIOCancel(hipFileBatchHandle_t batch_idp);
-/** Frees the context; NULL or unknown handles are ignored. Differs from hipFile, which
- *  leaks the context. */
+/** Cancels as hipFileBatchIOCancel (waiting for entries moving data) and frees the
+ *  context; NULL or unknown handles are ignored. hipFile leaks the context. */
 HIPFILE_API void hipFileBatchIODestroy(hipFileBatchHandle_t batch_idp);
 
 /* ---------------------------------------------------------------------------------

@@ -310,7 +310,8 @@ impl DriverProperties {
         use SizeParameter::*;
         let control_flags = u32::from(BoolParameter::PropertiesUsePollMode.get(config))
             | u32::from(config.allow_compat_mode) << 1;
-        let feature_flags = 1 << 2 | u32::from(config.request_parallelism > 1) << 3;
+        // Batch I/O (bit 1), streams (bit 2), parallel I/O (bit 3) when requests fan out.
+        let feature_flags = 1 << 1 | 1 << 2 | u32::from(config.request_parallelism > 1) << 3;
         DriverProperties {
             poll_threshold_kib: PollThresholdSizeKb.get(config),
             max_direct_io_kib: PropertiesMaxDirectIoSizeKb.get(config),
@@ -423,7 +424,7 @@ mod tests {
         assert!(UsePcip2pdma.set(&mut config, true).is_err());
         let properties = DriverProperties::of(&config);
         assert_eq!(properties.control_flags, 0b01, "poll mode on, compat mode off");
-        assert_eq!(properties.feature_flags, 0b1100, "streams, parallel I/O");
+        assert_eq!(properties.feature_flags, 0b1110, "batch, streams, parallel I/O");
         assert!(StringParameter::LogDir.set("/tmp").is_err());
         StringParameter::LogDir.set("").expect("its own value");
     }

@@ -177,6 +177,7 @@ static void version_and_stubs(void) {
     EXPECT(props.nvfs.driver_status_flags == 0);
     EXPECT(props.nvfs.driver_control_flags == ((1u << hipFileUsePollMode) | (1u << hipFileAllowCompatMode)));
     EXPECT(props.feature_flags & (1u << hipFileStreamsSupported));
+    EXPECT(props.feature_flags & (1u << hipFileBatchIOSupported));
     EXPECT(props.max_batch_io_count == 128);
     EXPECT(props.max_device_pinned_mem_size >= props.max_device_cache_size);
     EXPECT_ERR(hipFileDriverClose(), hipFileSuccess);
