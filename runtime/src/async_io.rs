@@ -167,6 +167,8 @@ struct AsyncOp {
     /// join itself).
     _driver_guard: DriverDropGuard,
     direction: Direction,
+    /// When the call submitted it (statistics: submission to completion).
+    submitted_at: std::time::Instant,
     args: AsyncArgs,
     _keepalive: Option<Arc<AsyncParams>>,
     submitted: ValidIo,
@@ -492,6 +494,7 @@ impl AsyncOp {
             driver: Arc::clone(driver),
             _driver_guard: DriverDropGuard(Some(Arc::clone(driver))),
             direction: parts.direction,
+            submitted_at: std::time::Instant::now(),
             args: parts.args,
             _keepalive: parts.keepalive,
             submitted: parts.io,
@@ -841,6 +844,14 @@ impl AsyncOp {
             let _ = machine.apply(OpEvent::Finish);
             let _ = machine.apply(OpEvent::Publish);
         }
+        crate::stats::global().record(
+            self.device_ordinal,
+            crate::stats::Api::Async,
+            self.direction,
+            self.submitted.size_bytes(),
+            outcome,
+            self.submitted_at.elapsed(),
+        );
         // SAFETY: hipFile's contract: bytes_p stays valid until the op has completed.
         unsafe { self.args.bytes_p.write_volatile(outcome.bytes_p_value() as isize) };
         self.driver.remove_write_hazard(&self.file, self.hazard);

@@ -237,6 +237,10 @@ impl Batch {
         }
         let run = Arc::new(EntryRun {
             slot,
+            direction,
+            size_bytes: io.size_bytes(),
+            device_ordinal: buffer.device_ordinal,
+            submitted_at: Instant::now(),
             joiner: PartJoiner::new(direction, parts.clone()),
             buffer_use: Mutex::new(Some(buffer.begin_use())),
             shared: Arc::clone(&self.shared),
@@ -325,6 +329,11 @@ impl Drop for Batch {
 /// One accepted entry on its way through the engine.
 struct EntryRun {
     slot: SlotIndex,
+    direction: Direction,
+    size_bytes: u64,
+    device_ordinal: u32,
+    /// When the entry was submitted (statistics: submission to completion).
+    submitted_at: Instant,
     joiner: PartJoiner,
     /// Held until the entry ends (deregistering the buffer meanwhile is refused).
     buffer_use: Mutex<Option<BufferUse>>,
@@ -335,6 +344,18 @@ impl EntryRun {
     fn part_done(&self, index: usize, end: JobEnd<'_>) {
         if let Some((outcome, _)) = self.joiner.part_done(index, end.outcome, end.device_error) {
             drop(self.buffer_use.lock().unwrap_or_else(|p| p.into_inner()).take());
+            // An entry refused by a cancel moved nothing: not a request that ran.
+            let refused = outcome == Outcome::OsError(libc::ECANCELED);
+            if !refused {
+                crate::stats::global().record(
+                    self.device_ordinal,
+                    crate::stats::Api::Batch,
+                    self.direction,
+                    self.size_bytes,
+                    outcome,
+                    self.submitted_at.elapsed(),
+                );
+            }
             self.shared.finish(self.slot, outcome);
         }
     }

@@ -539,7 +539,17 @@ impl Driver {
         if io.is_empty() {
             return Ok(0);
         }
-        match self.move_now(direction, file, &io, &buffer)? {
+        let started = std::time::Instant::now();
+        let moved = self.move_now(direction, file, &io, &buffer)?;
+        crate::stats::global().record(
+            buffer.device_ordinal,
+            crate::stats::Api::Sync,
+            direction,
+            io.size_bytes(),
+            moved.0,
+            started.elapsed(),
+        );
+        match moved {
             (Outcome::Bytes(n), _) => Ok(n as usize),
             (Outcome::OsError(errno), _) => Err(IoError::Os(errno)),
             (Outcome::Library(OpError::HipDriverError), Some(error)) => Err(IoError::Device(error)),

@@ -361,6 +361,7 @@ impl FileHandle {
             (Direction::Write, ChunkMode::Buffered) => &self.buffered_written_bytes,
         };
         counter.fetch_add(len_bytes, Ordering::Relaxed);
+        crate::stats::global().record_path_bytes(direction, mode, len_bytes);
     }
 
     /// A snapshot of the byte counters.

@@ -16,6 +16,7 @@ pub mod fault;
 pub mod file;
 pub mod logging;
 pub mod parameters;
+pub mod stats;
 pub mod stream;
 mod sys;
 

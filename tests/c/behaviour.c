@@ -9,6 +9,7 @@
 #define _GNU_SOURCE
 #include <hip/hip_runtime_api.h>
 #include <hipfile.h>
+#include <hipfile_stats.h>
 
 #include <errno.h>
 #include <stdint.h>
@@ -390,6 +391,32 @@ static void batch_io(int fd, void *dev, size_t len) {
     EXPECT_ERR(hipFileDriverClose(), hipFileSuccess);
 }
 
+/* Statistics (hipfile_stats.h): the batch above is counted per API and direction. */
+static void stats_rows(void) {
+    hipfileStatsClass_t reads, writes;
+    EXPECT_ERR(hipfileStatsGetClass(0, hipfileStatsBatch, 0, &reads), hipFileSuccess);
+    EXPECT_ERR(hipfileStatsGetClass(0, hipfileStatsBatch, 1, &writes), hipFileSuccess);
+    EXPECT(reads.ops >= 3 && reads.bytes >= 3 * 4096 && reads.errors == 0);
+    EXPECT(writes.ops >= 1 && writes.bytes >= 4096);
+    uint64_t sampled = 0;
+    for (int i = 0; i < HIPFILE_STATS_LATENCY_BUCKETS; i++) {
+        sampled += reads.latency_buckets[i];
+    }
+    EXPECT(sampled == reads.ops);
+    EXPECT(reads.size_buckets[3] >= 3); /* 4 KiB: [4, 8) KiB */
+    hipfileStatsPaths_t paths;
+    EXPECT_ERR(hipfileStatsGetPaths(&paths), hipFileSuccess);
+    EXPECT(paths.engine_jobs >= 4);
+    EXPECT(paths.buffered_read_bytes + paths.direct_read_bytes >= 3 * 4096);
+    EXPECT_ERR(hipfileStatsGetClass(0, hipfileStatsBatch, 0, NULL), hipFileInvalidValue);
+    EXPECT_ERR(hipfileStatsGetClass(0, (hipfileStatsApi_t)3, 0, &reads), hipFileInvalidValue);
+    EXPECT_ERR(hipfileStatsGetClass(HIPFILE_STATS_DEVICES, hipfileStatsSync, 0, &reads), hipFileInvalidValue);
+    EXPECT_ERR(hipfileStatsGetPaths(NULL), hipFileInvalidValue);
+    EXPECT_ERR(hipfileStatsReset(), hipFileSuccess);
+    EXPECT_ERR(hipfileStatsGetClass(0, hipfileStatsBatch, 0, &reads), hipFileSuccess);
+    EXPECT(reads.ops == 0 && reads.latency_ns_sum == 0);
+}
+
 static void async_rows(int fd, void *dev, size_t len) {
     size_t size = 4096;
     hoff_t file_offset = 0, buffer_offset = 0;
@@ -503,6 +530,7 @@ int main(void) {
     void *dev = NULL;
     HIP_CHECK(hipMalloc(&dev, len));
     batch_io(fd, dev, len);
+    stats_rows();
     async_rows(fd, dev, len);
     HIP_CHECK(hipFree(dev));
 

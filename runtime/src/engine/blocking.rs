@@ -104,6 +104,7 @@ impl BlockingExecutor {
             Err(failure) => failure,
         };
         EngineStats::add(&self.setup.stats.jobs, 1);
+        crate::stats::count_engine_job();
         EngineStats::add(&self.setup.stats.blocking_jobs, 1);
         // Every copy has completed: the completion releases host-side.
         job.done.finish(outcome, device_error, None);

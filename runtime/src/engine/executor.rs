@@ -294,6 +294,7 @@ impl Executor {
             self.detach_copies(copies);
         }
         EngineStats::add(&self.setup.stats.jobs, 1);
+        crate::stats::count_engine_job();
     }
 
     /// Keeps staging alive until the device is done with it, off the job's path.
@@ -546,6 +547,7 @@ impl Executor {
             }
         }
         EngineStats::add(&self.setup.stats.sync_retry_chunks, 1);
+        crate::stats::count_sync_retry_chunk();
         let staging = self.take_fallback().await.map_err(|_| libc::ENOMEM)?;
         let fd = file.buffered_fd();
         // SAFETY: the fallback chunk is `chunk_bytes` long, >= len, and exclusively ours.
@@ -632,7 +634,10 @@ impl Executor {
     ) -> Result<InFlightCopy, DeviceError> {
         let device = &*self.setup.device;
         let counter = match staging {
-            Staging::Fallback(_) => &self.setup.stats.fallback_chunks,
+            Staging::Fallback(_) => {
+                crate::stats::count_fallback_chunk();
+                &self.setup.stats.fallback_chunks
+            }
             Staging::Read(_) => &self.setup.stats.arena_chunks,
         };
         EngineStats::add(counter, 1);
@@ -778,6 +783,7 @@ impl Executor {
             WriteStaging::Arena(buffer)
         } else {
             EngineStats::add(&self.setup.stats.fallback_chunks, 1);
+            crate::stats::count_fallback_chunk();
             let chunk_memory = self.take_fallback().await?;
             crate::fault::device_fault(Site::DeviceCopy)?;
             // SAFETY: the fallback chunk is pinned, ours, and >= len bytes; kept alive in
@@ -873,6 +879,7 @@ impl Executor {
             }
         }
         EngineStats::add(&self.setup.stats.sync_retry_chunks, 1);
+        crate::stats::count_sync_retry_chunk();
         let rest = &buffer.as_bytes()[written..len];
         let offset = chunk.file_offset_bytes + written as u64;
         Ok(written + pwrite_full(file.buffered_fd(), rest, offset).map_err(|e| os_errno(&e))?)

@@ -547,6 +547,7 @@ impl Engine {
         drop(chunk);
         drop(guard);
         EngineStats::add(&self.stats.caller_thread_requests, 1);
+        crate::stats::count_caller_thread_request();
         if ops_may_hold_streams {
             EngineStats::add(&self.stats.caller_thread_requests_beside_ops, 1);
         }

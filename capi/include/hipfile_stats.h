@@ -1,0 +1,68 @@
+/*
+ * hipfile_stats.h: statistics of hipfile-rs (an extension; hipFile has no C call for
+ * them). Counters and latency / size histograms per device, API and direction, and
+ * bytes per path, for the whole process. They are also published live in
+ * /dev/shm/hipfile-rs-stats.<pid> (unless HIPFILE_STATS=0), which `hipfile-bench stats
+ * PID` reads from another process.
+ */
+#ifndef HIPFILE_STATS_H
+#define HIPFILE_STATS_H
+
+#include <hipfile.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** Histogram buckets. Latency: bucket 0 is < 1 us, bucket i is [2^(i-1), 2^i) us, the
+ *  last holds everything above. Size: bucket 0 is < 1 KiB, bucket i is [2^(i+9),
+ *  2^(i+10)) bytes, the last holds everything above. */
+#define HIPFILE_STATS_LATENCY_BUCKETS 22
+#define HIPFILE_STATS_SIZE_BUCKETS 22
+/** Devices counted separately (higher ordinals count as the last). */
+#define HIPFILE_STATS_DEVICES 8
+
+/** The API a request came through. */
+typedef enum hipfileStatsApi {
+    hipfileStatsSync = 0,  /**< hipFileRead / hipFileWrite */
+    hipfileStatsAsync = 1, /**< hipFileReadAsync / hipFileWriteAsync (submission to completion) */
+    hipfileStatsBatch = 2  /**< hipFileBatchIOSubmit entries (submission to completion) */
+} hipfileStatsApi_t;
+
+/** The counters of one (device, API, direction). */
+typedef struct hipfileStatsClass {
+    uint64_t ops;            /**< requests finished, successful or not */
+    uint64_t bytes;          /**< bytes moved by successful requests */
+    uint64_t errors;         /**< requests that failed */
+    uint64_t latency_ns_sum; /**< sum of latencies */
+    uint64_t latency_buckets[HIPFILE_STATS_LATENCY_BUCKETS];
+    uint64_t size_buckets[HIPFILE_STATS_SIZE_BUCKETS];
+} hipfileStatsClass_t;
+
+/** Bytes and requests by the path they took. */
+typedef struct hipfileStatsPaths {
+    uint64_t direct_read_bytes;      /**< read with O_DIRECT */
+    uint64_t buffered_read_bytes;    /**< read through the page cache */
+    uint64_t direct_write_bytes;     /**< written with O_DIRECT */
+    uint64_t buffered_write_bytes;   /**< written through the page cache */
+    uint64_t caller_thread_requests; /**< sync requests moved on the caller's thread */
+    uint64_t engine_jobs;            /**< jobs run by the engine's executors */
+    uint64_t fallback_chunks;        /**< chunks staged through the pinned fallback pool */
+    uint64_t sync_retry_chunks;      /**< chunks redone with blocking pread/pwrite */
+} hipfileStatsPaths_t;
+
+/** Copies the counters of (device, api, write ? writes : reads) into *out.
+ *  5022: out NULL, api unknown, device >= HIPFILE_STATS_DEVICES. */
+HIPFILE_API hipFileError_t hipfileStatsGetClass(unsigned device, hipfileStatsApi_t api, int write,
+                                                hipfileStatsClass_t *out);
+/** Copies the path counters into *out. 5022: out NULL. */
+HIPFILE_API hipFileError_t hipfileStatsGetPaths(hipfileStatsPaths_t *out);
+/** Sets every counter to 0. */
+HIPFILE_API hipFileError_t hipfileStatsReset(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* HIPFILE_STATS_H */

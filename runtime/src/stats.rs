@@ -1,0 +1,561 @@
+//! Statistics of the process's I/O: counters and latency / size histograms per device,
+//! API (sync, async, batch) and direction, and bytes per path (O_DIRECT, page cache,
+//! caller's thread, engine), cheap enough to leave on (relaxed atomic adds).
+//!
+//! They live in one page of shared memory per process, `/dev/shm/hipfile-rs-stats.<pid>`
+//! (a fixed `#[repr(C)]` layout of `u64`s, [`StatsPage`]), so another process reads
+//! them live: `hipfile-bench stats PID` (like hipFile's `ais-stats` and the
+//! `nvidia-fs` proc files). `HIPFILE_STATS=0` keeps them in private memory only; when
+//! `/dev/shm` cannot be used they stay private too. The file is removed at exit; files
+//! of processes that are gone are removed by the next process that starts statistics.
+//!
+//! In process: [`snapshot`] (Rust), `hipfileStatsGet*` (C, `hipfile_stats.h`).
+//! Another process: [`StatsSnapshot::of_process`].
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use hipfile_core::{ChunkMode, Direction, Outcome};
+
+/// `"hipfile1"`: the page's first word.
+pub const STATS_MAGIC: u64 = u64::from_le_bytes(*b"hipfile1");
+/// Layout version (bumped with any change of [`StatsPage`]).
+pub const STATS_VERSION: u64 = 1;
+/// Devices counted separately (higher ordinals count as the last).
+pub const STATS_DEVICES: usize = 8;
+/// Latency buckets: bucket 0 is < 1 µs, bucket `i` is [2^(i-1), 2^i) µs, the last is
+/// everything from 2^(N-2) µs (about 1 s) up.
+pub const LATENCY_BUCKETS: usize = 22;
+/// Size buckets: bucket 0 is < 1 KiB, bucket `i` is [2^(i+9), 2^(i+10)) bytes, the
+/// last is everything from 2^(N+8) bytes (1 GiB) up.
+pub const SIZE_BUCKETS: usize = 22;
+
+/// The API a request came through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Api {
+    /// `hipFileRead` / `hipFileWrite`.
+    Sync = 0,
+    /// `hipFileReadAsync` / `hipFileWriteAsync`.
+    Async = 1,
+    /// `hipFileBatchIOSubmit` entries.
+    Batch = 2,
+}
+
+impl Api {
+    /// Every API, in layout order.
+    pub const ALL: [Api; 3] = [Api::Sync, Api::Async, Api::Batch];
+
+    /// Its name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Api::Sync => "sync",
+            Api::Async => "async",
+            Api::Batch => "batch",
+        }
+    }
+}
+
+/// Counters of one (device, API, direction).
+#[repr(C)]
+#[derive(Debug, Default)]
+pub struct ClassCounters {
+    /// Requests finished (successful or not).
+    pub ops: AtomicU64,
+    /// Bytes moved by successful requests.
+    pub bytes: AtomicU64,
+    /// Requests that failed.
+    pub errors: AtomicU64,
+    /// Sum of latencies, ns (call to completion; async: submission to completion).
+    pub latency_ns_sum: AtomicU64,
+    /// Latency histogram (see [`LATENCY_BUCKETS`]).
+    pub latency_buckets: [AtomicU64; LATENCY_BUCKETS],
+    /// Request size histogram (see [`SIZE_BUCKETS`]).
+    pub size_buckets: [AtomicU64; SIZE_BUCKETS],
+}
+
+/// Bytes and requests by the path they took.
+#[repr(C)]
+#[derive(Debug, Default)]
+pub struct PathCounters {
+    /// Bytes read with O_DIRECT.
+    pub direct_read_bytes: AtomicU64,
+    /// Bytes read through the page cache.
+    pub buffered_read_bytes: AtomicU64,
+    /// Bytes written with O_DIRECT.
+    pub direct_write_bytes: AtomicU64,
+    /// Bytes written through the page cache.
+    pub buffered_write_bytes: AtomicU64,
+    /// Sync requests moved on the caller's thread (one chunk: `pread` + one copy).
+    pub caller_thread_requests: AtomicU64,
+    /// Jobs run by the engine's executors.
+    pub engine_jobs: AtomicU64,
+    /// Chunks staged through the pinned fallback pool (the executor's arena was full).
+    pub fallback_chunks: AtomicU64,
+    /// Chunks redone with blocking `pread`/`pwrite` after io_uring refused them.
+    pub sync_retry_chunks: AtomicU64,
+}
+
+/// The shared page: header, per-class counters, path counters.
+#[repr(C)]
+#[derive(Debug)]
+pub struct StatsPage {
+    /// [`STATS_MAGIC`] once the page is ready.
+    pub magic: AtomicU64,
+    /// [`STATS_VERSION`].
+    pub version: AtomicU64,
+    /// The process.
+    pub pid: AtomicU64,
+    /// When statistics started (Unix time, ns).
+    pub started_unix_ns: AtomicU64,
+    /// `[device][api][direction]` (direction 0 read, 1 write).
+    pub classes: [[[ClassCounters; 2]; 3]; STATS_DEVICES],
+    /// Paths.
+    pub paths: PathCounters,
+}
+
+const _: () = assert!(
+    size_of::<StatsPage>()
+        == 8 * (4 + STATS_DEVICES * 3 * 2 * (4 + LATENCY_BUCKETS + SIZE_BUCKETS) + 8)
+);
+
+impl StatsPage {
+    fn class(&self, device_ordinal: u32, api: Api, direction: Direction) -> &ClassCounters {
+        let device = (device_ordinal as usize).min(STATS_DEVICES - 1);
+        &self.classes[device][api as usize][direction_index(direction)]
+    }
+
+    /// Records one finished request.
+    pub fn record(
+        &self,
+        device_ordinal: u32,
+        api: Api,
+        direction: Direction,
+        size_bytes: u64,
+        outcome: Outcome,
+        latency: Duration,
+    ) {
+        let class = self.class(device_ordinal, api, direction);
+        add(&class.ops, 1);
+        match outcome {
+            Outcome::Bytes(n) => add(&class.bytes, n),
+            Outcome::OsError(_) | Outcome::Library(_) => add(&class.errors, 1),
+        }
+        let nanos = u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX);
+        add(&class.latency_ns_sum, nanos);
+        add(&class.latency_buckets[latency_bucket(nanos)], 1);
+        add(&class.size_buckets[size_bucket(size_bytes)], 1);
+    }
+
+    /// Records bytes moved by `mode` (see [`crate::file::FileHandle::record_bytes`]).
+    pub fn record_path_bytes(&self, direction: Direction, mode: ChunkMode, bytes: u64) {
+        let p = &self.paths;
+        let counter = match (direction, mode) {
+            (Direction::Read, ChunkMode::Direct) => &p.direct_read_bytes,
+            (Direction::Read, ChunkMode::Buffered) => &p.buffered_read_bytes,
+            (Direction::Write, ChunkMode::Direct) => &p.direct_write_bytes,
+            (Direction::Write, ChunkMode::Buffered) => &p.buffered_write_bytes,
+        };
+        add(counter, bytes);
+    }
+
+    /// Sets every counter to 0 (the header stays).
+    pub fn reset(&self) {
+        for word in self.counter_words() {
+            word.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// Every counter word (the page after its 4-word header), in layout order.
+    fn counter_words(&self) -> &[AtomicU64] {
+        let words = size_of::<StatsPage>() / 8;
+        // SAFETY: StatsPage is repr(C) made only of AtomicU64 (and arrays of it), so it
+        // is `words` contiguous AtomicU64s; the header is the first 4.
+        let all = unsafe {
+            std::slice::from_raw_parts(std::ptr::from_ref(self).cast::<AtomicU64>(), words)
+        };
+        &all[4..]
+    }
+}
+
+fn direction_index(direction: Direction) -> usize {
+    match direction {
+        Direction::Read => 0,
+        Direction::Write => 1,
+    }
+}
+
+fn add(counter: &AtomicU64, value: u64) {
+    counter.fetch_add(value, Ordering::Relaxed);
+}
+
+/// The latency bucket of `nanos`.
+pub fn latency_bucket(nanos: u64) -> usize {
+    let micros = nanos / 1000;
+    let bucket = if micros == 0 { 0 } else { micros.ilog2() as usize + 1 };
+    bucket.min(LATENCY_BUCKETS - 1)
+}
+
+/// The size bucket of `bytes`.
+pub fn size_bucket(bytes: u64) -> usize {
+    let kib = bytes >> 10;
+    let bucket = if kib == 0 { 0 } else { kib.ilog2() as usize + 1 };
+    bucket.min(SIZE_BUCKETS - 1)
+}
+
+/// Lower bound of latency bucket `i`, µs.
+pub fn latency_bucket_floor_us(i: usize) -> u64 {
+    if i == 0 { 0 } else { 1 << (i - 1) }
+}
+
+/// Lower bound of size bucket `i`, bytes.
+pub fn size_bucket_floor_bytes(i: usize) -> u64 {
+    if i == 0 { 0 } else { 1 << (i + 9) }
+}
+
+/// Counts one job run by an executor.
+pub(crate) fn count_engine_job() {
+    add(&global().paths.engine_jobs, 1);
+}
+
+/// Counts one sync request moved on the caller's thread.
+pub(crate) fn count_caller_thread_request() {
+    add(&global().paths.caller_thread_requests, 1);
+}
+
+/// Counts one chunk staged through the fallback pool.
+pub(crate) fn count_fallback_chunk() {
+    add(&global().paths.fallback_chunks, 1);
+}
+
+/// Counts one chunk redone with blocking `pread`/`pwrite`.
+pub(crate) fn count_sync_retry_chunk() {
+    add(&global().paths.sync_retry_chunks, 1);
+}
+
+/// The process's statistics page (made on first use).
+pub fn global() -> &'static StatsPage {
+    static PAGE: OnceLock<&'static StatsPage> = OnceLock::new();
+    PAGE.get_or_init(shared_page::create)
+}
+
+/// A copy of one class's counters.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClassSnapshot {
+    /// Requests finished.
+    pub ops: u64,
+    /// Bytes moved.
+    pub bytes: u64,
+    /// Failed requests.
+    pub errors: u64,
+    /// Sum of latencies, ns.
+    pub latency_ns_sum: u64,
+    /// Latency histogram.
+    pub latency_buckets: [u64; LATENCY_BUCKETS],
+    /// Size histogram.
+    pub size_buckets: [u64; SIZE_BUCKETS],
+}
+
+impl ClassSnapshot {
+    /// The latency below which `quantile` (0..=1) of the requests finished, as the upper
+    /// bound of its histogram bucket, µs (`None` without requests).
+    pub fn latency_quantile_us(&self, quantile: f64) -> Option<u64> {
+        let total: u64 = self.latency_buckets.iter().sum();
+        if total == 0 {
+            return None;
+        }
+        let rank = ((total as f64 * quantile).ceil() as u64).clamp(1, total);
+        let mut seen = 0;
+        for (i, &count) in self.latency_buckets.iter().enumerate() {
+            seen += count;
+            if seen >= rank {
+                return Some(latency_bucket_floor_us(i + 1).max(1));
+            }
+        }
+        None
+    }
+
+    /// Mean latency, µs.
+    pub fn mean_latency_us(&self) -> Option<f64> {
+        (self.ops > 0).then(|| self.latency_ns_sum as f64 / self.ops as f64 / 1000.0)
+    }
+}
+
+/// A copy of the whole page.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StatsSnapshot {
+    /// The process.
+    pub pid: u64,
+    /// When statistics started (Unix time, ns).
+    pub started_unix_ns: u64,
+    /// `[device][api][direction]`.
+    pub classes: Vec<[[ClassSnapshot; 2]; 3]>,
+    /// O_DIRECT read, buffered read, O_DIRECT write, buffered write bytes; caller-thread
+    /// requests; engine jobs; fallback chunks; sync-retry chunks.
+    pub paths: [u64; 8],
+}
+
+impl StatsSnapshot {
+    /// One class.
+    pub fn class(&self, device_ordinal: u32, api: Api, direction: Direction) -> &ClassSnapshot {
+        let device = (device_ordinal as usize).min(STATS_DEVICES - 1);
+        &self.classes[device][api as usize][direction_index(direction)]
+    }
+
+    /// The sum over devices of one (api, direction).
+    pub fn total(&self, api: Api, direction: Direction) -> ClassSnapshot {
+        let mut sum = ClassSnapshot::default();
+        for device in &self.classes {
+            let c = &device[api as usize][direction_index(direction)];
+            sum.ops += c.ops;
+            sum.bytes += c.bytes;
+            sum.errors += c.errors;
+            sum.latency_ns_sum += c.latency_ns_sum;
+            for (total, part) in sum.latency_buckets.iter_mut().zip(c.latency_buckets) {
+                *total += part;
+            }
+            for (total, part) in sum.size_buckets.iter_mut().zip(c.size_buckets) {
+                *total += part;
+            }
+        }
+        sum
+    }
+
+    /// Reads the live page of process `pid` (`/dev/shm/hipfile-rs-stats.<pid>`).
+    ///
+    /// # Errors
+    /// No such file (the process is gone, did no I/O yet, or runs with
+    /// `HIPFILE_STATS=0`), or a page of another layout.
+    pub fn of_process(pid: u32) -> std::io::Result<StatsSnapshot> {
+        let bytes = std::fs::read(shared_page::path_of(pid))?;
+        let words: Vec<u64> = bytes
+            .chunks_exact(8)
+            .map(|w| u64::from_ne_bytes(w.try_into().expect("8 bytes")))
+            .collect();
+        let expected = size_of::<StatsPage>() / 8;
+        if words.len() < expected || words[0] != STATS_MAGIC || words[1] != STATS_VERSION {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "not a hipfile-rs statistics page of this version",
+            ));
+        }
+        Ok(StatsSnapshot::from_words(&words))
+    }
+
+    fn from_words(words: &[u64]) -> StatsSnapshot {
+        let mut next = words.iter().copied();
+        let mut take = || next.next().unwrap_or(0);
+        let (_magic, _version) = (take(), take());
+        let (pid, started_unix_ns) = (take(), take());
+        let mut class = || {
+            let mut c =
+                ClassSnapshot { ops: take(), bytes: take(), errors: take(), ..Default::default() };
+            c.latency_ns_sum = take();
+            c.latency_buckets = std::array::from_fn(|_| take());
+            c.size_buckets = std::array::from_fn(|_| take());
+            c
+        };
+        let classes = (0..STATS_DEVICES)
+            .map(|_| std::array::from_fn(|_| std::array::from_fn(|_| class())))
+            .collect();
+        let paths = std::array::from_fn(|_| take());
+        StatsSnapshot { pid, started_unix_ns, classes, paths }
+    }
+}
+
+/// A copy of this process's statistics.
+pub fn snapshot() -> StatsSnapshot {
+    let page = global();
+    let words: Vec<u64> = {
+        let count = size_of::<StatsPage>() / 8;
+        // SAFETY: as in `counter_words`: the page is `count` contiguous AtomicU64s.
+        let all = unsafe {
+            std::slice::from_raw_parts(std::ptr::from_ref(page).cast::<AtomicU64>(), count)
+        };
+        all.iter().map(|w| w.load(Ordering::Relaxed)).collect()
+    };
+    StatsSnapshot::from_words(&words)
+}
+
+/// The shared-memory page (and its private fallback).
+mod shared_page {
+    use std::ffi::CString;
+    use std::path::PathBuf;
+    use std::sync::atomic::Ordering;
+
+    use super::{STATS_MAGIC, STATS_VERSION, StatsPage};
+
+    /// Where process `pid` keeps its page.
+    pub(super) fn path_of(pid: u32) -> PathBuf {
+        PathBuf::from(format!("/dev/shm/hipfile-rs-stats.{pid}"))
+    }
+
+    /// Maps the page (shared when allowed), fills its header and returns it; never
+    /// unmapped (it lives as long as the process).
+    pub(super) fn create() -> &'static StatsPage {
+        let shared = std::env::var("HIPFILE_STATS").map_or(true, |v| v != "0");
+        let page = if shared { map_shared() } else { None };
+        let page = page.unwrap_or_else(|| Box::leak(Box::new(zeroed_page())));
+        page.pid.store(u64::from(std::process::id()), Ordering::Relaxed);
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+        let now_ns = now.map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+        page.started_unix_ns.store(now_ns, Ordering::Relaxed);
+        page.version.store(STATS_VERSION, Ordering::Relaxed);
+        page.magic.store(STATS_MAGIC, Ordering::Release);
+        page
+    }
+
+    fn zeroed_page() -> StatsPage {
+        // SAFETY: StatsPage is made only of AtomicU64, for which all-zero bytes are 0.
+        unsafe { std::mem::zeroed() }
+    }
+
+    /// `/dev/shm/hipfile-rs-stats.<pid>`, sized and mapped shared; removed at exit.
+    fn map_shared() -> Option<&'static StatsPage> {
+        remove_files_of_gone_processes();
+        let path =
+            CString::new(path_of(std::process::id()).into_os_string().into_encoded_bytes()).ok()?;
+        let len = size_of::<StatsPage>();
+        // SAFETY: plain syscalls on a descriptor of ours; the mapping is checked, never
+        // unmapped, and `len` bytes long (ftruncate zero-fills it), which is what a
+        // StatsPage of AtomicU64s needs (page alignment exceeds its alignment).
+        unsafe {
+            let fd = libc::open(
+                path.as_ptr(),
+                libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC,
+                0o644,
+            );
+            if fd < 0 {
+                return None;
+            }
+            let sized = libc::ftruncate(fd, len as libc::off_t) == 0;
+            let addr = if sized {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED,
+                    fd,
+                    0,
+                )
+            } else {
+                libc::MAP_FAILED
+            };
+            libc::close(fd);
+            if addr == libc::MAP_FAILED {
+                libc::unlink(path.as_ptr());
+                return None;
+            }
+            libc::atexit(remove_own_file);
+            Some(&*addr.cast::<StatsPage>())
+        }
+    }
+
+    extern "C" fn remove_own_file() {
+        let _ = std::fs::remove_file(path_of(std::process::id()));
+    }
+
+    /// Removes the pages of processes that no longer exist.
+    fn remove_files_of_gone_processes() {
+        let Ok(entries) = std::fs::read_dir("/dev/shm") else { return };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let pid = name
+                .to_str()
+                .and_then(|n| n.strip_prefix("hipfile-rs-stats."))
+                .and_then(|p| p.parse::<i32>().ok());
+            if let Some(pid) = pid
+                // SAFETY: signal 0 only checks whether the process exists.
+                && unsafe { libc::kill(pid, 0) } != 0
+                && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+            {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_are_powers_of_two() {
+        assert_eq!(latency_bucket(0), 0);
+        assert_eq!(latency_bucket(999), 0);
+        assert_eq!(latency_bucket(1_000), 1);
+        assert_eq!(latency_bucket(1_999), 1);
+        assert_eq!(latency_bucket(2_000), 2);
+        assert_eq!(latency_bucket(10_000), 4, "10 us is in [8, 16)");
+        assert_eq!(latency_bucket(u64::MAX), LATENCY_BUCKETS - 1);
+        assert_eq!(size_bucket(0), 0);
+        assert_eq!(size_bucket(1023), 0);
+        assert_eq!(size_bucket(4096), 3, "4 KiB is in [4, 8) KiB");
+        assert_eq!(size_bucket(16 << 20), 15);
+        assert_eq!(size_bucket(u64::MAX), SIZE_BUCKETS - 1);
+        for i in 1..LATENCY_BUCKETS {
+            assert_eq!(latency_bucket(latency_bucket_floor_us(i) * 1000), i);
+        }
+        for i in 1..SIZE_BUCKETS {
+            assert_eq!(size_bucket(size_bucket_floor_bytes(i)), i);
+        }
+    }
+
+    #[test]
+    fn quantiles_come_from_the_histogram() {
+        let mut class = ClassSnapshot::default();
+        assert_eq!(class.latency_quantile_us(0.5), None);
+        class.latency_buckets[4] = 90; // [8, 16) us
+        class.latency_buckets[7] = 10; // [64, 128) us
+        assert_eq!(class.latency_quantile_us(0.5), Some(16));
+        assert_eq!(class.latency_quantile_us(0.9), Some(16));
+        assert_eq!(class.latency_quantile_us(0.99), Some(128));
+    }
+
+    #[test]
+    fn a_snapshot_reads_back_what_was_recorded_in_layout_order() {
+        let page: &'static StatsPage = Box::leak(Box::new(shared_page_for_test()));
+        page.record(
+            1,
+            Api::Batch,
+            Direction::Write,
+            4096,
+            Outcome::Bytes(4096),
+            Duration::from_micros(10),
+        );
+        page.record(
+            1,
+            Api::Batch,
+            Direction::Write,
+            4096,
+            Outcome::OsError(5),
+            Duration::from_micros(3),
+        );
+        page.record_path_bytes(Direction::Write, ChunkMode::Direct, 4096);
+        page.paths.engine_jobs.fetch_add(2, Ordering::Relaxed);
+        let count = size_of::<StatsPage>() / 8;
+        // SAFETY: the page is `count` contiguous AtomicU64s.
+        let all = unsafe {
+            std::slice::from_raw_parts(std::ptr::from_ref(page).cast::<AtomicU64>(), count)
+        };
+        let words: Vec<u64> = all.iter().map(|w| w.load(Ordering::Relaxed)).collect();
+        let snap = StatsSnapshot::from_words(&words);
+        let class = snap.class(1, Api::Batch, Direction::Write);
+        assert_eq!((class.ops, class.bytes, class.errors), (2, 4096, 1));
+        assert_eq!(class.latency_ns_sum, 13_000);
+        assert_eq!((class.latency_buckets[4], class.latency_buckets[2]), (1, 1));
+        assert_eq!(class.size_buckets[3], 2);
+        assert_eq!(snap.class(0, Api::Batch, Direction::Write).ops, 0);
+        assert_eq!(snap.class(1, Api::Sync, Direction::Write).ops, 0);
+        assert_eq!(snap.paths[2], 4096, "O_DIRECT write bytes");
+        assert_eq!(snap.paths[5], 2, "engine jobs");
+        page.reset();
+        let words: Vec<u64> = all.iter().map(|w| w.load(Ordering::Relaxed)).collect();
+        assert!(words[4..].iter().all(|&w| w == 0));
+    }
+
+    fn shared_page_for_test() -> StatsPage {
+        // SAFETY: all-zero AtomicU64s.
+        unsafe { std::mem::zeroed() }
+    }
+}
