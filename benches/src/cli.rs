@@ -30,6 +30,22 @@ pub enum Command {
     /// What this machine supports, like gdscheck: io_uring, O_DIRECT and DIO alignment,
     /// devices and backends, memlock and pinned-memory limits, configuration in effect.
     Check(CheckArgs),
+    /// The I/O statistics of a running process that uses hipfile-rs (its
+    /// /dev/shm/hipfile-rs-stats.<pid>), like hipFile's ais-stats: once, or refreshed.
+    Stats(StatsArgs),
+}
+
+/// Options of `hipfile-bench stats`.
+#[derive(Debug, Args)]
+pub struct StatsArgs {
+    /// The process (default: list the processes that publish statistics).
+    pub pid: Option<u32>,
+    /// Refresh every this many seconds, with rates since the last view (0: once).
+    #[arg(long, default_value_t = 0.0)]
+    pub interval: f64,
+    /// Views to print with --interval (0: until the process ends or Ctrl-C).
+    #[arg(long, default_value_t = 0)]
+    pub count: u64,
 }
 
 /// Options of `hipfile-bench check`.

@@ -18,6 +18,7 @@ mod mem;
 mod pattern;
 mod report;
 mod runner;
+mod stats_view;
 mod svg;
 mod sweep;
 mod sweep_case;
@@ -49,6 +50,7 @@ fn main() -> ExitCode {
     };
     let result = match &cli.command {
         Some(Command::Check(args)) => check::run(args),
+        Some(Command::Stats(args)) => stats_view::run(args),
         None => runner::main(&cli.run),
     };
     if let Some(path) = cufile_json {
