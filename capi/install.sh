@@ -9,7 +9,7 @@
 #   --build-dir  where cargo put the libraries (default: <repo>/target/release)
 #   --libdir     library directory (default PREFIX/lib)
 #
-# Layout: PREFIX/include/{hipfile.h,hipfile_cpu.h,hipfile_stats.h}; LIBDIR/libhipfile.so.0 (the file,
+# Layout: PREFIX/include/{hipfile.h,hipfile_cpu.h,hipfile_ext.h}; LIBDIR/libhipfile.so.0 (the file,
 # named by its soname) with the link libhipfile.so, libhipfile.a, libhipfile_hip_cpu.so;
 # LIBDIR/pkgconfig/{hipfile.pc,hipfile-hip-cpu.pc}. Then:
 #   PKG_CONFIG_PATH=LIBDIR/pkgconfig pkg-config --cflags --libs hipfile
@@ -34,7 +34,7 @@ for lib in libhipfile.so libhipfile.a libhipfile_hip_cpu.so; do
   [ -f "$build_dir/$lib" ] || { echo "install.sh: $build_dir/$lib not found (build first, or pass --build-dir)" >&2; exit 1; }
 done
 install -d "$includedir" "$libdir/pkgconfig"
-install -m 644 "$here/include/hipfile.h" "$here/include/hipfile_cpu.h" "$here/include/hipfile_stats.h" "$includedir/"
+install -m 644 "$here/include/hipfile.h" "$here/include/hipfile_cpu.h" "$here/include/hipfile_ext.h" "$includedir/"
 install -m 755 "$build_dir/libhipfile.so" "$libdir/libhipfile.so.0"
 ln -sf libhipfile.so.0 "$libdir/libhipfile.so"
 install -m 644 "$build_dir/libhipfile.a" "$libdir/libhipfile.a"

@@ -1,5 +1,6 @@
 //! `hipfile-bench check`: what this machine supports, like gdscheck.
 
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -40,7 +41,7 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
     filesystem(args.file.as_deref());
     let device = devices(args.device, &config);
     limits(&config);
-    engine(&config, device);
+    engine(&config, device, args.file.as_deref());
     cufile_library(args.cufile.as_deref());
     environment();
     Ok(true)
@@ -137,13 +138,13 @@ fn limits(config: &Config) {
     item("  fallback cap", mib(config.pinned_fallback_cap_bytes));
 }
 
-fn engine(config: &Config, device: Option<Arc<dyn UserDevice>>) {
+fn engine(config: &Config, device: Option<Arc<dyn UserDevice>>, file: Option<&Path>) {
     section("ENGINE");
     let Some(device) = device else {
         item("engine start", "skipped (no device)");
         return;
     };
-    let driver = Driver::new(config.clone(), device as Arc<dyn Device>);
+    let driver = Driver::new(config.clone(), Arc::clone(&device) as Arc<dyn Device>);
     match driver.engine() {
         Ok(engine) => {
             item("engine start", format!("ok, {} executor(s)", engine.executor_count()));
@@ -154,6 +155,44 @@ fn engine(config: &Config, device: Option<Arc<dyn UserDevice>>) {
     item("executor CPUs", format!("{:?}", config.executor_cpus));
     item("staging chunk", format!("{} KiB", config.staging_chunk_bytes >> 10));
     item("O_DIRECT policy", format!("{:?}", config.direct));
+    io_path(&driver, &device, file);
+}
+
+/// "Why this path" for a file in the checked directory and a device buffer.
+fn io_path(driver: &Arc<Driver>, device: &Arc<dyn UserDevice>, file: Option<&Path>) {
+    section("I/O PATH (why this path)");
+    let dir = match file {
+        Some(path) if path.is_dir() => path.to_path_buf(),
+        Some(path) => path.parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf),
+        None => std::env::temp_dir(),
+    };
+    let path = dir.join(format!(".hipfile-check-{}", std::process::id()));
+    let explained = (|| -> std::result::Result<String, String> {
+        std::fs::write(&path, vec![0u8; 1 << 20])
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        let opened = std::fs::File::open(&path).map_err(|e| e.to_string());
+        let _ = std::fs::remove_file(&path);
+        let file = opened?;
+        let handle = driver.handle_register(file.as_raw_fd()).map_err(|e| e.to_string())?;
+        let buffer = device.alloc_device(0, 1 << 20).map_err(|e| e.to_string());
+        let explanation = driver.explain_path(Some(handle), buffer.as_ref().ok().copied());
+        driver.handle_deregister(handle);
+        if let Ok(addr) = buffer {
+            // SAFETY: allocated above, used by nothing else.
+            let _ = unsafe { device.free_device(addr) };
+        }
+        explanation.map(|e| e.to_string()).map_err(|e| e.to_string())
+    })();
+    match explained {
+        Ok(text) => {
+            item("file checked", dir.display());
+            for line in text.lines() {
+                let (topic, why) = line.split_once(": ").unwrap_or((line, ""));
+                item(topic, why);
+            }
+        }
+        Err(reason) => item("explain", format!("not possible: {reason}")),
+    }
 }
 
 fn cufile_library(explicit: Option<&Path>) {

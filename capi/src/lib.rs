@@ -6,8 +6,8 @@
 //! - the `hipfileCpu*` extension API of `include/hipfile_cpu.h` ([`cpu_ext`]), through
 //!   which `libhipfile_hip_cpu.so` (the cpu HIP runtime, `capi/hip-cpu`) reaches the
 //!   in-process cpu device the driver uses;
-//! - the `hipfileStats*` extension API of `include/hipfile_stats.h` ([`stats_ext`]): the
-//!   process's I/O statistics.
+//! - the extension API of `include/hipfile_ext.h` ([`ext`]): the process's I/O
+//!   statistics (`hipfileStats*`) and "why this path" (`hipfileExplainPath`).
 //!
 //! Built as `libhipfile.so` (soname `libhipfile.so.0`) and `libhipfile.a`; `hipfile.pc.in`
 //! and `install.sh` install both with the headers and a pkg-config file.
@@ -34,5 +34,5 @@ pub mod api;
 pub mod batch;
 pub mod boundary;
 pub mod cpu_ext;
-pub mod stats_ext;
+pub mod ext;
 pub mod types;

@@ -75,6 +75,11 @@ pub struct ResolvedBuffer {
 }
 
 impl ResolvedBuffer {
+    /// Whether the buffer is a registered one.
+    pub fn is_registered(&self) -> bool {
+        self.registered.is_some()
+    }
+
     /// Counts an op on a registered buffer until the guard drops (deregistering it in
     /// the meantime is refused with 5030, as hipFile does).
     pub fn begin_use(&self) -> BufferUse {
@@ -344,6 +349,7 @@ impl Driver {
             return Err(Error::new(OpError::HandleAlreadyRegistered));
         }
         let file = Arc::new(FileHandle::open(fd, self.config().direct)?);
+        log_direct_path(fd, &file);
         let id = HandleId::next();
         let mut files = write_lock(&self.files);
         if files.values().any(|f| f.client_fd() == fd) {
@@ -586,6 +592,20 @@ impl Driver {
             executor_hint: self.next_executor(),
         };
         Ok(engine.run_sync(request))
+    }
+}
+
+/// Says once, at registration, when a file's I/O leaves O_DIRECT for good: at `info`
+/// (`warn` when O_DIRECT was asked for with `HIPFILE_ODIRECT=on`; `debug` when it was
+/// turned off).
+fn log_direct_path(fd: RawFd, file: &FileHandle) {
+    use crate::file::{DirectPolicy, NoDirectReason};
+    let Some(reason) = file.no_direct_reason() else { return };
+    let text = format!("fd {fd}: no O_DIRECT ({reason}): every byte goes through the page cache");
+    match (reason, file.direct_policy()) {
+        (NoDirectReason::PolicyOff, _) => log::debug!("{text}"),
+        (_, DirectPolicy::On) => log::warn!("{text}, although HIPFILE_ODIRECT=on"),
+        _ => log::info!("{text}"),
     }
 }
 

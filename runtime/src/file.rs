@@ -173,6 +173,40 @@ impl Identity {
     }
 }
 
+/// Why a handle has no O_DIRECT descriptor (every byte of it goes through the page
+/// cache).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum NoDirectReason {
+    /// `HIPFILE_ODIRECT=off` (or `ForceOdirectMode` / the policy said so).
+    PolicyOff,
+    /// The filesystem reports no usable O_DIRECT alignment (`statx` DIOALIGN 0).
+    FilesystemHasNone,
+    /// The file is on tmpfs (O_DIRECT opens there but only adds copies).
+    Tmpfs,
+    /// Opening the file with O_DIRECT failed with this errno.
+    OpenRefused(i32),
+    /// The O_DIRECT open reached another file (the path was replaced meanwhile).
+    OtherFile,
+}
+
+impl std::fmt::Display for NoDirectReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NoDirectReason::PolicyOff => write!(f, "HIPFILE_ODIRECT=off"),
+            NoDirectReason::FilesystemHasNone => {
+                write!(f, "the filesystem reports no O_DIRECT alignment (statx DIOALIGN)")
+            }
+            NoDirectReason::Tmpfs => write!(f, "the file is on tmpfs (page cache only)"),
+            NoDirectReason::OpenRefused(errno) => write!(
+                f,
+                "opening it with O_DIRECT failed: {}",
+                io::Error::from_raw_os_error(*errno)
+            ),
+            NoDirectReason::OtherFile => write!(f, "the O_DIRECT open reached another file"),
+        }
+    }
+}
+
 /// A registered file: the client's descriptor plus our own buffered and (optional)
 /// O_DIRECT descriptors, closed when the handle is dropped.
 #[derive(Debug)]
@@ -184,7 +218,10 @@ pub struct FileHandle {
     buffered: OwnedFd,
     direct: Option<OwnedFd>,
     dio: Option<DioAlignment>,
+    no_direct: Option<NoDirectReason>,
     policy: DirectPolicy,
+    /// Whether the first request that left O_DIRECT for alignment was logged.
+    logged_unaligned: AtomicBool,
     deregistered: AtomicBool,
     in_flight: AtomicUsize,
     direct_read_bytes: AtomicU64,
@@ -219,11 +256,14 @@ impl FileHandle {
         let sync_flags = flags & (libc::O_SYNC | libc::O_DSYNC);
         let buffered = open_buffered(fd, flags, access, sync_flags, identity)?;
         let direct_path = if direct == DirectPolicy::Off {
-            None
+            Err(NoDirectReason::PolicyOff)
         } else {
             open_direct(fd, access, sync_flags, kind, &stx, &buffered, identity)
         };
-        let (direct_fd, dio) = direct_path.map_or((None, None), |(f, d)| (Some(f), Some(d)));
+        let (direct_fd, dio, no_direct) = match direct_path {
+            Ok((f, d)) => (Some(f), Some(d), None),
+            Err(reason) => (None, None, Some(reason)),
+        };
         Ok(FileHandle {
             client_fd: fd,
             access,
@@ -232,7 +272,9 @@ impl FileHandle {
             buffered,
             direct: direct_fd,
             dio,
+            no_direct,
             policy: direct,
+            logged_unaligned: AtomicBool::new(false),
             deregistered: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
             direct_read_bytes: AtomicU64::new(0),
@@ -345,6 +387,27 @@ impl FileHandle {
     /// `true` after [`FileHandle::mark_deregistered`].
     pub fn is_deregistered(&self) -> bool {
         self.deregistered.load(Ordering::SeqCst)
+    }
+
+    /// Why the handle has no O_DIRECT descriptor (`None` when it has one).
+    pub fn no_direct_reason(&self) -> Option<NoDirectReason> {
+        self.no_direct
+    }
+
+    /// Logs once per handle (at `info`) that a request at `offset_bytes` of
+    /// `len_bytes` left O_DIRECT for the page cache because of its alignment.
+    pub(crate) fn note_unaligned_request(&self, offset_bytes: u64, len_bytes: u64) {
+        if let Some(dio) = self.dio
+            && !self.logged_unaligned.swap(true, Ordering::Relaxed)
+        {
+            log::info!(
+                "fd {}: a request of {len_bytes} bytes at offset {offset_bytes} is not aligned for \
+                 O_DIRECT (file offsets and lengths in multiples of {} bytes, offsets also of the \
+                 page): its unaligned part goes through the page cache (logged once per handle)",
+                self.client_fd,
+                dio.offset_bytes
+            );
+        }
     }
 
     /// Number of live [`OpGuard`]s.
@@ -533,7 +596,7 @@ fn open_direct(
     stx: &libc::statx,
     buffered: &OwnedFd,
     identity: Identity,
-) -> Option<(OwnedFd, DioAlignment)> {
+) -> Result<(OwnedFd, DioAlignment), NoDirectReason> {
     let dio = if stx.stx_mask & libc::STATX_DIOALIGN != 0 {
         let dio = DioAlignment {
             offset_bytes: u64::from(stx.stx_dio_offset_align),
@@ -541,17 +604,18 @@ fn open_direct(
         };
         // A reported 0 means "no O_DIRECT"; anything but a power of two is unusable.
         if !dio.offset_bytes.is_power_of_two() || !dio.memory_bytes.is_power_of_two() {
-            return None;
+            return Err(NoDirectReason::FilesystemHasNone);
         }
         dio
     } else {
         DioAlignment::DEFAULT
     };
     if kind == FileKind::Regular && on_tmpfs(buffered) {
-        return None;
+        return Err(NoDirectReason::Tmpfs);
     }
-    let owned = reopen(fd, access, sync_flags | libc::O_DIRECT).ok()?;
-    same_file(&owned, identity).then_some((owned, dio))
+    let owned = reopen(fd, access, sync_flags | libc::O_DIRECT)
+        .map_err(|e| NoDirectReason::OpenRefused(e.raw_os_error().unwrap_or(libc::EINVAL)))?;
+    if same_file(&owned, identity) { Ok((owned, dio)) } else { Err(NoDirectReason::OtherFile) }
 }
 
 /// Opens `/proc/self/fd/{fd}` with exactly `access`, `O_CLOEXEC` and `extra_flags`.

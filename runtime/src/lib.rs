@@ -11,6 +11,7 @@ pub mod device;
 pub mod driver;
 pub mod engine;
 pub mod error;
+pub mod explain;
 #[doc(hidden)]
 pub mod fault;
 pub mod file;

@@ -9,7 +9,7 @@
 //! `/dev/shm` cannot be used they stay private too. The file is removed at exit; files
 //! of processes that are gone are removed by the next process that starts statistics.
 //!
-//! In process: [`snapshot`] (Rust), `hipfileStatsGet*` (C, `hipfile_stats.h`).
+//! In process: [`snapshot`] (Rust), `hipfileStatsGet*` (C, `hipfile_ext.h`).
 //! Another process: [`StatsSnapshot::of_process`].
 
 use std::sync::OnceLock;

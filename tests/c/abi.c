@@ -7,7 +7,7 @@
  */
 #include <hipfile.h>
 #include <hipfile_cpu.h>
-#include <hipfile_stats.h>
+#include <hipfile_ext.h>
 
 #if defined(HIPFILE_EXPECT_FALLBACK) && defined(HIPFILE_HAVE_HIP_RUNTIME_API)
 #error "the HIP runtime header was found: the fallback declarations were not tested"
@@ -198,7 +198,7 @@ STATIC_ASSERT(hipFileParamSkipTopologyDetection == 10 && hipFileParamStreamMemop
 STATIC_ASSERT(hipFileParamLoggingLevel == 0 && hipFileParamEnvLogfilePath == 1 && hipFileParamLogDir == 2);
 STATIC_ASSERT(hipfileCpuMemoryUnregistered == 0 && hipfileCpuMemoryHost == 1 &&
               hipfileCpuMemoryDevice == 2 && hipfileCpuMemoryManaged == 3 && hipfileCpuMemoryArray == 10);
-/* hipfile_stats.h (ours): the layout capi/src/stats_ext.rs writes. */
+/* hipfile_ext.h (ours): the layout capi/src/ext.rs writes. */
 STATIC_ASSERT(sizeof(hipfileStatsClass_t) == 8 * (4 + HIPFILE_STATS_LATENCY_BUCKETS + HIPFILE_STATS_SIZE_BUCKETS));
 STATIC_ASSERT(sizeof(hipfileStatsClass_t) == 384 && sizeof(hipfileStatsPaths_t) == 64);
 STATIC_ASSERT(hipfileStatsSync == 0 && hipfileStatsAsync == 1 && hipfileStatsBatch == 2);

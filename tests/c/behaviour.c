@@ -9,7 +9,7 @@
 #define _GNU_SOURCE
 #include <hip/hip_runtime_api.h>
 #include <hipfile.h>
-#include <hipfile_stats.h>
+#include <hipfile_ext.h>
 
 #include <errno.h>
 #include <stdint.h>
@@ -387,11 +387,22 @@ static void batch_io(int fd, void *dev, size_t len) {
     EXPECT_ERR(hipFileBatchIOSubmit(batch, 3, ops, 0), hipFileSuccess);
     hipFileBatchIODestroy(batch);
     EXPECT_ERR(hipFileBatchIOSubmit(batch, 0, NULL, 0), hipFileInvalidValue);
+    /* Why this path (hipfile_ext.h): the file and the buffer are named. */
+    char why[4096];
+    EXPECT_ERR(hipfileExplainPath(fh, dev, why, sizeof why), hipFileSuccess);
+    EXPECT(strstr(why, "O_DIRECT") != NULL && strstr(why, "buffer: device memory") != NULL);
+    char tiny[8] = "unset";
+    EXPECT_ERR(hipfileExplainPath(fh, dev, tiny, sizeof tiny), hipFileInvalidValue);
+    EXPECT(strcmp(tiny, "unset") == 0);
+    EXPECT_ERR(hipfileExplainPath(fh, dev, NULL, 0), hipFileInvalidValue);
+    EXPECT_ERR(hipfileExplainPath((hipFileHandle_t)0x1234, NULL, why, sizeof why), hipFileHandleNotRegistered);
+    EXPECT_ERR(hipfileExplainPath(NULL, why, why, sizeof why), hipFileSuccess);
+    EXPECT(strstr(why, "host memory") != NULL && strstr(why, "[slower]") != NULL);
     hipFileHandleDeregister(fh);
     EXPECT_ERR(hipFileDriverClose(), hipFileSuccess);
 }
 
-/* Statistics (hipfile_stats.h): the batch above is counted per API and direction. */
+/* Statistics (hipfile_ext.h): the batch above is counted per API and direction. */
 static void stats_rows(void) {
     hipfileStatsClass_t reads, writes;
     EXPECT_ERR(hipfileStatsGetClass(0, hipfileStatsBatch, 0, &reads), hipFileSuccess);

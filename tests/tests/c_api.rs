@@ -417,11 +417,14 @@ fn exported_symbols_are_the_api_table() {
     let hipfile = exported_functions(&e.deps.join("libhipfile.so"));
     let api: Vec<_> = hipfile.iter().filter(|name| name.starts_with("hipFile")).collect();
     let cpu: Vec<_> = hipfile.iter().filter(|name| name.starts_with("hipfileCpu")).collect();
-    let stats: Vec<_> = hipfile.iter().filter(|name| name.starts_with("hipfileStats")).collect();
+    let ext: Vec<_> = hipfile
+        .iter()
+        .filter(|name| name.starts_with("hipfileStats") || name.starts_with("hipfileExplain"))
+        .collect();
     assert_eq!(api.len(), 31, "hipFile functions exported: {api:?}");
     assert_eq!(cpu.len(), 25, "hipfileCpu functions exported: {cpu:?}");
-    assert_eq!(stats.len(), 3, "hipfileStats functions exported: {stats:?}");
-    let ours = api.len() + cpu.len() + stats.len();
+    assert_eq!(ext.len(), 4, "hipfile_ext.h functions exported: {ext:?}");
+    let ours = api.len() + cpu.len() + ext.len();
     assert_eq!(hipfile.len(), ours, "unexpected exports: {hipfile:?}");
 
     let hip = exported_functions(&e.deps.join("libhipfile_hip_cpu.so"));

@@ -391,6 +391,13 @@ impl Executor {
         } else {
             None
         };
+        if let Some(dio) = dio {
+            let end = range.file_offset_bytes + range.len_bytes;
+            let aligned = |at: u64| at.is_multiple_of(dio.offset_bytes);
+            if !aligned(range.file_offset_bytes) || !aligned(end) {
+                file.note_unaligned_request(range.file_offset_bytes, range.len_bytes);
+            }
+        }
         let config = PlanConfig::new(self.setup.chunk_bytes as u64, dio, 4096)?;
         Ok(config.plan(&io))
     }

@@ -575,6 +575,7 @@ impl Engine {
             if aligned {
                 return (fd, ChunkMode::Direct);
             }
+            file.note_unaligned_request(request.file_offset_bytes, request.len_bytes);
         }
         (file.buffered_fd(), ChunkMode::Buffered)
     }

@@ -1,12 +1,17 @@
 /*
- * hipfile_stats.h: statistics of hipfile-rs (an extension; hipFile has no C call for
- * them). Counters and latency / size histograms per device, API and direction, and
+ * hipfile_ext.h: extensions of hipfile-rs that hipFile has no C call for.
+ *
+ * Statistics: counters and latency / size histograms per device, API and direction, and
  * bytes per path, for the whole process. They are also published live in
  * /dev/shm/hipfile-rs-stats.<pid> (unless HIPFILE_STATS=0), which `hipfile-bench stats
  * PID` reads from another process.
+ *
+ * Why this path: hipfileExplainPath says which path a file's and a buffer's I/O takes
+ * and why (O_DIRECT or the page cache, the caller's thread or the engine, device-side
+ * or blocking release).
  */
-#ifndef HIPFILE_STATS_H
-#define HIPFILE_STATS_H
+#ifndef HIPFILE_EXT_H
+#define HIPFILE_EXT_H
 
 #include <hipfile.h>
 #include <stdint.h>
@@ -61,8 +66,16 @@ HIPFILE_API hipFileError_t hipfileStatsGetPaths(hipfileStatsPaths_t *out);
 /** Sets every counter to 0. */
 HIPFILE_API hipFileError_t hipfileStatsReset(void);
 
+/** Writes, NUL-terminated into text[0..len), one line per decision of the path I/O on
+ *  fh (a registered handle, or NULL) into buffer (device memory, or NULL) takes, each
+ *  with its cause; lines of choices that cost speed are marked "[slower]". Needs no open
+ *  driver. 5027: fh not registered; 5022: text NULL, or len too small for the text (then
+ *  nothing is written; the Rust API has no limit). */
+HIPFILE_API hipFileError_t hipfileExplainPath(hipFileHandle_t fh, const void *buffer, char *text,
+                                              size_t len);
+
 #ifdef __cplusplus
 }
 #endif
 
-#endif /* HIPFILE_STATS_H */
+#endif /* HIPFILE_EXT_H */

@@ -1,0 +1,233 @@
+//! "Why this path": what path a file's and a buffer's I/O takes, and why
+//! ([`Driver::explain_path`]; C: `hipfileExplainPath`; `hipfile-bench check`).
+//!
+//! Silent fallback is the most reported pain with cuFile (compat mode taken without a
+//! word). hipfile-rs has one data path — file ⇄ pinned host staging ⇄ device — and
+//! within it a few choices that cost speed: O_DIRECT or the page cache per file and per
+//! request alignment, the caller's thread or the engine per request size, a device-side
+//! or a blocking release per device. This module names each choice and its cause; the
+//! driver also logs once when a file or a request leaves O_DIRECT
+//! (`HIPFILE_LOG=info`).
+
+use std::fmt;
+
+use hipfile_core::OpError;
+
+use crate::device::MemoryType;
+use crate::driver::{Driver, HandleId};
+use crate::error::Error;
+
+/// One decision and its reason.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PathItem {
+    /// What it is about (`device`, `data path`, `sync requests`, `file`, `O_DIRECT`,
+    /// `buffer`, `async release`).
+    pub topic: &'static str,
+    /// `false` when this choice costs speed against the best this library does.
+    pub fast: bool,
+    /// The choice and its cause, one line.
+    pub text: String,
+}
+
+/// The answer of [`Driver::explain_path`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PathExplanation {
+    /// The decisions, general first.
+    pub items: Vec<PathItem>,
+}
+
+impl PathExplanation {
+    /// Whether every choice is the fast one.
+    pub fn all_fast(&self) -> bool {
+        self.items.iter().all(|item| item.fast)
+    }
+
+    fn push(&mut self, topic: &'static str, fast: bool, text: String) {
+        self.items.push(PathItem { topic, fast, text });
+    }
+}
+
+impl fmt::Display for PathExplanation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for item in &self.items {
+            let mark = if item.fast { "" } else { " [slower]" };
+            writeln!(f, "{}{mark}: {}", item.topic, item.text)?;
+        }
+        Ok(())
+    }
+}
+
+impl Driver {
+    /// Explains the path of I/O on `handle` (a registered file) into `buffer_addr`
+    /// (device memory, registered or not); either may be left out.
+    ///
+    /// # Errors
+    /// `hipFileHandleNotRegistered` for an unknown handle. A buffer that I/O would
+    /// refuse is not an error: the explanation says why (with the code I/O returns).
+    pub fn explain_path(
+        &self,
+        handle: Option<HandleId>,
+        buffer_addr: Option<u64>,
+    ) -> Result<PathExplanation, Error> {
+        let mut out = PathExplanation::default();
+        let config = self.config();
+        let device = self.device();
+        out.push(
+            "device",
+            true,
+            format!(
+                "{} backend, {} device(s){}",
+                device.kind().name(),
+                device.device_count(),
+                device.hardware_queue_setting().map_or(String::new(), |s| format!("; {s}"))
+            ),
+        );
+        out.push(
+            "data path",
+            true,
+            "file <-> pinned host staging <-> device memory (hipfile-rs has no GPUDirect \
+             Storage / P2PDMA path: every byte is staged)"
+                .into(),
+        );
+        if !self.compat_mode_allowed() {
+            out.push(
+                "sync I/O",
+                false,
+                "disabled (HIPFILE_ALLOW_COMPAT_MODE=false / PropertiesAllowCompatMode): \
+                 hipFileRead/hipFileWrite and batch submissions return 5030"
+                    .into(),
+            );
+        }
+        let chunk_kib = config.staging_chunk_bytes >> 10;
+        let on_caller = device.copies_on_caller_thread();
+        out.push(
+            "sync requests",
+            true,
+            format!(
+                "{}larger ones split into whole {chunk_kib} KiB chunks over up to {} of {} \
+                 executors (io_uring{}), disk and copies overlapped",
+                if on_caller {
+                    format!("up to {chunk_kib} KiB run on the caller's thread (pread/pwrite + one copy); ")
+                } else {
+                    String::new()
+                },
+                config.request_parallelism,
+                config.executor_cpus.len(),
+                if config.use_io_uring { "" } else { " off: blocking pread/pwrite executors" },
+            ),
+        );
+        if let Some(handle) = handle {
+            self.explain_file(&mut out, handle)?;
+        }
+        let ordinal = match buffer_addr {
+            Some(addr) => self.explain_buffer(&mut out, addr),
+            None => Some(0),
+        };
+        if let Some(ordinal) = ordinal {
+            let (fast, text) = if device.supports_stream_memops(ordinal) {
+                (
+                    true,
+                    format!(
+                        "device {ordinal}: a registered stream waits on a word the engine writes once \
+                     the op is done (stream memory operations)"
+                    ),
+                )
+            } else {
+                (
+                    false,
+                    format!(
+                        "device {ordinal} has no stream memory operations: the stream's host \
+                     function blocks until the op is done (its callback thread waits)"
+                    ),
+                )
+            };
+            out.push("async release", fast, text);
+        }
+        Ok(out)
+    }
+
+    fn explain_file(&self, out: &mut PathExplanation, handle: HandleId) -> Result<(), Error> {
+        let file = self.file(handle)?;
+        let access = match (file.can_read(), file.can_write()) {
+            (true, true) => "read-write",
+            (true, false) => "read-only (writes fail with EBADF)",
+            _ => "write-only (reads fail with EBADF)",
+        };
+        out.push("file", true, format!("fd {}, {:?}, {access}", file.client_fd(), file.kind()));
+        match (file.dio_alignment(), file.no_direct_reason()) {
+            (Some(dio), _) => {
+                let offset_align = dio.offset_bytes.max(self.page_size_bytes());
+                out.push(
+                    "O_DIRECT",
+                    true,
+                    format!(
+                        "yes: chunks at file offsets that are multiples of {offset_align} bytes \
+                         and lengths of {} bytes bypass the page cache; an unaligned head or \
+                         tail of a request goes through it",
+                        dio.offset_bytes
+                    ),
+                );
+            }
+            (None, Some(reason)) => {
+                out.push(
+                    "O_DIRECT",
+                    false,
+                    format!("no ({reason}): every byte goes through the page cache"),
+                );
+            }
+            (None, None) => {
+                out.push("O_DIRECT", false, "no: every byte goes through the page cache".into())
+            }
+        }
+        Ok(())
+    }
+
+    /// Explains the buffer; returns its device when I/O would accept it.
+    fn explain_buffer(&self, out: &mut PathExplanation, addr: u64) -> Option<u32> {
+        match self.resolve_buffer(addr) {
+            Ok(buffer) => {
+                let text = if buffer.is_registered() {
+                    format!(
+                        "registered, {} bytes from {addr:#x}, device {}",
+                        buffer.span.len_bytes, buffer.device_ordinal
+                    )
+                } else {
+                    format!(
+                        "device memory of device {}, not registered (I/O may use the {} bytes \
+                         from {addr:#x} to the end of its allocation; registering it changes no speed here)",
+                        buffer.device_ordinal, buffer.span.len_bytes
+                    )
+                };
+                out.push("buffer", true, text);
+                Some(buffer.device_ordinal)
+            }
+            Err(error) => {
+                let what = match error.code {
+                    OpError::HipMemoryTypeInvalid => self.memory_kind(addr),
+                    OpError::InvalidValue => "a NULL or unknown address".into(),
+                    _ => "not usable".into(),
+                };
+                out.push(
+                    "buffer",
+                    false,
+                    format!(
+                        "{what}: I/O refuses it with {} ({}); hipFile I/O needs device memory",
+                        error.code.code(),
+                        error.code.message()
+                    ),
+                );
+                None
+            }
+        }
+    }
+
+    fn memory_kind(&self, addr: u64) -> String {
+        match self.device().pointer_info(addr).map(|info| info.memory_type) {
+            Ok(MemoryType::Host) => "host memory".into(),
+            Ok(MemoryType::Managed) => "managed (unified) memory".into(),
+            Ok(MemoryType::Array) => "array memory".into(),
+            Ok(MemoryType::Device) => "device memory".into(),
+            Err(_) => "memory the device cannot classify".into(),
+        }
+    }
+}

@@ -1,0 +1,142 @@
+//! "Why this path" (`Driver::explain_path`) and the one-time log lines when I/O leaves
+//! O_DIRECT: each choice is named with its cause, on the cpu device.
+
+mod sync_support;
+
+use std::os::fd::AsRawFd;
+use std::sync::{Mutex, OnceLock};
+
+use hipfile_core::{Direction, OpError, RawIo};
+use hipfile_runtime::HandleId;
+use hipfile_runtime::config::Config;
+use hipfile_runtime::explain::PathExplanation;
+use hipfile_runtime::file::DirectPolicy;
+use sync_support::*;
+
+/// Every log record of the process (this binary installs this logger once).
+fn records() -> &'static Mutex<Vec<(log::Level, String)>> {
+    struct Capture;
+    impl log::Log for Capture {
+        fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+            true
+        }
+        fn log(&self, record: &log::Record<'_>) {
+            records().lock().unwrap().push((record.level(), record.args().to_string()));
+        }
+        fn flush(&self) {}
+    }
+    static RECORDS: OnceLock<Mutex<Vec<(log::Level, String)>>> = OnceLock::new();
+    let records = RECORDS.get_or_init(|| {
+        let _ = log::set_boxed_logger(Box::new(Capture));
+        log::set_max_level(log::LevelFilter::Trace);
+        Mutex::new(Vec::new())
+    });
+    records
+}
+
+fn logged(needle: &str) -> Vec<(log::Level, String)> {
+    records().lock().unwrap().iter().filter(|(_, text)| text.contains(needle)).cloned().collect()
+}
+
+fn item<'a>(
+    explanation: &'a PathExplanation,
+    topic: &str,
+) -> &'a hipfile_runtime::explain::PathItem {
+    explanation
+        .items
+        .iter()
+        .find(|i| i.topic == topic)
+        .unwrap_or_else(|| panic!("no {topic}:\n{explanation}"))
+}
+
+#[test]
+fn a_file_with_o_direct_says_which_requests_use_it_and_logs_the_first_unaligned_one() {
+    let _ = records();
+    let (driver, device) = driver();
+    driver.open();
+    let file = TempFile::new(&ext4_dir(), &pattern(MIB, 1));
+    let fd = file.open_rw();
+    let handle = driver.handle_register(fd.as_raw_fd()).unwrap();
+    let buffer = device.malloc_device(0, MIB).unwrap();
+    let explanation = driver.explain_path(Some(handle), Some(buffer)).unwrap();
+    let direct = item(&explanation, "O_DIRECT");
+    if !direct.text.starts_with("yes") {
+        println!("skipped: {} has no O_DIRECT here: {}", ext4_dir().display(), direct.text);
+        return;
+    }
+    assert!(direct.fast && direct.text.contains("multiples of 4096 bytes"), "{explanation}");
+    assert!(item(&explanation, "buffer").text.contains("not registered"), "{explanation}");
+    assert!(item(&explanation, "file").text.contains("read-write"));
+    assert!(item(&explanation, "sync requests").text.contains("caller's thread"));
+    assert!(item(&explanation, "async release").fast);
+    assert!(explanation.all_fast(), "{explanation}");
+
+    // An unaligned request is logged once for the handle (at info), aligned ones never.
+    let fd_text = format!("fd {}:", fd.as_raw_fd());
+    let raw = |offset: i64, size: u64| RawIo {
+        size_bytes: size,
+        file_offset_bytes: offset,
+        buffer_offset_bytes: 0,
+    };
+    driver.io_sync(Direction::Read, handle, buffer, raw(0, 64 * 1024)).unwrap();
+    assert!(logged(&fd_text).iter().all(|(_, t)| !t.contains("not aligned")));
+    driver.io_sync(Direction::Read, handle, buffer, raw(100, 64 * 1024)).unwrap();
+    driver.io_sync(Direction::Read, handle, buffer, raw(4196, 300 * 1024)).unwrap();
+    let unaligned: Vec<_> =
+        logged(&fd_text).into_iter().filter(|(_, t)| t.contains("not aligned")).collect();
+    assert_eq!(unaligned.len(), 1, "{unaligned:?}");
+    assert_eq!(unaligned[0].0, log::Level::Info);
+    assert!(unaligned[0].1.contains("offset 100"), "{unaligned:?}");
+    driver.handle_deregister(handle);
+}
+
+#[test]
+fn a_file_without_o_direct_names_the_cause_and_logs_it_at_registration() {
+    let _ = records();
+    for (dir, policy, cause) in [
+        (tmpfs_dir(), DirectPolicy::Auto, "tmpfs"),
+        (ext4_dir(), DirectPolicy::Off, "HIPFILE_ODIRECT=off"),
+    ] {
+        let (driver, device) = driver_with(Config { direct: policy, ..config(&[0]) });
+        driver.open();
+        let file = TempFile::new(&dir, &pattern(64 * KIB, 2));
+        let fd = file.open_rw();
+        let handle = driver.handle_register(fd.as_raw_fd()).unwrap();
+        let buffer = device.malloc_device(0, 64 * KIB).unwrap();
+        let explanation = driver.explain_path(Some(handle), Some(buffer)).unwrap();
+        let direct = item(&explanation, "O_DIRECT");
+        assert!(!direct.fast && direct.text.contains(cause), "{explanation}");
+        assert!(!explanation.all_fast());
+        let lines = logged(&format!("fd {}: no O_DIRECT", fd.as_raw_fd()));
+        assert!(lines.iter().any(|(_, t)| t.contains(cause)), "{cause}: {lines:?}");
+        let level = if policy == DirectPolicy::Off { log::Level::Debug } else { log::Level::Info };
+        assert!(lines.iter().any(|(l, _)| *l == level), "{cause}: {lines:?}");
+        driver.handle_deregister(handle);
+    }
+}
+
+#[test]
+fn buffers_that_io_refuses_are_named_with_the_code() {
+    let (driver, device) = driver();
+    let host = vec![0u8; 4096];
+    let managed = device.malloc_managed(4096).unwrap();
+    for (addr, what) in [(host.as_ptr() as u64, "host memory"), (managed, "managed"), (0, "NULL")] {
+        let explanation = driver.explain_path(None, Some(addr)).unwrap();
+        let buffer = item(&explanation, "buffer");
+        assert!(!buffer.fast && buffer.text.contains(what), "{explanation}");
+        let code = if addr == 0 { "5022" } else { "5013" };
+        assert!(buffer.text.contains(code), "{explanation}");
+        assert!(explanation.items.iter().all(|i| i.topic != "async release"));
+    }
+    let registered = device.malloc_device(0, 8192).unwrap();
+    driver.buf_register(registered, 8192, 0).unwrap();
+    let explanation = driver.explain_path(None, Some(registered)).unwrap();
+    assert!(item(&explanation, "buffer").text.starts_with("registered, 8192 bytes"));
+    // Unknown handles are an error, as for I/O.
+    let unknown = driver.explain_path(Some(HandleId(0x1234_5670)), None);
+    assert_eq!(unknown.unwrap_err().code, OpError::HandleNotRegistered);
+    // Compat mode off is named.
+    let (off, _) = driver_with(Config { allow_compat_mode: false, ..config(&[0]) });
+    let explanation = off.explain_path(None, None).unwrap();
+    assert!(item(&explanation, "sync I/O").text.contains("HIPFILE_ALLOW_COMPAT_MODE=false"));
+}
