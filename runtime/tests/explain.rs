@@ -26,12 +26,11 @@ fn records() -> &'static Mutex<Vec<(log::Level, String)>> {
         fn flush(&self) {}
     }
     static RECORDS: OnceLock<Mutex<Vec<(log::Level, String)>>> = OnceLock::new();
-    let records = RECORDS.get_or_init(|| {
+    RECORDS.get_or_init(|| {
         let _ = log::set_boxed_logger(Box::new(Capture));
         log::set_max_level(log::LevelFilter::Trace);
         Mutex::new(Vec::new())
-    });
-    records
+    })
 }
 
 fn logged(needle: &str) -> Vec<(log::Level, String)> {
