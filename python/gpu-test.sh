@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Runs the hipfile Python test suite on a CUDA GPU with torch (the same tests as
+# run-tests.sh; device memory and streams come from torch there).
+#
+#   python/gpu-test.sh [pytest args...]
+#
+# Needs an NVIDIA GPU with its driver, Python >= 3.9 with venv and a Rust toolchain.
+# torch is taken from the environment if importable by $PYTHON, else pip-installed into
+# python/.venv-gpu (PyPI's default CUDA build).
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+venv="$here/.venv-gpu"
+python="${PYTHON:-python3}"
+
+if [ ! -x "$venv/bin/python" ]; then
+    "$python" -m venv --system-site-packages "$venv"
+fi
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$here/target}"
+"$venv/bin/python" -m pip install --quiet "maturin>=1.5,<2" pytest numpy safetensors
+"$venv/bin/python" -c 'import torch' 2>/dev/null || "$venv/bin/python" -m pip install --quiet torch
+"$venv/bin/python" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' || {
+    echo "error: torch sees no CUDA GPU" >&2
+    exit 1
+}
+(cd "$here" && "$venv/bin/maturin" develop --release --quiet)
+
+cd "$here"
+HIPFILE_DEVICE=cuda exec "$venv/bin/python" -m pytest -q tests "$@"
