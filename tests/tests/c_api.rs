@@ -284,6 +284,22 @@ fn unmodified_hip_program_runs_async_io_on_the_cpu_runtime() {
     assert!(run(&exe, &[], &[]).contains("hip_async: all checks passed"));
 }
 
+/// The cpu HIP runtime speaks HIP 5.x and HIP 6 (`HIPFILE_HIP_CPU_API`): memory-type
+/// numbering and unknown memory in `hipPointerGetAttributes`.
+#[test]
+fn pointer_attributes_in_hip5_and_hip6_numbering() {
+    if !have("gcc", "C tests") || !have_hip_headers() {
+        return;
+    }
+    let mut args = c_args("c11", "pointer_attributes.c");
+    args.extend(shared_libs(true));
+    let exe = compile("gcc", "pointer_attributes", &args);
+    for major in ["5", "6"] {
+        let output = run(&exe, &[], &[("HIPFILE_HIP_CPU_API", major)]);
+        assert!(output.contains(&format!("all checks passed (HIP {major} numbering)")), "{output}");
+    }
+}
+
 #[test]
 fn behaviour_rows_through_the_c_abi() {
     if !have("gcc", "C tests") || !have_hip_headers() {

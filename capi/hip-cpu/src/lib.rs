@@ -107,6 +107,64 @@ pub mod memory_type {
     pub const UNIFIED: c_int = 3;
 }
 
+/// `hipMemoryType` values of HIP 6 and later (ROCm >= 6, CUDA's numbering).
+pub mod memory_type_v6 {
+    use core::ffi::c_int;
+    /// `hipMemoryTypeUnregistered`: memory HIP does not know.
+    pub const UNREGISTERED: c_int = 0;
+    /// `hipMemoryTypeHost`.
+    pub const HOST: c_int = 1;
+    /// `hipMemoryTypeDevice`.
+    pub const DEVICE: c_int = 2;
+    /// `hipMemoryTypeManaged`.
+    pub const MANAGED: c_int = 3;
+    /// `hipMemoryTypeArray`.
+    pub const ARRAY: c_int = 10;
+}
+
+/// The HIP API generation this runtime speaks: 5 (ROCm 5.x) or 6 (ROCm >= 6), from
+/// `HIPFILE_HIP_CPU_API` when it is `5` or `6`, else the major version of the HIP headers
+/// found when the library was built (build.rs; 5 without headers). It decides the
+/// `hipMemoryType` numbering and what `hipPointerGetAttributes` says of memory HIP does
+/// not know (5: `hipErrorInvalidValue`; 6: success, `hipMemoryTypeUnregistered`).
+pub fn hip_api_major() -> u32 {
+    static MAJOR: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *MAJOR.get_or_init(|| {
+        let built: u32 = env!("HIPFILE_HIP_CPU_DEFAULT_API").parse().unwrap_or(5);
+        match std::env::var("HIPFILE_HIP_CPU_API").as_deref() {
+            Ok("5") => 5,
+            Ok("6") => 6,
+            _ => built,
+        }
+    })
+}
+
+/// `hipPointerGetAttributes`' answer for `info` in HIP API generation `major`: memory
+/// type, whether the pointer is a host pointer, `isManaged`, `device`.
+fn pointer_attributes_of(
+    info: &PointerInfo,
+    major: u32,
+) -> Result<(c_int, bool, c_int, c_int), HipError> {
+    let v6 = major >= 6;
+    Ok(match info.memory_type {
+        memory::DEVICE => {
+            (if v6 { memory_type_v6::DEVICE } else { memory_type::DEVICE }, false, 0, info.device)
+        }
+        memory::HOST => {
+            (if v6 { memory_type_v6::HOST } else { memory_type::HOST }, true, 0, info.device)
+        }
+        memory::MANAGED => {
+            (if v6 { memory_type_v6::MANAGED } else { memory_type::UNIFIED }, true, 1, info.device)
+        }
+        memory::ARRAY => {
+            (if v6 { memory_type_v6::ARRAY } else { memory_type::ARRAY }, false, 0, info.device)
+        }
+        // HIP 6, like CUDA: unknown memory is unregistered host memory, device -2.
+        memory::UNREGISTERED if v6 => (memory_type_v6::UNREGISTERED, true, 0, -2),
+        _ => return Err(HipError::INVALID_VALUE),
+    })
+}
+
 /// `hipMemcpyDefault`, the largest `hipMemcpyKind`.
 const MEMCPY_KIND_MAX: c_int = 4;
 
@@ -518,24 +576,21 @@ hip_fn! {
         unsafe { memset(dst, value, size, stream, false) }
     }
 
-    /// `hipPointerGetAttributes` (HIP 5.x layout and `hipMemoryType` values); memory the
-    /// device does not know gives `hipErrorInvalidValue`, as HIP 5.x.
+    /// `hipPointerGetAttributes` (the layout of HIP 5.x and 6 alike); the `hipMemoryType`
+    /// numbering and the answer for memory the device does not know follow
+    /// [`hip_api_major`]: HIP 5.x gives `hipErrorInvalidValue`, HIP 6
+    /// `hipMemoryTypeUnregistered`.
     ///
     /// # Safety
     /// A non-NULL `attributes` is writable.
     fn hipPointerGetAttributes(attributes: *mut PointerAttributes, ptr: *const c_void) {
         let info = pointer_info(ptr)?;
-        let (memory_type, host, managed) = match info.memory_type {
-            memory::DEVICE => (memory_type::DEVICE, false, 0),
-            memory::HOST => (memory_type::HOST, true, 0),
-            memory::MANAGED => (memory_type::UNIFIED, true, 1),
-            memory::ARRAY => (memory_type::ARRAY, false, 0),
-            _ => return Err(HipError::INVALID_VALUE),
-        };
+        let (memory_type, host, managed, device) = pointer_attributes_of(&info, hip_api_major())?;
+        let unregistered = info.memory_type == memory::UNREGISTERED;
         let described = PointerAttributes {
             memory_type,
-            device: info.device,
-            device_pointer: ptr.cast_mut(),
+            device,
+            device_pointer: if unregistered { core::ptr::null_mut() } else { ptr.cast_mut() },
             host_pointer: if host { ptr.cast_mut() } else { core::ptr::null_mut() },
             is_managed: managed,
             allocation_flags: 0,
@@ -781,4 +836,32 @@ pub unsafe extern "C" fn hipGetErrorName(error: c_int) -> *const c_char {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn hipGetErrorString(error: c_int) -> *const c_char {
     errors::description(error).as_ptr()
+}
+
+#[cfg(test)]
+mod pointer_attribute_tests {
+    use super::*;
+
+    fn info(memory_type: c_int) -> PointerInfo {
+        PointerInfo { memory_type, device: 1, base: core::ptr::null_mut(), size: 0 }
+    }
+
+    #[test]
+    fn hip5_and_hip6_number_memory_types_as_their_headers_do() {
+        let cases = [
+            (memory::DEVICE, (1, false, 0, 1), (2, false, 0, 1)),
+            (memory::HOST, (0, true, 0, 1), (1, true, 0, 1)),
+            (memory::MANAGED, (3, true, 1, 1), (3, true, 1, 1)),
+            (memory::ARRAY, (2, false, 0, 1), (10, false, 0, 1)),
+        ];
+        for (kind, hip5, hip6) in cases {
+            assert_eq!(pointer_attributes_of(&info(kind), 5), Ok(hip5), "kind {kind}");
+            assert_eq!(pointer_attributes_of(&info(kind), 6), Ok(hip6), "kind {kind}");
+        }
+        assert_eq!(
+            pointer_attributes_of(&info(memory::UNREGISTERED), 5),
+            Err(HipError::INVALID_VALUE)
+        );
+        assert_eq!(pointer_attributes_of(&info(memory::UNREGISTERED), 6), Ok((0, true, 0, -2)));
+    }
 }
