@@ -7,30 +7,12 @@
 use core::ffi::{c_char, c_int, c_uint, c_void};
 
 use hipfile_core::{Direction, OpError};
-use hipfile_runtime::stats::{self, Api, LATENCY_BUCKETS, SIZE_BUCKETS, STATS_DEVICES};
+use hipfile_runtime::stats::{self, Api, ClassSnapshot, STATS_DEVICES};
 use hipfile_runtime::{Error, HandleId};
 
 use crate::api::driver;
 use crate::boundary::{ffi_fn, out_ptr};
 use crate::types::HipFileError;
-
-/// `hipfileStatsClass_t`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct StatsClass {
-    /// `ops`.
-    pub ops: u64,
-    /// `bytes`.
-    pub bytes: u64,
-    /// `errors`.
-    pub errors: u64,
-    /// `latency_ns_sum`.
-    pub latency_ns_sum: u64,
-    /// `latency_buckets`.
-    pub latency_buckets: [u64; LATENCY_BUCKETS],
-    /// `size_buckets`.
-    pub size_buckets: [u64; SIZE_BUCKETS],
-}
 
 /// `hipfileStatsPaths_t`: eight counters in the header's order.
 #[repr(C)]
@@ -40,7 +22,7 @@ pub struct StatsPaths {
     pub counters: [u64; 8],
 }
 
-const _: () = assert!(size_of::<StatsClass>() == 384 && size_of::<StatsPaths>() == 64);
+const _: () = assert!(size_of::<ClassSnapshot>() == 384 && size_of::<StatsPaths>() == 64);
 
 fn invalid() -> Error {
     Error::new(OpError::InvalidValue)
@@ -51,7 +33,7 @@ ffi_fn! {
     ///
     /// # Safety
     /// A non-NULL `out` is writable.
-    fn hipfileStatsGetClass(device: c_uint, api: c_int, write: c_int, out: *mut StatsClass) -> HipFileError {
+    fn hipfileStatsGetClass(device: c_uint, api: c_int, write: c_int, out: *mut ClassSnapshot) -> HipFileError {
         let out = out_ptr(out).ok_or_else(invalid)?;
         let api = *Api::ALL.get(usize::try_from(api).map_err(|_| invalid())?).ok_or_else(invalid)?;
         if device as usize >= STATS_DEVICES {
@@ -59,15 +41,7 @@ ffi_fn! {
         }
         let direction = if write != 0 { Direction::Write } else { Direction::Read };
         let snapshot = stats::snapshot();
-        let class = snapshot.class(device, api, direction);
-        let value = StatsClass {
-            ops: class.ops,
-            bytes: class.bytes,
-            errors: class.errors,
-            latency_ns_sum: class.latency_ns_sum,
-            latency_buckets: class.latency_buckets,
-            size_buckets: class.size_buckets,
-        };
+        let value = snapshot.class(device, api, direction).clone();
         // SAFETY: non-NULL and writable per the contract.
         unsafe { out.write_unaligned(value) };
         Ok(())

@@ -239,7 +239,9 @@ pub fn global() -> &'static StatsPage {
     PAGE.get_or_init(shared_page::create)
 }
 
-/// A copy of one class's counters.
+/// A copy of one class's counters; `#[repr(C)]`, the layout of C's
+/// `hipfileStatsClass_t` (`hipfile_ext.h`).
+#[repr(C)]
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ClassSnapshot {
     /// Requests finished.
