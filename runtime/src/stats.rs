@@ -6,7 +6,8 @@
 //! (a fixed `#[repr(C)]` layout of `u64`s, [`StatsPage`]), so another process reads
 //! them live: `hipfile-bench stats PID` (like hipFile's `ais-stats` and the
 //! `nvidia-fs` proc files). `HIPFILE_STATS=0` keeps them in private memory only; when
-//! `/dev/shm` cannot be used they stay private too. The file is removed at exit; files
+//! `/dev/shm` cannot be used they stay private too; `HIPFILE_STATS=off` records nothing
+//! (to measure what recording costs). The file is removed at exit; files
 //! of processes that are gone are removed by the next process that starts statistics.
 //!
 //! In process: [`snapshot`] (Rust), `hipfileStatsGet*` (C, `hipfile_ext.h`).
@@ -135,6 +136,9 @@ impl StatsPage {
         outcome: Outcome,
         latency: Duration,
     ) {
+        if !recording() {
+            return;
+        }
         let class = self.class(device_ordinal, api, direction);
         add(&class.ops, 1);
         match outcome {
@@ -149,6 +153,9 @@ impl StatsPage {
 
     /// Records bytes moved by `mode` (see [`crate::file::FileHandle::record_bytes`]).
     pub fn record_path_bytes(&self, direction: Direction, mode: ChunkMode, bytes: u64) {
+        if !recording() {
+            return;
+        }
         let p = &self.paths;
         let counter = match (direction, mode) {
             (Direction::Read, ChunkMode::Direct) => &p.direct_read_bytes,
@@ -189,6 +196,19 @@ fn add(counter: &AtomicU64, value: u64) {
     counter.fetch_add(value, Ordering::Relaxed);
 }
 
+/// Whether requests are recorded (`HIPFILE_STATS` is not `off`).
+fn recording() -> bool {
+    static RECORDING: OnceLock<bool> = OnceLock::new();
+    *RECORDING.get_or_init(|| std::env::var("HIPFILE_STATS").map_or(true, |v| v != "off"))
+}
+
+/// Adds 1 to a path counter of the process's page, unless recording is off.
+fn add_path(counter: impl FnOnce(&PathCounters) -> &AtomicU64) {
+    if recording() {
+        add(counter(&global().paths), 1);
+    }
+}
+
 /// The latency bucket of `nanos`.
 pub fn latency_bucket(nanos: u64) -> usize {
     let micros = nanos / 1000;
@@ -215,22 +235,22 @@ pub fn size_bucket_floor_bytes(i: usize) -> u64 {
 
 /// Counts one job run by an executor.
 pub(crate) fn count_engine_job() {
-    add(&global().paths.engine_jobs, 1);
+    add_path(|p| &p.engine_jobs);
 }
 
 /// Counts one sync request moved on the caller's thread.
 pub(crate) fn count_caller_thread_request() {
-    add(&global().paths.caller_thread_requests, 1);
+    add_path(|p| &p.caller_thread_requests);
 }
 
 /// Counts one chunk staged through the fallback pool.
 pub(crate) fn count_fallback_chunk() {
-    add(&global().paths.fallback_chunks, 1);
+    add_path(|p| &p.fallback_chunks);
 }
 
 /// Counts one chunk redone with blocking `pread`/`pwrite`.
 pub(crate) fn count_sync_retry_chunk() {
-    add(&global().paths.sync_retry_chunks, 1);
+    add_path(|p| &p.sync_retry_chunks);
 }
 
 /// The process's statistics page (made on first use).
@@ -395,7 +415,7 @@ mod shared_page {
     /// Maps the page (shared when allowed), fills its header and returns it; never
     /// unmapped (it lives as long as the process).
     pub(super) fn create() -> &'static StatsPage {
-        let shared = std::env::var("HIPFILE_STATS").map_or(true, |v| v != "0");
+        let shared = std::env::var("HIPFILE_STATS").map_or(true, |v| v != "0" && v != "off");
         let page = if shared { map_shared() } else { None };
         let page = page.unwrap_or_else(|| Box::leak(Box::new(zeroed_page())));
         page.pid.store(u64::from(std::process::id()), Ordering::Relaxed);

@@ -22,6 +22,10 @@ fn delta(after: &ClassSnapshot, before: &ClassSnapshot) -> (u64, u64, u64) {
 
 #[test]
 fn every_request_is_counted_once_in_its_class() {
+    if std::env::var("HIPFILE_STATS").is_ok_and(|v| v == "off") {
+        println!("skipped: HIPFILE_STATS=off records nothing");
+        return;
+    }
     let rig = Rig::new();
     let data = pattern(71, MIB);
     let file = TempFile::new("stats", &data);
@@ -113,8 +117,8 @@ fn every_request_is_counted_once_in_its_class() {
     assert!(moved >= 4096 + (64 << 10) + (512 << 10) + 8192 + (32 << 10) + 5 * 4096);
     assert!(after.paths[4] + after.paths[5] > before.paths[4] + before.paths[5], "requests ran");
 
-    // Another process sees the same page (HIPFILE_STATS is not 0 in this test).
-    if std::env::var("HIPFILE_STATS").is_ok_and(|v| v == "0") {
+    // Another process sees the same page (unless HIPFILE_STATS keeps it private).
+    if std::env::var("HIPFILE_STATS").is_ok() {
         return;
     }
     let remote = StatsSnapshot::of_process(std::process::id()).expect("the shared page");
@@ -131,8 +135,38 @@ fn every_request_is_counted_once_in_its_class() {
 }
 
 #[test]
+fn with_hipfile_stats_off_nothing_is_recorded() {
+    if std::env::var("HIPFILE_STATS").is_ok_and(|v| v == "off") {
+        let rig = Rig::new();
+        let file = TempFile::new("stats-off", &pattern(72, 64 * KIB));
+        let fd = file.open_ro();
+        let handle = rig.register(&fd);
+        let buffer = rig.alloc(64 * KIB);
+        let raw =
+            RawIo { size_bytes: 64 * KIB as u64, file_offset_bytes: 0, buffer_offset_bytes: 0 };
+        assert_eq!(rig.driver.io_sync(Direction::Read, handle, buffer, raw).unwrap(), 64 * KIB);
+        let snapshot = stats::snapshot();
+        assert_eq!(snapshot.total(Api::Sync, Direction::Read), ClassSnapshot::default());
+        assert_eq!(snapshot.paths, [0; 8]);
+        return;
+    }
+    if std::env::var("HIPFILE_STATS").is_ok() {
+        return; // the child of the other test
+    }
+    run_in_child(
+        "with_hipfile_stats_off_nothing_is_recorded",
+        "HIPFILE_STATS",
+        "off",
+        Duration::from_secs(60),
+    );
+}
+
+#[test]
 fn with_hipfile_stats_0_no_shared_page_is_made() {
     // In the child (or a run with HIPFILE_STATS=0): check; else run this test in a child.
+    if std::env::var("HIPFILE_STATS").is_ok_and(|v| v == "off") {
+        return; // the child of the other test
+    }
     if std::env::var("HIPFILE_STATS").is_ok_and(|v| v == "0") {
         let _ = stats::snapshot();
         let path = format!("/dev/shm/hipfile-rs-stats.{}", std::process::id());
