@@ -7,7 +7,7 @@ out=target/gpu-bundle
 rm -rf "$out"; mkdir -p "$out/tests"
 suites=(device_contract async_rows async_paused async_streams async_errors async_stress
         async_direct async_lifetime async_arm async_sweep async_soak
-        durability data_path_safety multi_device faults batch)
+        durability data_path_safety multi_device faults batch stats explain)
 for suite in "${suites[@]}"; do
   exe=$(cargo test --release -p hipfile-runtime --test "$suite" --no-run --message-format=json 2>/dev/null \
         | grep -o '"executable":"[^"]*"' | tail -1 | cut -d'"' -f4)
@@ -26,4 +26,10 @@ cp tests/gpu/cuda_async.c tests/gpu/stream_sweep.c tests/gpu/gpu_check.h "$out/c
 # hipfile-bench, for the measurements.
 cargo build --release -p hipfile-bench >/dev/null
 mkdir -p "$out/bin" && cp target/release/hipfile-bench "$out/bin/"
+# The Python wheel (abi3), when python/run-tests.sh has made python/.venv with maturin.
+if [ -x python/.venv/bin/maturin ]; then
+  mkdir -p "$out/python"
+  (cd python && CARGO_TARGET_DIR="$PWD/../target/python-wheel" .venv/bin/maturin build --release --quiet \
+    --out "../$out/python") || echo "warning: the Python wheel was not built"
+fi
 ls -la "$out/tests" "$out/lib" "$out/bin"

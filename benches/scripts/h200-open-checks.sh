@@ -1,0 +1,43 @@
+#!/bin/bash
+# The H200 checks left open on 2026-12-04 (issues #16, #17, #18), in one device call of
+# about 8 minutes. Build first, here: tests/gpu/make-bundle.sh (it also builds the
+# Python wheel into target/gpu-bundle/python when python/.venv has maturin: run
+# python/run-tests.sh once). Then on the device, carrying target/gpu-bundle:
+#   OUT=$OUT benches/scripts/h200-open-checks.sh
+# Results go to $OUT (default /tmp/hf-open-checks); a summary is printed.
+cd "$(dirname "$0")/../.." || exit 1
+OUT=${OUT:-/tmp/hf-open-checks}; mkdir -p "$OUT"
+B=$PWD/target/gpu-bundle; H=$B/bin/hipfile-bench; F=/tmp/hf-open
+chmod +x "$H"
+export HIPFILE_DEVICE=cuda TMPDIR=${TMPDIR:-/tmp}
+
+echo "== 1. what statistics cost: 4 KiB latency, recording on / off, interleaved, 2 rounds"
+for round in 1 2; do for stats in on off; do
+  env $([ $stats = off ] && echo HIPFILE_STATS=off) timeout -s KILL 60 "$H" --latency --no-baselines \
+    --iterations 3000 --file $F --file-size 256M > "$OUT/latency-stats-$stats-$round.txt" 2>&1
+  echo "stats=$stats round=$round: $(grep -E '^hipfile-rs (ASYNC|SYNC)' "$OUT/latency-stats-$stats-$round.txt" | tr -s ' ' | cut -c1-90 | tr '\n' '|')"
+done; done
+
+echo "== 2. batch mode (cuFile's batch polled with a 30 s deadline)"
+timeout -s KILL 200 "$H" --mode batch --iterations 8000 --file $F --file-size 1G \
+  --json "$OUT/batch.json" > "$OUT/batch.txt" 2>&1
+echo "rc=$?"; sed -n '/^Path/,$p' "$OUT/batch.txt" | head -30
+
+echo "== 3. Rust GPU tests of the new modules"
+HIPFILE_GPU_C=0 HIPFILE_GPU_SUITES="stats explain batch" timeout -s KILL 100 \
+  tests/gpu/run-gpu-suite.sh "$B" > "$OUT/suite.txt" 2>&1
+sed -n '/GPU suite summary/,$p' "$OUT/suite.txt"
+
+echo "== 4. Python package on CUDA: pytest, then the safetensors loader against safetensors and torch.load"
+wheel=$(ls "$B"/python/hipfile-*.whl 2>/dev/null | head -1)
+if [ -z "$wheel" ]; then
+  echo "SKIP: no wheel in $B/python"
+else
+  python3 -m pip install -q --no-index --no-deps --target /tmp/hf-site "$wheel" && export PYTHONPATH=/tmp/hf-site
+  # From outside python/, so that `import hipfile` finds the installed wheel.
+  (cd /tmp && timeout -s KILL 120 python3 -m pytest -q -p no:cacheprovider "$OLDPWD/python/tests" > "$OUT/pytest-cuda.txt" 2>&1)
+  tail -3 "$OUT/pytest-cuda.txt"
+  timeout -s KILL 240 python3 python/bench_safetensors.py --gib 4 --reps 3 > "$OUT/safetensors.txt" 2>&1
+  echo "rc=$?"; cat "$OUT/safetensors.txt"
+fi
+rm -f $F
