@@ -348,15 +348,18 @@ impl Driver {
         let sequence = submit_lock.next();
         let parts = OpParts { direction, args, keepalive, io, file, guard, sequence };
         let op = AsyncOp::new(self, parts, &state, &buffer, engine.track_async_op());
-        let result = op.enqueue(engine);
-        if let Err(EnqueueError { error, nothing_queued: true }) = result {
+        let Err(EnqueueError { error, nothing_queued }) = op.enqueue(engine) else {
+            return Ok(());
+        };
+        if nothing_queued {
             submit_lock.undo();
-            // Nothing was queued, so nothing of ours writes `*bytes_p` any more.
-            // SAFETY: valid per the contract.
-            unsafe { args.bytes_p.write_volatile(bytes_before) };
-            return Err(error);
         }
-        result.map_err(|e| e.error)
+        // The op was abandoned before its arm could run (`enqueue_doorbell_arm`), so
+        // nothing of ours writes `*bytes_p` any more: a refused submission leaves it as
+        // it was.
+        // SAFETY: valid per the contract.
+        unsafe { args.bytes_p.write_volatile(bytes_before) };
+        Err(error)
     }
 
     /// NULL stream: synchronous, after the NULL stream's earlier work.
@@ -579,7 +582,7 @@ impl AsyncOp {
                 self.sequence,
             )
         };
-        let wait_failed = match queued {
+        let wait_failed = match queued.and_then(|()| injected_wait_failure()) {
             Ok(()) => None,
             Err(WriteThenWaitError::NothingQueued(error)) => {
                 return Err(nothing_queued(Error::device(error)));
@@ -587,15 +590,17 @@ impl AsyncOp {
             Err(WriteThenWaitError::WaitNotQueued(error)) => Some(error),
         };
         // The doorbell will ring either way: the arm runs and, for an op whose wait could
-        // not be queued, finds it abandoned and only releases the word.
+        // not be queued, finds it abandoned and only releases the word. Abandoned before
+        // the arm is watched: an arm that ran first would start the op (and publish it)
+        // after the caller was told the submission failed.
+        if wait_failed.is_some() {
+            self.abandon();
+        }
         let op = Arc::clone(self);
         poller.watch(&self.stream, self.sequence, Box::new(move || op.arm()));
         match wait_failed {
             None => Ok(()),
-            Some(error) => {
-                self.abandon();
-                Err(EnqueueError { error: Error::device(error), nothing_queued: false })
-            }
+            Some(error) => Err(EnqueueError { error: Error::device(error), nothing_queued: false }),
         }
     }
 
@@ -886,6 +891,22 @@ impl Drop for AsyncOp {
     fn drop(&mut self) {
         if !self.published.load(Ordering::SeqCst) && !self.abandoned.load(Ordering::SeqCst) {
             self.publish(Outcome::Library(OpError::InternalError), None);
+        }
+    }
+}
+
+/// A fault plan's refusal of the wait-value half of a doorbell arm (tests only; see
+/// [`crate::fault::Site::StreamWait`]).
+fn injected_wait_failure() -> Result<(), WriteThenWaitError> {
+    use crate::fault::{Fault, Site};
+    match crate::fault::at(Site::StreamWait) {
+        None => Ok(()),
+        Some(fault) => {
+            if let Fault::Delay(delay) = fault {
+                std::thread::sleep(delay);
+            }
+            let error = DeviceError::new(DeviceError::HIP_ERROR_INVALID_VALUE, "injected fault");
+            Err(WriteThenWaitError::WaitNotQueued(error))
         }
     }
 }

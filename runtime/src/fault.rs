@@ -36,9 +36,14 @@ pub enum Site {
     PinnedAlloc,
     /// The start of one glommio executor (it is then replaced by a blocking one).
     ExecutorStart,
+    /// The wait-value half of an async op's doorbell arm: reported as not queued after
+    /// the doorbell write was (a [`Fault::Delay`] reports it that much later, after the
+    /// stream may have reached the op). The wait is in fact queued; the library's
+    /// recovery (the arm releases the word) lets the stream go on.
+    StreamWait,
 }
 
-const SITES: usize = 8;
+const SITES: usize = 9;
 
 impl Site {
     fn index(self) -> usize {

@@ -278,3 +278,38 @@ fn an_executor_that_fails_to_start_is_replaced() {
     let stats = work.rig.driver.engine().expect("engine").stats();
     assert!(stats.blocking_jobs > 0, "a blocking executor served jobs: {stats:?}");
 }
+
+#[test]
+fn a_wait_that_could_not_be_queued_leaves_the_op_unrun_even_when_the_stream_reached_it() {
+    let _serial = serial();
+    let work = Workload::new();
+    let rig = &work.rig;
+    if rig.cpu_only("needs the doorbell path of the cpu device's stream memory ops").is_none() {
+        return;
+    }
+    let stream = rig.registered_stream(0);
+    let buffer = rig.alloc(64 * KIB);
+    // The refusal is reported 100 ms late: by then the stream has rung the doorbell and
+    // the arm has had every chance to run. The op must still not run (the caller is told
+    // it failed, and may reuse the buffer) and *bytes_p must stay as it was.
+    let guard = fault::install(Plan {
+        seed: 3,
+        rules: vec![once(Site::StreamWait, Fault::Delay(Duration::from_millis(100)))],
+    });
+    let p = params(64 * KIB, 0, 0);
+    p.bytes_done.store(-777, std::sync::atomic::Ordering::SeqCst);
+    let refused = rig.submit(Direction::Read, work.handle, buffer, &p, stream);
+    assert_eq!(guard.injected(), vec![1]);
+    drop(guard);
+    assert_eq!(code(refused), OpError::HipDriverError);
+    rig.sync(stream);
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(bytes(&p), -777, "a refused submission leaves *bytes_p alone");
+    assert_all(&rig.dev_bytes(buffer, 64 * KIB), 0, "the refused op never ran");
+    // The stream goes on: a later op on it runs.
+    let later = params(64 * KIB, 0, 0);
+    rig.read(work.handle, buffer, &later, stream);
+    rig.sync(stream);
+    assert_eq!(bytes(&later), 64 * KIB as isize);
+    assert_bytes(&rig.dev_bytes(buffer, 64 * KIB), &work.data[..64 * KIB], "the later op");
+}
