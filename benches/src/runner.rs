@@ -552,6 +552,10 @@ fn run_batch(
     drop(cf);
     println!();
     print!("{}", batch_mode::table(&rows));
+    // Per-API latency histograms and paths of the whole run (the library's statistics):
+    // where the time of each path went, and which requests ran on the caller's thread.
+    println!();
+    print!("{}", crate::stats_view::view(&hipfile_runtime::stats::snapshot(), None));
     if let Some(s) = stats(b) {
         print_stats(&s);
     }
