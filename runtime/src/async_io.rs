@@ -53,11 +53,17 @@ use crate::stream::{DeferredStart, StreamState};
 #[path = "op_gate.rs"]
 mod op_gate;
 
-/// The primitives [`op_gate`] is written against (loom's in its model test).
+/// How an op ends: published once, or abandoned (model-checked with loom).
+#[path = "op_end.rs"]
+mod op_end;
+
+/// The primitives [`op_gate`] and [`op_end`] are written against (loom's in their model
+/// tests).
 mod sync {
-    pub(crate) use std::sync::{Mutex, MutexGuard};
+    pub(crate) use std::sync::{Mutex, MutexGuard, atomic};
 }
 
+use op_end::OpEnd;
 use op_gate::OpGate;
 
 /// Unfinished writes tracked per file for the prefetch hazard check.
@@ -196,8 +202,7 @@ struct AsyncOp {
     prefetch_stamp: Mutex<Option<ChangeStamp>>,
     prefetch_cancelled: AtomicBool,
     hazard: Hazard,
-    abandoned: AtomicBool,
-    published: AtomicBool,
+    end: OpEnd,
     /// Counts the op among the engine's live async ops (caller-thread copies take the
     /// path no held stream can stall while any is alive).
     _alive: crate::engine::AsyncOpTicket,
@@ -517,8 +522,7 @@ impl AsyncOp {
             prefetch_stamp: Mutex::new(None),
             prefetch_cancelled: AtomicBool::new(false),
             hazard,
-            abandoned: AtomicBool::new(false),
-            published: AtomicBool::new(false),
+            end: OpEnd::default(),
             _alive: alive,
         })
     }
@@ -624,7 +628,7 @@ impl AsyncOp {
     /// at submission, if the stream has not reached it yet and the window has room now.
     fn try_start_deferred_prefetch(self: &Arc<Self>) -> DeferredStart {
         let len_bytes = self.submitted.size_bytes();
-        if self.abandoned.load(Ordering::SeqCst) || self.gate.reached() {
+        if self.end.is_abandoned() || self.gate.reached() {
             return DeferredStart::Gone;
         }
         let Ok(engine) = self.driver.engine() else { return DeferredStart::Gone };
@@ -691,7 +695,7 @@ impl AsyncOp {
 
     /// Marks the op as not submitted: it publishes nothing and only cleans up.
     fn abandon(&self) {
-        self.abandoned.store(true, Ordering::SeqCst);
+        self.end.abandon();
         // A prefetch job in flight sees its gate disconnect and ends without copying.
         self.gate.abandon();
         self.release_prefetch_window();
@@ -702,9 +706,8 @@ impl AsyncOp {
     /// The stream reached the op (on the arm poller, or in the host function of the
     /// blocking fallback; O(1), no device calls).
     fn arm(self: Arc<Self>) {
-        if self.abandoned.load(Ordering::SeqCst) {
+        if self.end.end_if_abandoned() {
             self.release_host();
-            self.published.store(true, Ordering::SeqCst);
             return;
         }
         // A deferred prefetch (see `try_start_deferred_prefetch`) either started before
@@ -835,7 +838,7 @@ impl AsyncOp {
     /// Stores `*bytes_p` once and frees the op's hold on file, buffer and hazard table.
     /// `false` when the op was already published or abandoned.
     fn store_result(&self, outcome: Outcome, device_error: Option<DeviceError>) -> bool {
-        if self.abandoned.load(Ordering::SeqCst) || self.published.swap(true, Ordering::SeqCst) {
+        if !self.end.claim_publish() {
             return false;
         }
         let _ = device_error;
@@ -889,7 +892,7 @@ impl Drop for AsyncOp {
     /// An op dropped before publishing (a panic, a lost job) still publishes -5030 and
     /// releases the stream.
     fn drop(&mut self) {
-        if !self.published.load(Ordering::SeqCst) && !self.abandoned.load(Ordering::SeqCst) {
+        if self.end.unfinished() {
             self.publish(Outcome::Library(OpError::InternalError), None);
         }
     }
