@@ -65,6 +65,7 @@ use hipfile::cpu_ext::{
     hipfileCpuDeviceSynchronize, hipfileCpuHostMalloc, hipfileCpuMalloc, hipfileCpuStreamCreate,
     hipfileCpuStreamSynchronize,
 };
+use hipfile::ext::{hipfileExplainPath, hipfileStatsGetClass, hipfileStatsGetPaths};
 use hipfile::types::{
     BatchIo, DescrHandle, HipFileDescr, HipFileDriverProps, HipFileError, HipFileIoEvents,
     HipFileIoParams, IoParamsUnion,
@@ -160,6 +161,12 @@ mod codes {
     /// `hipFileBatchIOSubmit`: accepted 0; validation or no room 5022; driver closed,
     /// unregistered fh, or compat mode off 5030.
     pub const BATCH_SUBMIT: &[c_int] = &[0, 5022, 5030];
+    /// `hipfileExplainPath` (`hipfile_ext.h`): 0; NULL or too small text 5022; unknown
+    /// handle 5027.
+    pub const EXPLAIN: &[c_int] = &[0, 5022, 5027];
+    /// `hipfileStatsGetClass` / `hipfileStatsGetPaths`: 0; NULL out, unknown API or
+    /// device 5022.
+    pub const STATS: &[c_int] = &[0, 5022];
     /// `hipFileBatchIOGetStatus` / `hipFileBatchIOCancel`: 0; unknown handle, NULL `nr`,
     /// NULL events, `min_nr > *nr` or a bad timeout 5022.
     pub const BATCH_STATUS: &[c_int] = &[0, 5022];
@@ -492,6 +499,18 @@ enum Op {
         null_events: bool,
     },
     BatchCancel(BatchRef),
+    Explain {
+        fh: Option<HandleRef>,
+        buf: Option<BufRef>,
+        len: usize,
+        null_text: bool,
+    },
+    StatsGet {
+        device: c_uint,
+        api: c_int,
+        write: c_int,
+        null_out: bool,
+    },
 }
 
 /// Sizes: mostly ones that fit the buffers, the rest hostile.
@@ -664,6 +683,15 @@ fn op() -> impl Strategy<Value = Op> {
                 timeout_ms,
                 null_events,
             });
+    let explain = (
+        prop::option::of(handle_ref()),
+        prop::option::of(buf_ref()),
+        prop::sample::select(vec![0usize, 1, 8, 64, 4096]),
+        prop::bool::weighted(0.1),
+    )
+        .prop_map(|(fh, buf, len, null_text)| Op::Explain { fh, buf, len, null_text });
+    let stats_get = (0u32..10, -1i32..4, 0i32..2, prop::bool::weighted(0.1))
+        .prop_map(|(device, api, write, null_out)| Op::StatsGet { device, api, write, null_out });
     prop_oneof![
         3 => Just(Op::DriverOpen),
         1 => Just(Op::DriverClose),
@@ -685,6 +713,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => batch_ref().prop_map(Op::BatchDestroy),
         2 => batch_status,
         1 => batch_ref().prop_map(Op::BatchCancel),
+        1 => explain,
+        1 => stats_get,
     ]
 }
 
@@ -814,6 +844,8 @@ fn function_name(what: &str) -> &'static str {
         ("BatchSubmit", "hipFileBatchIOSubmit"),
         ("BatchStatus", "hipFileBatchIOGetStatus"),
         ("BatchCancel", "hipFileBatchIOCancel"),
+        ("Explain", "hipfileExplainPath"),
+        ("StatsGet", "hipfileStatsGetClass"),
     ];
     NAMES.iter().find(|(prefix, _)| what.starts_with(prefix)).map_or("other", |&(_, name)| name)
 }
@@ -1078,6 +1110,14 @@ impl Runner<'_> {
             }
             Op::BatchStatus { batch, min_nr, max_nr, timeout_ms, null_events } => {
                 self.batch_status(what, batch, min_nr, max_nr, timeout_ms, null_events)
+            }
+            Op::Explain { fh, buf, len, null_text } => {
+                let fh = fh.map_or(core::ptr::null_mut(), |h| self.handle(h));
+                let buf = buf.map_or(core::ptr::null_mut(), |b| self.buf(b));
+                explain(what, fh, buf, len, null_text)
+            }
+            Op::StatsGet { device, api, write, null_out } => {
+                stats_get(what, device, api, write, null_out)
             }
             Op::BatchCancel(batch) => {
                 // SAFETY: the handle is only looked up.
@@ -1344,6 +1384,42 @@ fn stub(what: &str, which: u8, param: c_int, value: usize) -> Check {
         }
     };
     check_status(what, status, codes::BATCH_STATUS)
+}
+
+/// `hipfileExplainPath` into `len` bytes: on success a NUL inside them and nothing
+/// written past; on failure nothing written.
+fn explain(what: &str, fh: *mut c_void, buf: *mut c_void, len: usize, null_text: bool) -> Check {
+    let mut text = vec![b'#' as c_char; len + 1];
+    let ptr = if null_text { core::ptr::null_mut() } else { text.as_mut_ptr() };
+    // SAFETY: NULL or `len` writable bytes (+1 sentinel); fh and buf are only looked up.
+    let status = unsafe { hipfileExplainPath(fh, buf.cast_const(), ptr, len) };
+    check_status(what, status, codes::EXPLAIN)?;
+    check_that(what, text[len] == b'#' as c_char, || "wrote past len".into())?;
+    if status.err != 0 {
+        return check_that(what, text.iter().all(|&c| c == b'#' as c_char), || {
+            "wrote the text on failure".into()
+        });
+    }
+    check_that(what, text[..len].contains(&0), || "no NUL within len".into())
+}
+
+/// `hipfileStatsGetClass` (and `hipfileStatsGetPaths` with the same NULL choice).
+fn stats_get(what: &str, device: c_uint, api: c_int, write: c_int, null_out: bool) -> Check {
+    let mut class = hipfile_runtime::stats::ClassSnapshot { ops: 77, ..Default::default() };
+    let out = if null_out { core::ptr::null_mut() } else { &raw mut class };
+    // SAFETY: NULL or a valid out-pointer.
+    let status = unsafe { hipfileStatsGetClass(device, api, write, out) };
+    check_status(what, status, codes::STATS)?;
+    let valid = !null_out && (0..3).contains(&api) && device < 8;
+    check_that(what, (status.err == 0) == valid, || format!("valid {valid}, got {status:?}"))?;
+    if !valid {
+        check_that(what, class.ops == 77, || "wrote the class on failure".into())?;
+    }
+    let mut paths = hipfile::ext::StatsPaths { counters: [7; 8] };
+    let out = if null_out { core::ptr::null_mut() } else { &raw mut paths };
+    // SAFETY: NULL or a valid out-pointer.
+    let status = unsafe { hipfileStatsGetPaths(out) };
+    check_status(what, status, codes::STATS)
 }
 
 /// The size_t parameter a `hipFileDriverSet*` call (`which` 3..=5) changes.
