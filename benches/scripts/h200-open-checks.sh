@@ -23,6 +23,15 @@ timeout -s KILL 200 "$H" --mode batch --iterations 8000 --file $F --file-size 1G
   --json "$OUT/batch.json" > "$OUT/batch.txt" 2>&1
 echo "rc=$?"; sed -n '/^Path/,$p' "$OUT/batch.txt" | head -30
 
+echo "== 2b. the 8-thread sync path stays at ~66k IOPS for 4K and 64K alike: engine context or not?"
+for ctx in default shared default shared; do
+  env $([ $ctx = shared ] && echo HIPFILE_CUDA_ENGINE_CONTEXT=shared) timeout -s KILL 60 "$H" --mode batch \
+    --batch-entries 32 --io-size 4K --iterations 8000 --no-baselines --file $F --file-size 1G \
+    > "$OUT/batch-sync-$ctx.txt" 2>&1
+  echo "context=$ctx: $(grep -E '^(SYNC|BATCH|ASYNC) ' "$OUT/batch-sync-$ctx.txt" | tr -s ' ' | cut -d' ' -f1,5 | tr '\n' ' ')"
+  grep -E '^0 +sync' "$OUT/batch-sync-$ctx.txt" | head -1
+done
+
 echo "== 3. Rust GPU tests of the new modules"
 HIPFILE_GPU_C=0 HIPFILE_GPU_SUITES="stats explain batch" timeout -s KILL 100 \
   tests/gpu/run-gpu-suite.sh "$B" > "$OUT/suite.txt" 2>&1
