@@ -1,6 +1,6 @@
 #!/bin/bash
 # The H200 checks left open on 2026-12-04 (issues #16, #17, #18), in one device call of
-# about 8 minutes. Build first, here: tests/gpu/make-bundle.sh (it also builds the
+# about 9 minutes. Build first, here: tests/gpu/make-bundle.sh (it also builds the
 # Python wheel into target/gpu-bundle/python when python/.venv has maturin: run
 # python/run-tests.sh once). Then on the device, carrying target/gpu-bundle:
 #   OUT=$OUT benches/scripts/h200-open-checks.sh
@@ -31,6 +31,11 @@ for ctx in default shared default shared; do
   echo "context=$ctx: $(grep -E '^(SYNC|BATCH|ASYNC) ' "$OUT/batch-sync-$ctx.txt" | tr -s ' ' | cut -d' ' -f1,5 | tr '\n' ' ')"
   grep -E '^0 +sync' "$OUT/batch-sync-$ctx.txt" | head -1
 done
+
+echo "== 2c. #16: do io-wq workers (iou-wrk) take CPU in an 8-stream hot read on this kernel?"
+timeout -s KILL 60 benches/scripts/thread-cpu.sh 12 -- "$H" --mode read --streams 8 --io-size 16M \
+  --no-baselines --reps 6 --file $F --file-size 2G > "$OUT/thread-cpu.txt" 2>&1
+head -12 "$OUT/thread-cpu.txt"
 
 echo "== 3. Rust GPU tests of the new modules"
 HIPFILE_GPU_C=0 HIPFILE_GPU_SUITES="stats explain batch" timeout -s KILL 100 \
