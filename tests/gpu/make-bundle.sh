@@ -26,6 +26,8 @@ cp tests/gpu/cuda_async.c tests/gpu/stream_sweep.c tests/gpu/gpu_check.h "$out/c
 # hipfile-bench, for the measurements.
 cargo build --release -p hipfile-bench >/dev/null
 mkdir -p "$out/bin" && cp target/release/hipfile-bench "$out/bin/"
+# Without debug info the bundle fits the device tool's 64 MiB carry limit.
+strip "$out/bin/hipfile-bench" "$out/lib/libhipfile.so.0"
 # The Python wheel (abi3), when python/run-tests.sh has made python/.venv with maturin.
 if [ -x python/.venv/bin/maturin ]; then
   mkdir -p "$out/python"
