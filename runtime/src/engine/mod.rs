@@ -10,7 +10,13 @@
 
 mod blocking;
 mod executor;
+mod part_results;
 mod staging;
+
+/// The primitives [`part_results`] is written against (loom's in its model test).
+mod sync {
+    pub(crate) use std::sync::Mutex;
+}
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -673,34 +679,27 @@ pub(crate) type PartResult = (Outcome, Option<DeviceError>);
 pub(crate) struct PartJoiner {
     direction: Direction,
     parts: Vec<(u64, u64)>,
-    results: std::sync::Mutex<Vec<Option<PartResult>>>,
+    results: part_results::PartResults<PartResult>,
 }
 
 impl PartJoiner {
     /// A joiner for a request split into `parts`.
     pub(crate) fn new(direction: Direction, parts: Vec<(u64, u64)>) -> PartJoiner {
-        let results = std::sync::Mutex::new(vec![None; parts.len()]);
+        let results = part_results::PartResults::new(parts.len());
         PartJoiner { direction, parts, results }
     }
 
-    /// Records part `index`; returns the combined result ([`combine`]) when it was the
-    /// last.
+    /// Records part `index`; returns the combined result ([`combine`]) to the part that
+    /// was the last.
     pub(crate) fn part_done(
         &self,
         index: usize,
         outcome: Outcome,
         device_error: Option<DeviceError>,
     ) -> Option<PartResult> {
-        let mut results = self.results.lock().unwrap_or_else(|p| p.into_inner());
-        results[index] = Some((outcome, device_error));
-        if results.iter().any(Option::is_none) {
-            return None;
-        }
-        let in_order: Vec<(usize, Outcome, Option<DeviceError>)> = results
-            .iter()
-            .enumerate()
-            .filter_map(|(index, result)| result.map(|(o, e)| (index, o, e)))
-            .collect();
+        let all = self.results.record(index, (outcome, device_error))?;
+        let in_order: Vec<(usize, Outcome, Option<DeviceError>)> =
+            all.into_iter().enumerate().map(|(index, (o, e))| (index, o, e)).collect();
         Some(combine(self.direction, &self.parts, &in_order))
     }
 }
