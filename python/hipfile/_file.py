@@ -38,10 +38,11 @@ class File:
     """A file opened and registered with the driver (``hipFileHandleRegister``).
 
     ``mode``: ``"r"``, ``"r+"``, ``"w"``, ``"w+"``, ``"x"``, ``"x+"`` (binary; append
-    modes are refused, all I/O is positional). ``direct``: ``"auto"`` uses O_DIRECT where
-    the file supports it and the process-wide policy (``HIPFILE_ODIRECT``) allows; the
-    driver's policy is process-wide, so ``True`` / ``False`` are accepted only when they
-    match it (see README).
+    modes are refused, all I/O is positional). ``direct``: ``"auto"`` follows the process-wide
+    policy (``HIPFILE_ODIRECT``: O_DIRECT where the file supports it unless turned off);
+    ``True`` asks for O_DIRECT on this file (page cache where it cannot have it, with a
+    warning); ``False`` keeps this file in the page cache. :meth:`explain` says which
+    path the file's I/O takes and why.
 
     Buffers are device memory (``hipfile.empty``, GPU tensors) or, on the cpu device,
     host buffers such as numpy arrays, staged through a cpu-device buffer (one copy).
@@ -50,7 +51,8 @@ class File:
     def __init__(self, path: "os.PathLike[str] | str", mode: str = "r", direct: Any = "auto"):
         if mode.replace("b", "") not in _MODES:
             raise ValueError(f"mode must be one of {sorted(_MODES)}, not {mode!r}")
-        _check_direct(direct)
+        if direct not in ("auto", True, False):
+            raise ValueError(f"direct must be 'auto', True or False, not {direct!r}")
         self.name = os.fspath(path)
         self.mode = mode
         self._fd = os.open(self.name, _MODES[mode.replace("b", "")] | os.O_CLOEXEC, 0o644)
@@ -60,7 +62,9 @@ class File:
         try:
             _native.driver_open()
             try:
-                self._handle = _native.handle_register(self._fd)
+                self._handle = _native.handle_register(
+                    self._fd, None if direct == "auto" else bool(direct)
+                )
             except BaseException:
                 _native.driver_close()
                 raise
@@ -84,6 +88,12 @@ class File:
     def fileno(self) -> int:
         self._check_open()
         return self._fd
+
+    def explain(self, buf: Any = None) -> str:
+        """Why this path: one line per decision of the path this file's I/O (into
+        ``buf``, when given) takes, each with its cause (``hipfileExplainPath``)."""
+        dev_ptr = None if buf is None else resolve(buf).ptr
+        return _native.explain_path(self.handle, dev_ptr)
 
     def counters(self) -> dict:
         """Bytes moved so far through O_DIRECT and through the page cache."""
@@ -231,16 +241,3 @@ def _size(span: Span, size: Optional[int], buf_offset: int) -> int:
     return size
 
 
-def _check_direct(direct: Any) -> None:
-    if direct == "auto":
-        return
-    if direct not in (True, False):
-        raise ValueError(f"direct must be 'auto', True or False, not {direct!r}")
-    policy = os.environ.get("HIPFILE_ODIRECT", "auto").strip().lower() or "auto"
-    wanted = "off" if direct is False else ("on", "auto")
-    if policy not in (wanted if isinstance(wanted, tuple) else (wanted,)):
-        raise ValueError(
-            f"direct={direct!r} conflicts with the process-wide policy HIPFILE_ODIRECT={policy}: "
-            "the driver's O_DIRECT policy is per process; set HIPFILE_ODIRECT before the first "
-            "hipfile call"
-        )

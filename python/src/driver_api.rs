@@ -6,6 +6,7 @@ use std::os::fd::RawFd;
 
 use hipfile_core::{Direction, OpError, RawIo};
 use hipfile_runtime::HandleId;
+use hipfile_runtime::file::DirectPolicy;
 use pyo3::prelude::*;
 
 use crate::context::driver;
@@ -47,15 +48,36 @@ pub fn get_op_error_string(code: i32) -> &'static str {
 }
 
 /// `hipFileHandleRegister` for a file descriptor: returns the handle (an `int`, never 0).
+/// `direct`: `None` follows the process-wide policy (`HIPFILE_ODIRECT`), `True` asks for
+/// O_DIRECT on this file, `False` keeps it in the page cache.
 ///
 /// # Errors
 /// `HipFileError` 5028 (already registered), 5008 (not a regular file or block device),
 /// 5030 (a descriptor the driver cannot inspect, e.g. closed or negative).
 #[pyfunction]
-pub fn handle_register(py: Python<'_>, fd: RawFd) -> PyResult<usize> {
+#[pyo3(signature = (fd, direct = None))]
+pub fn handle_register(py: Python<'_>, fd: RawFd, direct: Option<bool>) -> PyResult<usize> {
     let driver = driver(py)?;
-    match driver.handle_register(fd) {
-        Ok(id) => Ok(id.0),
+    let registered = match direct {
+        None => driver.handle_register(fd),
+        Some(true) => driver.handle_register_with(fd, DirectPolicy::On),
+        Some(false) => driver.handle_register_with(fd, DirectPolicy::Off),
+    };
+    registered.map(|id| id.0).map_err(|error| from_error(py, error))
+}
+
+/// Why this path (`hipfileExplainPath`): one line per decision of the path I/O on `fh`
+/// (a registered handle, or `None`) into `dev_ptr` (device memory, or `None`) takes.
+///
+/// # Errors
+/// `HipFileError` 5027 for an unknown handle.
+#[pyfunction]
+#[pyo3(signature = (fh = None, dev_ptr = None))]
+pub fn explain_path(py: Python<'_>, fh: Option<usize>, dev_ptr: Option<u64>) -> PyResult<String> {
+    let driver = driver(py)?;
+    let handle = fh.map(HandleId);
+    match driver.explain_path(handle, dev_ptr) {
+        Ok(explanation) => Ok(explanation.to_string()),
         Err(error) => Err(from_error(py, error)),
     }
 }

@@ -38,6 +38,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(driver_api::use_count, m)?)?;
     m.add_function(wrap_pyfunction!(driver_api::get_op_error_string, m)?)?;
     m.add_function(wrap_pyfunction!(driver_api::handle_register, m)?)?;
+    m.add_function(wrap_pyfunction!(driver_api::explain_path, m)?)?;
     m.add_function(wrap_pyfunction!(driver_api::handle_deregister, m)?)?;
     m.add_function(wrap_pyfunction!(driver_api::handle_counters, m)?)?;
     m.add_function(wrap_pyfunction!(driver_api::buf_register, m)?)?;

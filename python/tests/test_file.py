@@ -115,3 +115,18 @@ def test_unknown_buffer_types_and_direct_values_are_refused(data_file):
             file.read(object())
     with pytest.raises(ValueError):
         hipfile.File(path, direct="sometimes")
+
+
+def test_direct_is_chosen_per_file_and_explained(data_file, dev):
+    path, _ = data_file
+    with hipfile.File(path, direct=False) as file:
+        why = file.explain()
+        assert "O_DIRECT [slower]: no (turned off" in why, why
+    buf = dev.alloc(4096)
+    with hipfile.File(path, direct="auto") as file:
+        why = file.explain(buf)
+        assert "buffer:" in why and "device memory" in why, why
+        assert "turned off" not in why, why
+    with pytest.raises(hipfile.HipFileError) as error:
+        hipfile.explain_path(0x1234_5670)
+    assert error.value.code == 5027

@@ -19,17 +19,29 @@ use hipfile_core::OpError;
 use crate::config::{Config, DeviceSelection};
 use crate::device::Device;
 use crate::device::cpu::CpuDevice;
-use crate::device::user::open_device;
+use crate::device::user::{UserDevice, open_device};
 use crate::driver::Driver;
 use crate::error::Error;
 
-/// The C API's driver and, on the cpu device, the typed device.
-#[derive(Debug)]
+/// The C API's driver, its device as an application sees it, and, on the cpu device,
+/// the typed device.
 pub struct CapiRuntime {
     /// The driver every `hipFile*` export uses.
     pub driver: Arc<Driver>,
+    /// The driver's device (the same object) with the application's operations:
+    /// allocation, streams, copies (the Python package allocates through it).
+    pub device: Arc<dyn UserDevice>,
     /// The driver's device when it is the `cpu` device (the same object).
     pub cpu: Option<Arc<CpuDevice>>,
+}
+
+impl std::fmt::Debug for CapiRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CapiRuntime")
+            .field("driver", &self.driver)
+            .field("cpu", &self.cpu.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 /// The process-wide runtime of the C API, built on first use from the environment.
@@ -46,7 +58,7 @@ fn build(config: Config) -> Result<CapiRuntime, Error> {
     let cpu_devices = config.cpu_device_count;
     let typed_cpu = || {
         let cpu = CpuDevice::new(cpu_devices);
-        let device: Arc<dyn Device> = cpu.clone();
+        let device: Arc<dyn UserDevice> = cpu.clone();
         (device, Some(cpu))
     };
     let (device, cpu) = match config.device {
@@ -54,16 +66,17 @@ fn build(config: Config) -> Result<CapiRuntime, Error> {
         DeviceSelection::Auto => match open_device(DeviceSelection::Rocm, cpu_devices)
             .or_else(|_| open_device(DeviceSelection::Cuda, cpu_devices))
         {
-            Ok(device) => (device as Arc<dyn Device>, None),
+            Ok(device) => (device, None),
             Err(_) => typed_cpu(),
         },
         other => match open_device(other, cpu_devices) {
-            Ok(device) => (device as Arc<dyn Device>, None),
+            Ok(device) => (device, None),
             Err(reason) => {
                 log::error!("HIPFILE_DEVICE={other:?}: {reason}");
                 return Err(Error::new(OpError::DeviceNotFound));
             }
         },
     };
-    Ok(CapiRuntime { driver: Driver::new(config, device), cpu })
+    let driver = Driver::new(config, Arc::clone(&device) as Arc<dyn Device>);
+    Ok(CapiRuntime { driver, device, cpu })
 }

@@ -344,11 +344,25 @@ impl Driver {
     /// error of [`FileHandle::open`] (`IONotSupported`, `InternalError`; the use count is
     /// then unchanged).
     pub fn handle_register(&self, fd: RawFd) -> Result<HandleId, Error> {
+        self.handle_register_with(fd, self.config().direct)
+    }
+
+    /// [`Driver::handle_register`] with this handle's own O_DIRECT policy instead of the
+    /// process-wide one (`HIPFILE_ODIRECT`): `Off` keeps every byte of this file in the
+    /// page cache, `On` asks for O_DIRECT (a warning where the file cannot have it).
+    ///
+    /// # Errors
+    /// As [`Driver::handle_register`].
+    pub fn handle_register_with(
+        &self,
+        fd: RawFd,
+        direct: crate::file::DirectPolicy,
+    ) -> Result<HandleId, Error> {
         if read_lock(&self.files).values().any(|f| f.client_fd() == fd) {
             self.ensure_open();
             return Err(Error::new(OpError::HandleAlreadyRegistered));
         }
-        let file = Arc::new(FileHandle::open(fd, self.config().direct)?);
+        let file = Arc::new(FileHandle::open(fd, direct)?);
         log_direct_path(fd, &file);
         let id = HandleId::next();
         let mut files = write_lock(&self.files);

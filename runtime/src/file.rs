@@ -177,7 +177,8 @@ impl Identity {
 /// cache).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum NoDirectReason {
-    /// `HIPFILE_ODIRECT=off` (or `ForceOdirectMode` / the policy said so).
+    /// The policy said so: `HIPFILE_ODIRECT=off`, or this handle's own policy
+    /// ([`crate::Driver::handle_register_with`]).
     PolicyOff,
     /// The filesystem reports no usable O_DIRECT alignment (`statx` DIOALIGN 0).
     FilesystemHasNone,
@@ -192,7 +193,9 @@ pub enum NoDirectReason {
 impl std::fmt::Display for NoDirectReason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            NoDirectReason::PolicyOff => write!(f, "HIPFILE_ODIRECT=off"),
+            NoDirectReason::PolicyOff => {
+                write!(f, "turned off: HIPFILE_ODIRECT=off, or this handle's own policy")
+            }
             NoDirectReason::FilesystemHasNone => {
                 write!(f, "the filesystem reports no O_DIRECT alignment (statx DIOALIGN)")
             }

@@ -139,3 +139,23 @@ fn buffers_that_io_refuses_are_named_with_the_code() {
     let explanation = off.explain_path(None, None).unwrap();
     assert!(item(&explanation, "sync I/O").text.contains("HIPFILE_ALLOW_COMPAT_MODE=false"));
 }
+
+#[test]
+fn a_handle_can_have_its_own_o_direct_policy() {
+    let (driver, _device) = driver();
+    driver.open();
+    let file = TempFile::new(&ext4_dir(), &pattern(64 * KIB, 3));
+    let (auto_fd, off_fd) = (file.open_rw(), file.open_rw());
+    let auto = driver.handle_register(auto_fd.as_raw_fd()).unwrap();
+    let off = driver.handle_register_with(off_fd.as_raw_fd(), DirectPolicy::Off).unwrap();
+    let auto_text = driver.explain_path(Some(auto), None).unwrap();
+    let off_text = driver.explain_path(Some(off), None).unwrap();
+    let off_direct = item(&off_text, "O_DIRECT");
+    assert!(!off_direct.fast && off_direct.text.contains("this handle's own policy"), "{off_text}");
+    if item(&auto_text, "O_DIRECT").text.starts_with("yes") {
+        assert!(driver.file(auto).unwrap().direct_fd().is_some());
+    }
+    assert!(driver.file(off).unwrap().direct_fd().is_none(), "no O_DIRECT descriptor");
+    driver.handle_deregister(auto);
+    driver.handle_deregister(off);
+}
