@@ -1,7 +1,8 @@
 //! Several devices in one process: each device's buffer registered, streams of each
 //! device (registered with every FIXED flag and unregistered), async reads and writes and
 //! sync reads on all devices at once from one thread per device, every byte checked, and
-//! a buffer of one device refused on a stream of another. The `cpu` device exposes 4
+//! a buffer of one device refused on a stream of another; one batch reading into and
+//! writing from buffers of every device. The `cpu` device exposes 4
 //! devices here (CI); on a GPU machine the same test runs on every GPU it has.
 
 mod async_support;
@@ -112,5 +113,58 @@ fn every_device_loads_and_stores_its_own_shard_at_once() {
     for (fixed, plain) in streams {
         rig.device.destroy_user_stream(fixed).expect("destroy");
         rig.device.destroy_user_stream(plain).expect("destroy");
+    }
+}
+
+#[test]
+fn one_batch_reads_into_and_writes_from_every_device() {
+    use hipfile_runtime::batch::{Batch, BatchEntry};
+    let rig = Rig::with(4, small_config());
+    let devices = rig.device.device_count() as usize;
+    let chunk = 256 * KIB;
+    let data = pattern(0xBA7C, devices * chunk);
+    let mut contents = data.clone();
+    contents.resize(2 * devices * chunk, 0);
+    let file = TempFile::new("multi-device-batch", &contents);
+    let fd = file.open_rw();
+    let handle = rig.register(&fd);
+    let buffers: Vec<u64> = (0..devices as u32).map(|d| rig.alloc_on(d, 2 * chunk)).collect();
+    // Each device's second half holds what it writes back.
+    let outgoing: Vec<Vec<u8>> = (0..devices).map(|d| pattern(0x5EED + d as u64, chunk)).collect();
+    for (d, &buffer) in buffers.iter().enumerate() {
+        rig.set_dev_bytes(buffer + chunk as u64, &outgoing[d]);
+    }
+    let entry =
+        |direction, d: usize, buffer_offset: usize, file_offset: usize, cookie| BatchEntry {
+            direction,
+            handle,
+            buffer_base_addr: buffers[d],
+            buffer_offset_bytes: buffer_offset as i64,
+            file_offset_bytes: file_offset as i64,
+            size_bytes: chunk as u64,
+            cookie,
+        };
+    let mut entries = Vec::new();
+    for d in 0..devices {
+        entries.push(entry(Direction::Read, d, 0, d * chunk, 2 * d));
+        entries.push(entry(Direction::Write, d, chunk, (devices + d) * chunk, 2 * d + 1));
+    }
+    let batch = Batch::new(Arc::clone(&rig.driver), entries.len() as u32).unwrap();
+    batch.submit(&entries).unwrap();
+    let mut seen = 0;
+    while seen < entries.len() {
+        for event in batch.status(entries.len() - seen, entries.len(), Some(HANG_GUARD)) {
+            assert_eq!(event.result, chunk as i64, "entry {}", event.cookie);
+            seen += 1;
+        }
+    }
+    for (d, &buffer) in buffers.iter().enumerate() {
+        let got = rig.dev_bytes(buffer, chunk);
+        assert_bytes(&got, &data[d * chunk..(d + 1) * chunk], &format!("device {d} read"));
+    }
+    let written = file.contents();
+    for (d, sent) in outgoing.iter().enumerate() {
+        let at = (devices + d) * chunk;
+        assert_bytes(&written[at..at + chunk], sent, &format!("device {d} write"));
     }
 }
