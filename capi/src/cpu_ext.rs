@@ -92,11 +92,7 @@ fn pointer_info(ptr: *const c_void) -> Result<CpuPointerInfo, HipStatus> {
 }
 
 fn stream_query(handle: *mut c_void) -> Result<(), HipStatus> {
-    let device = cpu()?;
-    let event = device.record_event_on(stream(handle))?;
-    let done = device.event_done(event);
-    device.destroy_event(event);
-    if done? { Ok(()) } else { Err(HipStatus::NOT_READY) }
+    if cpu()?.stream_done(stream(handle))? { Ok(()) } else { Err(HipStatus::NOT_READY) }
 }
 
 fn device_synchronize() -> Result<(), HipStatus> {

@@ -58,9 +58,21 @@ impl StreamFuture {
         usize::try_from(bytes).map_err(|_| from_negative_result(py, bytes))
     }
 
-    /// Whether `result()` has already waited for the stream.
-    fn done(&self) -> bool {
-        self.finished
+    /// Whether the stream has passed the op (non-blocking: the stream has no work left,
+    /// `cuStreamQuery` / `hipStreamQuery`; work queued on it after the op counts too).
+    ///
+    /// # Errors
+    /// `HipFileError(5011)` for a stream error.
+    fn done(&mut self, py: Python<'_>) -> PyResult<bool> {
+        if self.finished {
+            return Ok(true);
+        }
+        let passed = self.driver.device().stream_done(self.stream);
+        if passed.map_err(|e| from_device_error(py, e))? {
+            self.finished = true;
+            self.owner = None;
+        }
+        Ok(self.finished)
     }
 
     /// The raw result cell (`*bytes_p`): 0 until the op published, then the byte count,

@@ -1,5 +1,6 @@
 import gc
 import os
+import time
 
 import pytest
 
@@ -45,7 +46,12 @@ def test_future_owns_cells_and_buffer_after_the_caller_dropped_them(rw_file, dev
     del buf  # the future keeps the buffer alive until the stream passed the op
     gc.collect()
     assert future.bytes_done == 0  # the stream has not reached the op
+    assert not future.done()  # non-blocking: the held stream has not passed it
     gate.release()
+    deadline = time.monotonic() + 30
+    while not future.done():
+        assert time.monotonic() < deadline, "the stream never passed the op"
+        time.sleep(0.001)
     assert future.result() == 8192
     assert bytes(view) == data[100:100 + 8192]
 

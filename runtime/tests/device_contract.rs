@@ -225,8 +225,10 @@ fn contract_wait_value_blocks_until_released_and_host_functions_run_in_order() {
     }
     std::thread::sleep(std::time::Duration::from_millis(50));
     assert!(order.lock().unwrap().is_empty(), "work ran past a closed gate");
+    assert!(!device.stream_done(stream).unwrap(), "a held stream is not done");
     gate.release();
     device.synchronize_stream(stream).unwrap();
+    assert!(device.stream_done(stream).unwrap(), "a synchronized stream is done");
     assert_eq!(*order.lock().unwrap(), (0..100).collect::<Vec<_>>());
     // A write-value on an internal stream releases a wait on a user stream.
     let word = device.alloc_pinned(4096).unwrap();

@@ -1546,4 +1546,10 @@ impl Device for CpuDevice {
         let ticket = stream.current_ticket();
         stream.wait_for(ticket)
     }
+
+    fn stream_done(&self, stream: StreamHandle) -> Result<bool, DeviceError> {
+        let stream = self.stream(stream.0)?;
+        let ticket = stream.current_ticket();
+        stream.is_done(ticket)
+    }
 }

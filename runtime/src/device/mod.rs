@@ -447,4 +447,11 @@ pub trait Device: Send + Sync + 'static {
     /// # Errors
     /// Unknown stream, or an asynchronous error.
     fn synchronize_stream(&self, stream: StreamHandle) -> Result<(), DeviceError>;
+
+    /// Non-blocking: `Ok(true)` once every op enqueued on a user stream so far has
+    /// completed (`cuStreamQuery` / `hipStreamQuery`).
+    ///
+    /// # Errors
+    /// Unknown stream, or an asynchronous error.
+    fn stream_done(&self, stream: StreamHandle) -> Result<bool, DeviceError>;
 }

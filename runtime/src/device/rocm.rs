@@ -42,7 +42,8 @@ use hip_sys::hiprt::{
     hipMalloc, hipMemcpyDtoHAsync, hipMemcpyHtoDAsync, hipMemsetD8Async, hipPointerAttribute_t,
     hipPointerGetAttributes, hipSetDevice, hipStream_t, hipStreamAddCallback,
     hipStreamCreateWithFlags, hipStreamCreateWithPriority, hipStreamDestroy, hipStreamNonBlocking,
-    hipStreamSynchronize, hipStreamWaitValue32, hipStreamWaitValueGte, hipStreamWriteValue32,
+    hipStreamQuery, hipStreamSynchronize, hipStreamWaitValue32, hipStreamWaitValueGte,
+    hipStreamWriteValue32,
 };
 
 use super::{
@@ -687,5 +688,13 @@ impl Device for RocmDevice {
     fn synchronize_stream(&self, stream: StreamHandle) -> Result<(), DeviceError> {
         // SAFETY: a user stream handle; invalid ones yield an error code.
         call(unsafe { hipStreamSynchronize(stream_of(stream)) }, "hipStreamSynchronize")
+    }
+
+    fn stream_done(&self, stream: StreamHandle) -> Result<bool, DeviceError> {
+        // SAFETY: a user stream handle; invalid ones yield an error code.
+        match unsafe { hipStreamQuery(stream_of(stream)) } {
+            hipError_t::hipErrorNotReady => Ok(false),
+            code => call(code, "hipStreamQuery").map(|()| true),
+        }
     }
 }

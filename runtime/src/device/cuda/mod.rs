@@ -1220,4 +1220,13 @@ impl Device for CudaDevice {
             "cuStreamSynchronize",
         )
     }
+
+    fn stream_done(&self, stream: StreamHandle) -> Result<bool, DeviceError> {
+        self.ensure_any_current()?;
+        // SAFETY: a user stream handle; invalid ones yield an error code.
+        match unsafe { (self.api.cuStreamQuery)(stream.0 as CUstream) } {
+            CUDA_ERROR_NOT_READY => Ok(false),
+            code => self.call(code, "cuStreamQuery").map(|()| true),
+        }
+    }
 }

@@ -132,6 +132,7 @@ driver_api! {
     cuStreamCreate: fn(*mut CUstream, c_uint) = ["cuStreamCreate"];
     cuStreamDestroy: fn(CUstream) = ["cuStreamDestroy_v2", "cuStreamDestroy"];
     cuStreamSynchronize: fn(CUstream) = ["cuStreamSynchronize"];
+    cuStreamQuery: fn(CUstream) = ["cuStreamQuery"];
     cuStreamGetCtx: fn(CUstream, *mut CUcontext) = ["cuStreamGetCtx"];
     cuEventCreate: fn(*mut CUevent, c_uint) = ["cuEventCreate"];
     cuEventRecord: fn(CUevent, CUstream) = ["cuEventRecord"];
