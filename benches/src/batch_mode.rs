@@ -119,11 +119,10 @@ fn clear(b: &Bench, shape: &Shape) -> Result<(), RunError> {
     if !b.verify {
         return Ok(());
     }
-    let zeros = vec![0u8; shape.io_size];
     let stream = StreamSet::create(b.device(), 1).map_err(failed("stream"))?;
     let mut staging =
         crate::mem::Pinned::alloc(b.device(), shape.io_size).map_err(failed("pinned"))?;
-    staging.bytes_mut()[..shape.io_size].copy_from_slice(&zeros);
+    staging.bytes_mut()[..shape.io_size].fill(0);
     for i in 0..shape.ops {
         let off = offset(i, shape.io_size, b.file.size);
         // SAFETY: pinned staging of io_size bytes, alive until the sync below; the target

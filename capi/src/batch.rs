@@ -46,7 +46,9 @@ fn lookup(handle: *mut c_void) -> Result<Arc<Batch>, Error> {
     contexts().get(&(handle as usize)).cloned().ok_or_else(invalid)
 }
 
-/// One `hipFileIOParams_t` as a runtime entry: mode, opcode and offsets' signs checked.
+/// One `hipFileIOParams_t` as a runtime entry: mode, opcode and offsets' signs checked
+/// here, before the driver, in hipFile's order (a bad entry is 5022 even while the
+/// driver is closed; [`Batch::submit`] checks the driver first).
 fn entry(params: &HipFileIoParams) -> Result<BatchEntry, Error> {
     // SAFETY: `batch` is the union's only member; its fields are plain integers and a
     // pointer, valid for every bit pattern.
@@ -85,6 +87,7 @@ unsafe fn submit(handle: *mut c_void, nr: u32, iocbp: *const HipFileIoParams) ->
     if nr == 0 {
         return Ok(());
     }
+    // Checked before `iocbp` is read: never more entries than the batch can take.
     if nr as usize > batch.capacity() || iocbp.is_null() {
         return Err(invalid());
     }

@@ -168,20 +168,23 @@ impl StatsPage {
 
     /// Sets every counter to 0 (the header stays).
     pub fn reset(&self) {
-        for word in self.counter_words() {
+        for word in &self.words()[4..] {
             word.store(0, Ordering::Relaxed);
         }
     }
 
-    /// Every counter word (the page after its 4-word header), in layout order.
-    fn counter_words(&self) -> &[AtomicU64] {
-        let words = size_of::<StatsPage>() / 8;
+    /// A copy of every word.
+    pub fn snapshot(&self) -> StatsSnapshot {
+        let words: Vec<u64> = self.words().iter().map(|w| w.load(Ordering::Relaxed)).collect();
+        StatsSnapshot::from_words(&words)
+    }
+
+    /// Every word of the page (the 4-word header, then the counters), in layout order.
+    fn words(&self) -> &[AtomicU64] {
+        let count = size_of::<StatsPage>() / 8;
         // SAFETY: StatsPage is repr(C) made only of AtomicU64 (and arrays of it), so it
-        // is `words` contiguous AtomicU64s; the header is the first 4.
-        let all = unsafe {
-            std::slice::from_raw_parts(std::ptr::from_ref(self).cast::<AtomicU64>(), words)
-        };
-        &all[4..]
+        // is `count` contiguous AtomicU64s.
+        unsafe { std::slice::from_raw_parts(std::ptr::from_ref(self).cast::<AtomicU64>(), count) }
     }
 }
 
@@ -387,16 +390,7 @@ impl StatsSnapshot {
 
 /// A copy of this process's statistics.
 pub fn snapshot() -> StatsSnapshot {
-    let page = global();
-    let words: Vec<u64> = {
-        let count = size_of::<StatsPage>() / 8;
-        // SAFETY: as in `counter_words`: the page is `count` contiguous AtomicU64s.
-        let all = unsafe {
-            std::slice::from_raw_parts(std::ptr::from_ref(page).cast::<AtomicU64>(), count)
-        };
-        all.iter().map(|w| w.load(Ordering::Relaxed)).collect()
-    };
-    StatsSnapshot::from_words(&words)
+    global().snapshot()
 }
 
 /// The shared-memory page (and its private fallback).
@@ -555,13 +549,7 @@ mod tests {
         );
         page.record_path_bytes(Direction::Write, ChunkMode::Direct, 4096);
         page.paths.engine_jobs.fetch_add(2, Ordering::Relaxed);
-        let count = size_of::<StatsPage>() / 8;
-        // SAFETY: the page is `count` contiguous AtomicU64s.
-        let all = unsafe {
-            std::slice::from_raw_parts(std::ptr::from_ref(page).cast::<AtomicU64>(), count)
-        };
-        let words: Vec<u64> = all.iter().map(|w| w.load(Ordering::Relaxed)).collect();
-        let snap = StatsSnapshot::from_words(&words);
+        let snap = page.snapshot();
         let class = snap.class(1, Api::Batch, Direction::Write);
         assert_eq!((class.ops, class.bytes, class.errors), (2, 4096, 1));
         assert_eq!(class.latency_ns_sum, 13_000);
@@ -572,8 +560,9 @@ mod tests {
         assert_eq!(snap.paths[2], 4096, "O_DIRECT write bytes");
         assert_eq!(snap.paths[5], 2, "engine jobs");
         page.reset();
-        let words: Vec<u64> = all.iter().map(|w| w.load(Ordering::Relaxed)).collect();
-        assert!(words[4..].iter().all(|&w| w == 0));
+        assert!(page.words()[4..].iter().all(|w| w.load(Ordering::Relaxed) == 0));
+        let cleared = page.snapshot();
+        assert_eq!(cleared.class(1, Api::Batch, Direction::Write), &ClassSnapshot::default());
     }
 
     fn shared_page_for_test() -> StatsPage {
