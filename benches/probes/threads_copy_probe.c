@@ -15,6 +15,19 @@
 // Each case: T threads (1, 2, 4, 8, 16) doing OPS ops each, started together; the
 // aggregate rate is ops / wall time. Variants run in turn, twice (drift shows).
 //
+// `./threads_copy_probe FILE why` instead asks which part of the second context
+// serializes (copy and wait only, 4 KiB and 1 MiB, 1 and 8 threads; the memory each
+// copy touches and the context's scheduling flags varied):
+//   primary          primary context, primary-context memory (reference)
+//   eng              engine context (flags 0 = SCHED_AUTO), primary memory both sides
+//   eng-dst-own      engine context, device target allocated in the engine context
+//   eng-src-own      engine context, pinned source allocated in the engine context
+//   eng-both-own     both allocated in the engine context
+//   eng-spin / eng-yield / eng-blocking  contexts made with SCHED_SPIN / YIELD / BLOCKING_SYNC
+//   ctx-per-thread   each thread its own created context (primary memory both sides)
+//   eng-event        engine context, wait with an event (cuEventRecord + cuEventSynchronize)
+//   eng-query        engine context, wait by spinning on cuStreamQuery
+//
 // Build: gcc -O2 -std=c11 -pthread threads_copy_probe.c -I$CUDA/include -L$CUDA/lib64/stubs -lcuda
 // Run:   ./threads_copy_probe FILE   (FILE is created, 256 MiB, and left in the page cache)
 #define _GNU_SOURCE
@@ -85,6 +98,123 @@ static void *worker(void *arg) {
   return NULL;
 }
 
+// ---- "why": which part of a created context serializes threads ----
+enum { WHY_VARIANTS = 12, WHY_OPS = 1000 };
+static const char *WHY_NAMES[WHY_VARIANTS] = {
+    "primary", "eng", "eng-dst-own", "eng-src-own", "eng-both-own", "eng-spin",
+    "eng-yield", "eng-blocking", "ctx-per-thread", "eng-event", "eng-query", "primary-query"};
+static CUcontext g_flagged[3];  // SCHED_SPIN, SCHED_YIELD, SCHED_BLOCKING_SYNC
+static CUdeviceptr g_engine_buffer;  // MAX_THREADS slots of 1 MiB, engine context
+static CUdevice g_dev;
+
+typedef struct {
+  int variant, index;
+  size_t io_bytes;
+  void *pinned, *engine_pinned;
+  pthread_barrier_t *start;
+  double finished_us;  // before the thread's teardown, which is not timed
+} why_t;
+
+static CUcontext create_context(unsigned flags) {
+  CUcontext c, popped;
+#if CUDA_VERSION >= 13000
+  CHECK(cuCtxCreate(&c, NULL, flags, g_dev));
+#else
+  CHECK(cuCtxCreate(&c, flags, g_dev));
+#endif
+  CHECK(cuCtxPopCurrent(&popped));
+  return c;
+}
+
+static void *why_worker(void *arg) {
+  why_t *w = arg;
+  int v = w->variant;
+  CUcontext own = NULL;
+  CUcontext context = g_engine;
+  if (v == 0 || v == 11) context = g_primary;
+  if (v >= 5 && v <= 7) context = g_flagged[v - 5];
+  if (v == 8) own = context = create_context(0);
+  CHECK(cuCtxSetCurrent(context));
+  CUstream stream;
+  CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+  CUevent event;
+  CHECK(cuEventCreate(&event, CU_EVENT_DISABLE_TIMING));
+  CUdeviceptr slot = (CUdeviceptr)w->index * (1 << 20);
+  CUdeviceptr target = (v == 2 || v == 4 ? g_engine_buffer : g_device_buffer) + slot;
+  void *source = v == 3 || v == 4 ? w->engine_pinned : w->pinned;
+  pthread_barrier_wait(w->start);
+  for (int i = 0; i < WHY_OPS; i++) {
+    CHECK(cuMemcpyHtoDAsync(target, source, w->io_bytes, stream));
+    if (v == 9) {
+      CHECK(cuEventRecord(event, stream));
+      CHECK(cuEventSynchronize(event));
+    } else if (v == 10 || v == 11) {
+      CUresult r;
+      while ((r = cuStreamQuery(stream)) == CUDA_ERROR_NOT_READY) {
+      }
+      CHECK(r);
+    } else {
+      CHECK(cuStreamSynchronize(stream));
+    }
+  }
+  w->finished_us = now_us();
+  CHECK(cuEventDestroy(event));
+  CHECK(cuStreamDestroy(stream));
+  if (own) CHECK(cuCtxDestroy(own));
+  return NULL;
+}
+
+static void why(void) {
+  g_flagged[0] = create_context(CU_CTX_SCHED_SPIN);
+  g_flagged[1] = create_context(CU_CTX_SCHED_YIELD);
+  g_flagged[2] = create_context(CU_CTX_SCHED_BLOCKING_SYNC);
+  CUcontext popped;
+  CHECK(cuCtxPushCurrent(g_engine));
+  CHECK(cuMemAlloc(&g_engine_buffer, (size_t)MAX_THREADS << 20));
+  why_t w[MAX_THREADS];
+  for (int t = 0; t < MAX_THREADS; t++)
+    CHECK(cuMemHostAlloc(&w[t].engine_pinned, 1 << 20, CU_MEMHOSTALLOC_PORTABLE));
+  CHECK(cuCtxPopCurrent(&popped));
+  CHECK(cuCtxSetCurrent(g_primary));
+  for (int t = 0; t < MAX_THREADS; t++)
+    CHECK(cuMemHostAlloc(&w[t].pinned, 1 << 20, CU_MEMHOSTALLOC_PORTABLE));
+  printf("# why: copy + wait only, %d ops per thread; aggregate k ops/s (us per op per thread)\n",
+         WHY_OPS);
+  static const int THREADS[] = {1, 8};
+  static const size_t SIZES[] = {4096, 1 << 20};
+  for (int round = 1; round <= 2; round++)
+    for (int s = 0; s < 2; s++)
+      for (int ti = 0; ti < 2; ti++) {
+        int threads = THREADS[ti];
+        printf("round %d %7zu B %d thr:", round, SIZES[s], threads);
+        for (int v = 0; v < WHY_VARIANTS; v++) {
+          pthread_barrier_t start;
+          pthread_barrier_init(&start, NULL, threads + 1);
+          pthread_t ids[MAX_THREADS];
+          for (int t = 0; t < threads; t++) {
+            w[t].variant = v;
+            w[t].index = t;
+            w[t].io_bytes = SIZES[s];
+            w[t].start = &start;
+            pthread_create(&ids[t], NULL, why_worker, &w[t]);
+          }
+          pthread_barrier_wait(&start);
+          double t0 = now_us();
+          double end = t0;
+          for (int t = 0; t < threads; t++) {
+            pthread_join(ids[t], NULL);
+            if (w[t].finished_us > end) end = w[t].finished_us;
+          }
+          double elapsed = end - t0;
+          pthread_barrier_destroy(&start);
+          printf("  %s %.1fk (%.1f)", WHY_NAMES[v], threads * (double)WHY_OPS / elapsed * 1e3,
+                 elapsed / WHY_OPS);
+          fflush(stdout);
+        }
+        printf("\n");
+      }
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: %s FILE\n", argv[0]);
@@ -104,6 +234,11 @@ int main(int argc, char **argv) {
   CUcontext popped;
   CHECK(cuCtxPopCurrent(&popped));
   CHECK(cuCtxSetCurrent(g_primary));
+  g_dev = dev;
+  if (argc > 2 && strcmp(argv[2], "why") == 0) {
+    why();
+    return 0;
+  }
 
   g_fd = open(argv[1], O_RDWR | O_CREAT | O_TRUNC, 0644);
   if (g_fd < 0) {
