@@ -28,6 +28,17 @@
 //   eng-event        engine context, wait with an event (cuEventRecord + cuEventSynchronize)
 //   eng-query        engine context, wait by spinning on cuStreamQuery
 //
+// `./threads_copy_probe FILE how` then tries ways for the engine context to land bytes
+// in the application's memory that might scale (1, 8 and 14 threads; 4 KiB to 1 MiB):
+//   primary          primary context: HtoD into its memory (reference)
+//   eng              engine context: HtoD into the application's memory (today)
+//   eng-own          engine context: HtoD into its own memory (the scaling reference)
+//   eng-bounce       HtoD into an engine-context scratch, then DtoD into the target
+//   eng-dtod         the DtoD alone (scratch -> application memory)
+//   eng-peer         HtoD into the scratch, then cuMemcpyPeerAsync naming both contexts
+//   eng-mapped       DtoD from the device address of the mapped pinned source
+//   primary-dtod     the DtoD in the primary context (reference)
+//
 // Build: gcc -O2 -std=c11 -pthread threads_copy_probe.c -I$CUDA/include -L$CUDA/lib64/stubs -lcuda
 // Run:   ./threads_copy_probe FILE   (FILE is created, 256 MiB, and left in the page cache)
 #define _GNU_SOURCE
@@ -215,6 +226,93 @@ static void why(void) {
       }
 }
 
+// ---- "how": a copy from the engine context into application memory that scales ----
+enum { HOW_VARIANTS = 8 };
+static const char *HOW_NAMES[HOW_VARIANTS] = {"primary", "eng", "eng-own", "eng-bounce",
+                                              "eng-dtod", "eng-peer", "eng-mapped",
+                                              "primary-dtod"};
+static CUdeviceptr g_scratch;  // MAX_THREADS slots of 1 MiB, engine context
+
+static void *how_worker(void *arg) {
+  why_t *w = arg;
+  int v = w->variant;
+  int primary = v == 0 || v == 7;
+  CHECK(cuCtxSetCurrent(primary ? g_primary : g_engine));
+  CUstream stream;
+  CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+  CUdeviceptr slot = (CUdeviceptr)w->index * (1 << 20);
+  CUdeviceptr target = g_device_buffer + slot, scratch = g_scratch + slot;
+  CUdeviceptr mapped = 0;
+  CHECK(cuMemHostGetDevicePointer(&mapped, w->pinned, 0));
+  size_t n = w->io_bytes;
+  pthread_barrier_wait(w->start);
+  for (int i = 0; i < WHY_OPS; i++) {
+    switch (v) {
+      case 0: case 1: CHECK(cuMemcpyHtoDAsync(target, w->pinned, n, stream)); break;
+      case 2: CHECK(cuMemcpyHtoDAsync(scratch, w->pinned, n, stream)); break;
+      case 3:
+        CHECK(cuMemcpyHtoDAsync(scratch, w->pinned, n, stream));
+        CHECK(cuMemcpyDtoDAsync(target, scratch, n, stream));
+        break;
+      case 4: CHECK(cuMemcpyDtoDAsync(target, scratch, n, stream)); break;
+      case 5:
+        CHECK(cuMemcpyHtoDAsync(scratch, w->pinned, n, stream));
+        CHECK(cuMemcpyPeerAsync(target, g_primary, scratch, g_engine, n, stream));
+        break;
+      case 6: CHECK(cuMemcpyDtoDAsync(target, mapped, n, stream)); break;
+      case 7: CHECK(cuMemcpyDtoDAsync(target, g_device_buffer + ((slot + (8 << 20)) % (16 << 20)), n, stream)); break;
+    }
+    CHECK(cuStreamSynchronize(stream));
+  }
+  w->finished_us = now_us();
+  CHECK(cuStreamDestroy(stream));
+  return NULL;
+}
+
+static void how(void) {
+  CUcontext popped;
+  CHECK(cuCtxPushCurrent(g_engine));
+  CHECK(cuMemAlloc(&g_scratch, (size_t)MAX_THREADS << 20));
+  CHECK(cuCtxPopCurrent(&popped));
+  CHECK(cuCtxSetCurrent(g_primary));
+  why_t w[MAX_THREADS];
+  for (int t = 0; t < MAX_THREADS; t++)
+    CHECK(cuMemHostAlloc(&w[t].pinned, 1 << 20,
+                         CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP));
+  printf("# how: %d ops per thread; aggregate k ops/s (us per op per thread)\n", WHY_OPS);
+  static const int THREADS[] = {1, 8, 14};
+  static const size_t SIZES[] = {4096, 65536, 1 << 20};
+  for (int round = 1; round <= 2; round++)
+    for (int s = 0; s < 3; s++)
+      for (int ti = 0; ti < 3; ti++) {
+        int threads = THREADS[ti];
+        printf("round %d %7zu B %2d thr:", round, SIZES[s], threads);
+        for (int v = 0; v < HOW_VARIANTS; v++) {
+          pthread_barrier_t start;
+          pthread_barrier_init(&start, NULL, threads + 1);
+          pthread_t ids[MAX_THREADS];
+          for (int t = 0; t < threads; t++) {
+            w[t].variant = v;
+            w[t].index = t;
+            w[t].io_bytes = SIZES[s];
+            w[t].start = &start;
+            pthread_create(&ids[t], NULL, how_worker, &w[t]);
+          }
+          pthread_barrier_wait(&start);
+          double t0 = now_us(), end = t0;
+          for (int t = 0; t < threads; t++) {
+            pthread_join(ids[t], NULL);
+            if (w[t].finished_us > end) end = w[t].finished_us;
+          }
+          pthread_barrier_destroy(&start);
+          printf("  %s %.1fk (%.1f)", HOW_NAMES[v], threads * (double)WHY_OPS / (end - t0) * 1e3,
+                 (end - t0) / WHY_OPS);
+          fflush(stdout);
+        }
+        printf("\n");
+      }
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: %s FILE\n", argv[0]);
@@ -235,6 +333,10 @@ int main(int argc, char **argv) {
   CHECK(cuCtxPopCurrent(&popped));
   CHECK(cuCtxSetCurrent(g_primary));
   g_dev = dev;
+  if (argc > 2 && strcmp(argv[2], "how") == 0) {
+    how();
+    return 0;
+  }
   if (argc > 2 && strcmp(argv[2], "why") == 0) {
     why();
     return 0;

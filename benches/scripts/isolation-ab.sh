@@ -1,9 +1,12 @@
 #!/bin/bash
-# Isolation A/B in one run, one binary: the default (engine context, caller-thread bounce
-# only while async ops are alive) against HIPFILE_CUDA_CALLER_BOUNCE=always and against
-# the pre-isolation data path (HIPFILE_CUDA_ENGINE_CONTEXT=shared, no short-copy bounce);
-# latency interleaved, two rounds. ROUNDS / READS=0 / WRITES=0 shorten it; VARIANTS picks
-# the latency variants (also iso-nobounce: HIPFILE_CUDA_MIN_COPY_BYTES=0; iso-engine-staging:
+# Isolation A/B in one run, one binary: the default (engine context, every engine host ->
+# device copy through the stream's device scratch, caller-thread copies in the primary
+# context while no async op is alive) against HIPFILE_CUDA_CALLER_COPY=engine (iso-engine),
+# against the engine copying straight into the application's memory from 64 KiB up
+# (iso-64k: HIPFILE_CUDA_MIN_COPY_BYTES=65536, the previous default) and against the
+# pre-isolation data path (HIPFILE_CUDA_ENGINE_CONTEXT=shared, no bounce); latency
+# interleaved, two rounds. ROUNDS / READS=0 / WRITES=0 shorten it; VARIANTS picks the
+# latency variants (also iso-nobounce: HIPFILE_CUDA_MIN_COPY_BYTES=0; iso-engine-staging:
 # HIPFILE_CUDA_STAGING_CONTEXT=engine), READ_VARIANTS the read runs.
 # Run with target/gpu-bundle built (tests/gpu/make-bundle.sh); results go to $OUT.
 cd "$(dirname "$0")/../.." || exit 1
@@ -13,11 +16,12 @@ chmod +x $H
 export HIPFILE_DEVICE=cuda
 log=$OUT/ab.txt; : > $log
 v() { case $1 in
-  iso) echo "";; iso-always) echo "HIPFILE_CUDA_CALLER_BOUNCE=always";;
+  iso) echo "";; iso-engine) echo "HIPFILE_CUDA_CALLER_COPY=engine";;
+  iso-64k) echo "HIPFILE_CUDA_MIN_COPY_BYTES=65536";;
   iso-nobounce) echo "HIPFILE_CUDA_MIN_COPY_BYTES=0";;
   iso-engine-staging) echo "HIPFILE_CUDA_STAGING_CONTEXT=engine";;
   shared-nobounce) echo "HIPFILE_CUDA_ENGINE_CONTEXT=shared HIPFILE_CUDA_MIN_COPY_BYTES=0";; esac; }
-for round in $(seq 1 ${ROUNDS:-2}); do for var in ${VARIANTS:-iso iso-always shared-nobounce}; do
+for round in $(seq 1 ${ROUNDS:-2}); do for var in ${VARIANTS:-iso iso-engine shared-nobounce}; do
   echo "=== latency round=$round variant=$var" >> $log
   env $(v $var) timeout -s KILL 60 $H --latency --no-baselines --iterations 3000 --file $F --file-size 256M --json $OUT/lat-$var-$round.json >> $log 2>&1
 done; done

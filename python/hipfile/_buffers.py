@@ -53,6 +53,35 @@ def resolve(buf: Any) -> Span:
     return _host_span(buf)
 
 
+def wait_for_producer(span: Span) -> None:
+    """Waits until the work queued on a GPU buffer's stream is done, so that a
+    synchronous read lands after it (and is not overwritten by a pending fill such as
+    ``torch.zeros``) and a synchronous write sees its result (``t = model(x);
+    file.write(t)``): the engine copies on streams of its own, which do not wait for the
+    application's. Torch tensors: the device's current stream (what torch's own
+    ``.cpu()`` orders after); ``__cuda_array_interface__``: its ``stream`` (v3), when given;
+    DLPack capsules on CUDA: the legacy default stream, which the producer made the data
+    ready on. Host and cpu-device buffers have nothing pending."""
+    owner = span.owner
+    if span.host is not None or isinstance(owner, DeviceBuffer):
+        return
+    if _is_torch_tensor(owner) and owner.device.type != "cpu":
+        import torch
+
+        torch.cuda.current_stream(owner.device).synchronize()
+        return
+    from . import _native
+
+    interface = getattr(owner, "__cuda_array_interface__", None)
+    if interface is not None:
+        stream = interface.get("stream")
+        if stream:
+            _native.stream_synchronize(int(stream))
+        return
+    if isinstance(owner, _DLPackOwner) and owner.device_type == _DLPACK_CUDA:
+        _native.stream_synchronize(_CUDA_LEGACY_STREAM)
+
+
 def _is_torch_tensor(buf: Any) -> bool:
     return type(buf).__module__.startswith("torch") and hasattr(buf, "data_ptr")
 
@@ -112,7 +141,18 @@ def _host_span(buf: Any) -> Span:
 
 
 # DLPack: kDLCUDA = 2, kDLCUDAManaged = 13, kDLROCM = 10.
-_DLPACK_GPU_DEVICES = {2, 10}
+_DLPACK_CUDA = 2
+_DLPACK_GPU_DEVICES = {_DLPACK_CUDA, 10}
+# CUDA's CU_STREAM_LEGACY: the legacy default stream, which DLPack's stream=None names.
+_CUDA_LEGACY_STREAM = 1
+
+
+class _DLPackOwner(NamedTuple):
+    """What keeps a DLPack buffer alive during I/O: the object and its capsule."""
+
+    buf: Any
+    capsule: Any
+    device_type: int
 
 
 class _DLDevice(ctypes.Structure):
@@ -152,7 +192,8 @@ def _dlpack_span(buf: Any) -> Span:
     count = 1
     for dim in shape:
         count *= dim
-    return Span(int(tensor.data or 0) + tensor.byte_offset, count * itemsize, (buf, capsule), None)
+    owner = _DLPackOwner(buf, capsule, int(tensor.device.device_type))
+    return Span(int(tensor.data or 0) + tensor.byte_offset, count * itemsize, owner, None)
 
 
 def stream_handle(stream: Any) -> int:

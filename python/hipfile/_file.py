@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import os
 import threading
 from typing import Any, Optional
 
 from . import _native
-from ._buffers import Span, resolve, stream_handle
+from ._buffers import Span, resolve, stream_handle, wait_for_producer
 from ._memory import empty
 
 _MODES = {
@@ -19,6 +20,34 @@ _MODES = {
     "x": os.O_WRONLY | os.O_CREAT | os.O_EXCL,
     "x+": os.O_RDWR | os.O_CREAT | os.O_EXCL,
 }
+
+_session_lock = threading.Lock()
+_session_held = False
+
+
+def _hold_session() -> None:
+    """Takes, at the first :class:`File`, one use of the driver that the process keeps
+    until the interpreter exits. Every File also holds a use of its own, so this one
+    only keeps the driver open *between* Files: closing it at the last File's close
+    would stop the engine, and the next File would start it again (executors, pinned
+    staging, the GPU context: about a second on a GPU machine, paid by every
+    ``safetensors.load_file`` of a loop otherwise)."""
+    global _session_held
+    with _session_lock:
+        if _session_held:
+            return
+        _native.driver_open()
+        _session_held = True
+        atexit.register(_release_session)
+
+
+def _release_session() -> None:
+    global _session_held
+    with _session_lock:
+        if _session_held and _native.use_count() > 0:
+            _native.driver_close()
+        _session_held = False
+
 
 _pool_lock = threading.Lock()
 _pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
@@ -60,6 +89,7 @@ class File:
         self._pending: "set[concurrent.futures.Future]" = set()
         self._lock = threading.Lock()
         try:
+            _hold_session()
             _native.driver_open()
             try:
                 self._handle = _native.handle_register(
@@ -143,6 +173,7 @@ class File:
         span = resolve(buf)
         size = _size(span, size, buf_offset)
         if span.host is None:
+            wait_for_producer(span)
             return _native.read(self._handle, span.ptr, size, file_offset, buf_offset)
         return self._read_staged(span, size, file_offset, buf_offset)
 
@@ -154,6 +185,7 @@ class File:
         span = resolve(buf)
         size = _size(span, size, buf_offset)
         if span.host is None:
+            wait_for_producer(span)
             return _native.write(self._handle, span.ptr, size, file_offset, buf_offset)
         return self._write_staged(span, size, file_offset, buf_offset)
 

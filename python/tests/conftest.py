@@ -37,7 +37,11 @@ class TorchGpuDevice:
         self.torch = torch
 
     def alloc(self, nbytes):
-        return self.torch.zeros(nbytes, dtype=self.torch.uint8, device="cuda")
+        buf = self.torch.zeros(nbytes, dtype=self.torch.uint8, device="cuda")
+        # The zero fill is queued on torch's stream; the low-level calls, like
+        # hipFileRead, do not wait for it (hipfile.File does).
+        self.torch.cuda.synchronize()
+        return buf
 
     def to_bytes(self, buf):
         self.torch.cuda.synchronize()

@@ -1,5 +1,7 @@
 import concurrent.futures
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -9,7 +11,10 @@ import hipfile
 
 def test_context_manager_registers_and_closes(data_file, dev):
     path, data = data_file
+    # The first File of the process also takes the use kept between Files.
+    hipfile.File(path).close()
     before = hipfile.use_count()
+    assert before >= 1
     with hipfile.File(path) as file:
         assert hipfile.use_count() == before + 1
         buf = dev.alloc(len(data))
@@ -130,3 +135,44 @@ def test_direct_is_chosen_per_file_and_explained(data_file, dev):
     with pytest.raises(hipfile.HipFileError) as error:
         hipfile.explain_path(0x1234_5670)
     assert error.value.code == 5027
+
+
+def test_the_driver_stays_open_between_files_until_exit(tmp_path):
+    # In a fresh process: the engine starts once, not at every File.
+    path = tmp_path / "data.bin"
+    path.write_bytes(b"x" * 8192)
+    code = f"""
+import hipfile
+assert hipfile.use_count() == 0
+for _ in range(3):
+    with hipfile.File({str(path)!r}) as file:
+        assert hipfile.use_count() == 2
+        buf = hipfile.empty(8192) if hipfile.device_kind() == "cpu" else None
+        if buf is not None:
+            assert file.read(buf) == 8192
+    assert hipfile.use_count() == 1
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+
+
+def test_sync_io_waits_for_work_queued_on_the_tensor(tmp_path, dev):
+    if dev.name != "torch":
+        pytest.skip("GPU test: the cpu device has no pending producer work")
+    torch = dev.torch
+    payload = os.urandom(4 << 20)
+    path = tmp_path / "data.bin"
+    path.write_bytes(payload)
+    with hipfile.File(path, "r+") as file:
+        # A fill queued behind a long GPU spin: the read must land after it.
+        buf = torch.empty(len(payload), dtype=torch.uint8, device="cuda")
+        torch.cuda._sleep(50_000_000)
+        buf.fill_(7)
+        assert file.read(buf) == len(payload)
+        assert dev.to_bytes(buf) == payload
+        # A result computed behind a spin: the write must see it.
+        torch.cuda._sleep(50_000_000)
+        result = torch.full((1 << 20,), 9, dtype=torch.uint8, device="cuda")
+        assert file.write(result, file_offset=0) == 1 << 20
+    assert path.read_bytes()[: 1 << 20] == bytes([9]) * (1 << 20)

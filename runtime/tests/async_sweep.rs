@@ -309,11 +309,12 @@ fn sync_io_while_streams_hold_async_ops() {
 }
 
 /// The same with nothing of ours queued: only the application's own waits hold its
-/// streams. With `HIPFILE_CUDA_CALLER_BOUNCE=always` (and on the `cpu` device) the sync
+/// streams. With `HIPFILE_CUDA_CALLER_COPY=engine` (and on the `cpu` device) the sync
 /// I/O completes while the streams are held. In the default mode a short sync read copies
-/// directly, and on CUDA such a copy waits while the application holds *every* hardware
-/// queue of its context (as the application's own copies do); it completes once the
-/// application releases them, which a helper thread does after 300 ms.
+/// in the application's (primary) context, as the application's own copies do, and on
+/// CUDA such a copy waits while the application holds the hardware queue its stream
+/// shares; it completes once the application releases them, which a helper thread does
+/// after 300 ms.
 #[test]
 fn sync_io_while_the_application_holds_its_streams() {
     sync_io_beside_held_streams("sync-held", false);
@@ -342,7 +343,7 @@ fn sync_io_beside_held_streams(tag: &str, with_ops: bool) {
     }
     let may_wait_for_the_application = !with_ops
         && !on_cpu()
-        && std::env::var("HIPFILE_CUDA_CALLER_BOUNCE").as_deref() != Ok("always");
+        && std::env::var("HIPFILE_CUDA_CALLER_COPY").as_deref() != Ok("engine");
     // In the default mode without ops of ours, the application releases its streams from
     // another thread after a while; otherwise they stay held until the I/O is done.
     let released = Arc::new(AtomicBool::new(false));

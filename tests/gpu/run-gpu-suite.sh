@@ -58,8 +58,8 @@ done
 # The strict caller-thread mode: sync I/O completes while the application alone holds
 # every hardware queue of its context.
 if [ -x "$bundle/tests/async_sweep" ] && selected async_sweep; then
-  run "async_sweep::sync_io_while_the_application_holds_its_streams (HIPFILE_CUDA_CALLER_BOUNCE=always)" \
-    env HIPFILE_CUDA_CALLER_BOUNCE=always timeout "$per_test_timeout" "$bundle/tests/async_sweep" \
+  run "async_sweep::sync_io_while_the_application_holds_its_streams (HIPFILE_CUDA_CALLER_COPY=engine)" \
+    env HIPFILE_CUDA_CALLER_COPY=engine timeout "$per_test_timeout" "$bundle/tests/async_sweep" \
     --exact sync_io_while_the_application_holds_its_streams --nocapture
 fi
 echo

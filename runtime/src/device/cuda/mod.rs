@@ -39,41 +39,55 @@ use super::{
     PointerInfo, StreamHandle, WriteThenWaitError, handle,
 };
 
-/// The default of [`CudaDevice::min_copy_bytes`]: the smallest host → device copy into
-/// the application's memory seen to run in the engine context while every hardware queue
-/// of the application's context is held (measured on the H200: 16 KiB and less did not
-/// run, 64 KiB did; `benches/results/h200-copy-now-probe.txt`).
-const MIN_COPY_BYTES: usize = 64 << 10;
+/// The largest device scratch of an engine stream: a host → device copy through it longer
+/// than this moves in scratch-sized pieces (in stream order, so one scratch serves them).
+const MAX_SCRATCH_BYTES: usize = 1 << 20;
 
-/// When [`Device::copy_now`] bounces a short host → device copy through the device scratch
-/// (`HIPFILE_CUDA_CALLER_BOUNCE`).
+/// Where [`Device::copy_now`] runs a caller-thread copy (`HIPFILE_CUDA_CALLER_COPY`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CallerBounce {
-    /// Only while async ops may hold application streams (the default): the direct copy
-    /// is 4–5 µs faster, and without our ops holding streams only an application that
-    /// holds every hardware queue of its context on its own waits can stall it, a state
-    /// in which its own copies stall too.
-    WhileOpsHoldStreams,
-    /// Always: a one-chunk sync read completes even while the application holds every
-    /// hardware queue of its context on its own waits.
-    Always,
+pub enum CallerCopy {
+    /// The default. While no async op of the process may hold an application stream, on
+    /// a pooled stream of the *primary* context, as the application's own `cudaMemcpy`
+    /// would: no op of ours can then wait on it, and there it scales with threads (on the
+    /// H200, 4 KiB copies + waits from 8 threads: 530 k/s in the primary context against
+    /// 98 k/s from the engine context into the application's memory,
+    /// `benches/results/h200-threads-copy-probe.txt`). Otherwise in the engine context
+    /// through the stream's scratch, so a sync read never waits behind a stream an op of
+    /// ours holds.
+    Auto,
+    /// Always in the engine context through the scratch: a one-chunk sync read also
+    /// completes while the application holds every hardware queue of its context on
+    /// waits of its own (about 5 µs more per copy, 300 k/s from 8 threads).
+    Engine,
 }
 
-impl CallerBounce {
-    /// The mode `HIPFILE_CUDA_CALLER_BOUNCE` selects (`always`, or `auto` = the default).
+impl CallerCopy {
+    /// The mode `HIPFILE_CUDA_CALLER_COPY` selects (`auto`, the default, or `engine`).
     /// An unknown value warns and keeps the default.
-    fn from_environment() -> CallerBounce {
-        match std::env::var("HIPFILE_CUDA_CALLER_BOUNCE").as_deref().map(str::trim) {
-            Err(_) | Ok("" | "auto") => CallerBounce::WhileOpsHoldStreams,
-            Ok("always") => CallerBounce::Always,
+    fn from_environment() -> CallerCopy {
+        match std::env::var("HIPFILE_CUDA_CALLER_COPY").as_deref().map(str::trim) {
+            Err(_) | Ok("" | "auto") => CallerCopy::Auto,
+            Ok("engine") => CallerCopy::Engine,
             Ok(other) => {
-                log::warn!(
-                    "HIPFILE_CUDA_CALLER_BOUNCE={other:?} is not auto or \
-                     always; using auto"
-                );
-                CallerBounce::WhileOpsHoldStreams
+                log::warn!("HIPFILE_CUDA_CALLER_COPY={other:?} is not auto or engine; using auto");
+                CallerCopy::Auto
             }
         }
+    }
+}
+
+/// `HIPFILE_CUDA_MIN_COPY_BYTES`: host → device copies of the engine context into the
+/// application's memory shorter than this go through the stream's scratch; `all` (the
+/// default) bounces every copy, 0 none. An unknown value warns and keeps the default.
+fn min_copy_bytes_from_environment() -> usize {
+    match std::env::var("HIPFILE_CUDA_MIN_COPY_BYTES").as_deref().map(str::trim) {
+        Err(_) | Ok("" | "all") => usize::MAX,
+        Ok(value) => value.parse().unwrap_or_else(|_| {
+            log::warn!(
+                "HIPFILE_CUDA_MIN_COPY_BYTES={value:?} is not a byte count or all; using all"
+            );
+            usize::MAX
+        }),
     }
 }
 
@@ -85,8 +99,8 @@ const EVENT_POOL_CAP: usize = 1024;
 struct InternalEntry {
     stream: CUstream,
     ordinal: u32,
-    /// Device scratch of [`CudaDevice::min_copy_bytes`] for small host → device copies
-    /// (made on first use in the engine context; 0 = none).
+    /// Device scratch of [`CudaDevice::scratch_bytes`] for host → device copies into the
+    /// application's memory (made on first use in the engine context).
     scratch: std::sync::OnceLock<CUdeviceptr>,
 }
 
@@ -125,16 +139,24 @@ pub struct CudaDevice {
     )]
     event_pools: Vec<Mutex<Vec<Box<EventEntry>>>>,
     /// Per device: non-blocking streams of the engine context for [`Device::copy_now`] on
-    /// callers' threads (`CUstream` as `usize`), reused; like the event pools, kept for
-    /// the process.
+    /// callers' threads, reused; like the event pools, kept for the process.
     caller_streams: Vec<Mutex<Vec<InternalEntry>>>,
+    /// The same, streams of the primary context ([`CallerCopy::Auto`]).
+    caller_primary_streams: Vec<Mutex<Vec<InternalEntry>>>,
     hardware_queues: HardwareQueues,
-    /// Host → device copies shorter than this go through a device scratch buffer of the
-    /// engine context: a copy into the scratch and a device → device copy
-    /// (`HIPFILE_CUDA_MIN_COPY_BYTES`, default [`MIN_COPY_BYTES`]; 0 = never).
+    /// Host → device copies of the engine context into the application's memory shorter
+    /// than this go through a device scratch of the engine context: the bytes into the
+    /// scratch, then a device → device copy (`HIPFILE_CUDA_MIN_COPY_BYTES`; default: every
+    /// copy, 0 = none). Measured on the H200 (`benches/results/h200-threads-copy-probe.txt`):
+    /// host → device copies from the engine context into memory of the primary context
+    /// run one at a time across threads (about 100 k copies/s from 1, 8 or 14 threads,
+    /// 4 KiB or 64 KiB), while copies into the engine's own memory and device → device
+    /// copies into the application's scale as the primary context's do (4 KiB, 8
+    /// threads: 300 k/s bounced against 98 k/s direct); copies of 16 KiB and less did
+    /// not run at all while every hardware queue of the application was held.
     min_copy_bytes: usize,
-    /// When [`Device::copy_now`] bounces short copies.
-    caller_bounce: CallerBounce,
+    /// Where [`Device::copy_now`] runs.
+    caller_copy: CallerCopy,
     /// Pinned host memory is allocated and registered in the engine context
     /// (`HIPFILE_CUDA_STAGING_CONTEXT=engine`, diagnostic) instead of the primary one.
     staging_in_engine_context: bool,
@@ -197,6 +219,28 @@ fn set_max_connections() -> HardwareQueues {
 impl std::fmt::Debug for CudaDevice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CudaDevice").field("devices", &self.contexts.len()).finish()
+    }
+}
+
+impl Drop for CudaDevice {
+    /// Frees the caller-thread streams and their scratches (idle: a copy holds its entry
+    /// only during a call, and no call outlives the device).
+    fn drop(&mut self) {
+        for (ordinal, pool) in self.caller_streams.iter().enumerate() {
+            let entries = std::mem::take(&mut *pool.lock().unwrap_or_else(|p| p.into_inner()));
+            for entry in entries {
+                let _ = self.in_engine_context(ordinal as u32, || self.destroy_entry(&entry));
+            }
+        }
+        for (ordinal, pool) in self.caller_primary_streams.iter().enumerate() {
+            let entries = std::mem::take(&mut *pool.lock().unwrap_or_else(|p| p.into_inner()));
+            for entry in entries {
+                // SAFETY: a primary context we retained and still hold.
+                let _ = unsafe {
+                    self.with_pushed(self.contexts[ordinal], || self.destroy_entry(&entry))
+                };
+            }
+        }
     }
 }
 
@@ -264,6 +308,7 @@ impl CudaDevice {
         }
         let event_pools = (0..count).map(|_| Mutex::new(Vec::new())).collect();
         let caller_streams = (0..count).map(|_| Mutex::new(Vec::new())).collect();
+        let caller_primary_streams = (0..count).map(|_| Mutex::new(Vec::new())).collect();
         Ok(Arc::new(CudaDevice {
             api,
             engine_contexts: (0..count).map(|_| std::sync::OnceLock::new()).collect(),
@@ -271,12 +316,10 @@ impl CudaDevice {
             memops,
             event_pools,
             caller_streams,
+            caller_primary_streams,
             hardware_queues,
-            min_copy_bytes: std::env::var("HIPFILE_CUDA_MIN_COPY_BYTES")
-                .ok()
-                .and_then(|value| value.trim().parse().ok())
-                .unwrap_or(MIN_COPY_BYTES),
-            caller_bounce: CallerBounce::from_environment(),
+            min_copy_bytes: min_copy_bytes_from_environment(),
+            caller_copy: CallerCopy::from_environment(),
             staging_in_engine_context: std::env::var("HIPFILE_CUDA_STAGING_CONTEXT")
                 .is_ok_and(|value| value.trim() == "engine"),
         }))
@@ -530,14 +573,17 @@ impl CudaDevice {
         Ok(StreamHandle(stream as usize))
     }
 
-    /// [`Device::copy_now`] with device `ordinal`'s engine context current: a pooled
-    /// non-blocking stream, the copy (a short host → device one through the scratch when
+    /// [`Device::copy_now`] with a context of device `ordinal` current (the engine
+    /// context, or the primary one): a stream of `pool` (made in the current context when
+    /// the pool is empty), the copy (host → device through the stream's scratch when
     /// `bounce`), a synchronize.
     ///
     /// # Safety
-    /// As [`Device::copy_now`].
+    /// As [`Device::copy_now`]; `pool`'s streams belong to the current context.
+    #[allow(clippy::too_many_arguments, reason = "the copy's fields, as Device::copy_now")]
     unsafe fn copy_now_in_context(
         &self,
+        pool: &Mutex<Vec<InternalEntry>>,
         ordinal: u32,
         direction: Direction,
         device_addr: u64,
@@ -545,13 +591,12 @@ impl CudaDevice {
         len_bytes: usize,
         bounce: bool,
     ) -> Result<(), DeviceError> {
-        let pool = &self.caller_streams[ordinal as usize];
         let pooled = pool.lock().unwrap_or_else(|p| p.into_inner()).pop();
         let entry = match pooled {
             Some(entry) => entry,
             None => {
                 let mut stream: CUstream = std::ptr::null_mut();
-                // SAFETY: valid out-pointer; the device's context is current.
+                // SAFETY: valid out-pointer; the context the pool belongs to is current.
                 let code =
                     unsafe { (self.api.cuStreamCreate)(&mut stream, CU_STREAM_NON_BLOCKING) };
                 self.call(code, "cuStreamCreate")?;
@@ -561,7 +606,7 @@ impl CudaDevice {
         let stream = entry.stream;
         let enqueued = match direction {
             // SAFETY: the caller's contract (pinned host memory, valid device range); the
-            // engine context is current and owns the stream.
+            // stream's context is current; bounced only in the engine context.
             Direction::Read => unsafe {
                 self.copy_host_to_device(&entry, device_addr, host.cast_const(), len_bytes, bounce)
             },
@@ -581,19 +626,40 @@ impl CudaDevice {
         enqueued.and(synced)
     }
 
+    /// Destroys a stream of ours and frees its scratch, once the stream is idle; the
+    /// stream's context is current.
+    fn destroy_entry(&self, entry: &InternalEntry) -> Result<(), DeviceError> {
+        if let Some(&scratch) = entry.scratch.get() {
+            // SAFETY: our stream; once it is idle nothing uses its scratch.
+            unsafe { (self.api.cuStreamSynchronize)(entry.stream) };
+            // SAFETY: allocated in copy_through_scratch, freed once.
+            unsafe { (self.api.cuMemFree)(scratch) };
+        }
+        // SAFETY: our own stream, of the current context.
+        self.call(unsafe { (self.api.cuStreamDestroy)(entry.stream) }, "cuStreamDestroy")
+    }
+
+    /// The device scratch of an engine stream, bytes: [`CudaDevice::min_copy_bytes`] up
+    /// to [`MAX_SCRATCH_BYTES`].
+    fn scratch_bytes(&self) -> usize {
+        self.min_copy_bytes.min(MAX_SCRATCH_BYTES)
+    }
+
     /// Enqueues a host → device copy on `entry`'s stream. With `bounce`, one shorter than
-    /// [`CudaDevice::min_copy_bytes`] goes through the stream's device scratch. On the
-    /// H200, a host → device copy of 16 KiB or less from the engine context into the
-    /// *application's* memory did not run while every hardware queue of the application's
-    /// context held a stream on a wait-value (4 KiB async reads hung at 8 of 8 and 32 of
-    /// 32 queues), while the same copies into the engine's own memory, copies of 64 KiB
-    /// and more, device → host and device → device copies did
-    /// (`benches/results/h200-small-copy-experiments.txt`,
+    /// [`CudaDevice::min_copy_bytes`] (by default every one) goes through the stream's
+    /// device scratch when the engine has a context of its own: on the H200 a host →
+    /// device copy from the engine context into the *application's* memory runs one at a
+    /// time across threads, and one of 16 KiB or less did not run while every hardware
+    /// queue of the application's context held a stream on a wait-value, while copies
+    /// into the engine's own memory and device → device copies into the application's
+    /// did neither (`benches/results/h200-threads-copy-probe.txt`,
+    /// `benches/results/h200-small-copy-experiments.txt`,
     /// `benches/results/h200-copy-now-probe.txt`).
     ///
     /// # Safety
     /// `source..source + len_bytes` is pinned host memory that stays valid until the copy
-    /// has run; the target range is valid device memory; the engine context is current.
+    /// has run; the target range is valid device memory; the stream's context is current,
+    /// and it is the engine context when `bounce`.
     unsafe fn copy_host_to_device(
         &self,
         entry: &InternalEntry,
@@ -602,8 +668,8 @@ impl CudaDevice {
         len_bytes: usize,
         bounce: bool,
     ) -> Result<(), DeviceError> {
-        if bounce && len_bytes < self.min_copy_bytes {
-            // SAFETY: the caller's contract; the copy is shorter than the scratch.
+        if bounce && len_bytes < self.min_copy_bytes && self.engine_isolated(entry.ordinal) {
+            // SAFETY: the caller's contract.
             return unsafe { self.copy_through_scratch(entry, target, source, len_bytes) };
         }
         // SAFETY: the caller's contract.
@@ -613,13 +679,14 @@ impl CudaDevice {
         )
     }
 
-    /// A short host → device copy as a copy into the stream's device scratch (memory of
-    /// the engine context) and a device → device copy from there to `target`.
+    /// A host → device copy as copies into the stream's device scratch (memory of the
+    /// engine context) and device → device copies from there to `target`, piece by
+    /// piece of [`CudaDevice::scratch_bytes`] (stream order keeps a piece from
+    /// overwriting the scratch before the previous one has left it).
     ///
     /// # Safety
     /// `source..source + len_bytes` is pinned host memory that stays valid until the copy
-    /// has run, `len_bytes` ≤ [`CudaDevice::min_copy_bytes`]; the target range is valid
-    /// device memory; the engine context is current.
+    /// has run; the target range is valid device memory; the engine context is current.
     unsafe fn copy_through_scratch(
         &self,
         entry: &InternalEntry,
@@ -627,30 +694,45 @@ impl CudaDevice {
         source: *const u8,
         len_bytes: usize,
     ) -> Result<(), DeviceError> {
+        let scratch_bytes = self.scratch_bytes();
         let scratch = match entry.scratch.get() {
             Some(&scratch) => scratch,
             None => {
                 let mut scratch: CUdeviceptr = 0;
                 // SAFETY: valid out-pointer; the engine context is current.
-                let code = unsafe { (self.api.cuMemAlloc)(&mut scratch, self.min_copy_bytes) };
+                let code = unsafe { (self.api.cuMemAlloc)(&mut scratch, scratch_bytes) };
                 self.call(code, "cuMemAlloc")?;
                 *entry.scratch.get_or_init(|| scratch)
             }
         };
-        self.call(
-            // SAFETY: the source is pinned memory (caller); the scratch holds min_copy_bytes
-            // >= len_bytes; the stream orders this after earlier uses of the scratch.
-            unsafe {
-                (self.api.cuMemcpyHtoDAsync)(scratch, source.cast(), len_bytes, entry.stream)
-            },
-            "cuMemcpyHtoDAsync",
-        )?;
-        self.call(
-            // SAFETY: the scratch bytes were just copied in (stream order); the target is
-            // the caller's valid device range.
-            unsafe { (self.api.cuMemcpyDtoDAsync)(target, scratch, len_bytes, entry.stream) },
-            "cuMemcpyDtoDAsync",
-        )
+        let mut done = 0;
+        while done < len_bytes {
+            let piece = (len_bytes - done).min(scratch_bytes);
+            self.call(
+                // SAFETY: the source is pinned memory (caller) holding len_bytes > done;
+                // the scratch holds scratch_bytes >= piece; the stream orders this after
+                // earlier uses of the scratch.
+                unsafe {
+                    (self.api.cuMemcpyHtoDAsync)(
+                        scratch,
+                        source.add(done).cast(),
+                        piece,
+                        entry.stream,
+                    )
+                },
+                "cuMemcpyHtoDAsync",
+            )?;
+            self.call(
+                // SAFETY: the scratch bytes were just copied in (stream order); the target
+                // is the caller's valid device range, which holds len_bytes > done.
+                unsafe {
+                    (self.api.cuMemcpyDtoDAsync)(target + done as u64, scratch, piece, entry.stream)
+                },
+                "cuMemcpyDtoDAsync",
+            )?;
+            done += piece;
+        }
+        Ok(())
     }
 
     /// Records a pooled (or new) event on `entry`'s stream; the engine context is current.
@@ -956,16 +1038,7 @@ impl Device for CudaDevice {
         // SAFETY: the handle is a leaked Box<InternalEntry> from create_internal_stream,
         // destroyed once.
         let entry = unsafe { handle::reclaim::<InternalEntry>(stream.0) };
-        let _ = self.in_engine_context(entry.ordinal, || {
-            if let Some(&scratch) = entry.scratch.get() {
-                // SAFETY: our stream; once it is idle nothing uses its scratch.
-                unsafe { (self.api.cuStreamSynchronize)(entry.stream) };
-                // SAFETY: allocated in copy_through_scratch, freed once.
-                unsafe { (self.api.cuMemFree)(scratch) };
-            }
-            // SAFETY: our own stream, of the engine context.
-            self.call(unsafe { (self.api.cuStreamDestroy)(entry.stream) }, "cuStreamDestroy")
-        });
+        let _ = self.in_engine_context(entry.ordinal, || self.destroy_entry(&entry));
     }
 
     unsafe fn copy_to_device_async(
@@ -1175,21 +1248,42 @@ impl Device for CudaDevice {
         len_bytes: usize,
         ops_may_hold_streams: bool,
     ) -> Result<(), DeviceError> {
+        let primary = *self
+            .contexts
+            .get(device_ordinal as usize)
+            .ok_or(DeviceError::new(DeviceError::HIP_ERROR_INVALID_DEVICE, "no such device"))?;
+        if !ops_may_hold_streams && self.caller_copy == CallerCopy::Auto {
+            // No op of ours may hold a stream: the primary context, as the application's
+            // own copies (CallerCopy::Auto says why).
+            // SAFETY: a primary context we retained; the caller's contract for the copy.
+            return unsafe {
+                self.with_pushed(primary, || {
+                    self.copy_now_in_context(
+                        &self.caller_primary_streams[device_ordinal as usize],
+                        device_ordinal,
+                        direction,
+                        device_addr,
+                        host,
+                        len_bytes,
+                        false,
+                    )
+                })
+            };
+        }
         // In the engine context (pushed on a caller's thread, popped after): the copy runs
-        // on a stream of ours that no application stream shares a hardware queue with; a
-        // short one goes through the scratch while an op of ours may hold a stream, so a
-        // sync read never waits behind a stream the caller holds.
-        let bounce = ops_may_hold_streams || self.caller_bounce == CallerBounce::Always;
+        // on a stream of ours that no application stream shares a hardware queue with,
+        // through the scratch, so a sync read never waits behind a stream the caller holds.
         self.in_engine_context(device_ordinal, || {
             // SAFETY: the caller's contract; the engine context is current.
             unsafe {
                 self.copy_now_in_context(
+                    &self.caller_streams[device_ordinal as usize],
                     device_ordinal,
                     direction,
                     device_addr,
                     host,
                     len_bytes,
-                    bounce,
+                    true,
                 )
             }
         })
