@@ -163,8 +163,14 @@ impl Driver {
                     format!(
                         "yes: chunks at file offsets that are multiples of {offset_align} bytes \
                          and lengths of {} bytes bypass the page cache; an unaligned head or \
-                         tail of a request goes through it",
-                        dio.offset_bytes
+                         tail of a request goes through it{}",
+                        dio.offset_bytes,
+                        if file.direct_policy() == crate::file::DirectPolicy::Auto {
+                            ", and so does a read of a range the page cache holds entirely \
+                             (HIPFILE_ODIRECT=auto; `on` bypasses the cache for those too)"
+                        } else {
+                            ""
+                        }
                     ),
                 );
             }

@@ -83,10 +83,11 @@ pub enum FileKind {
 /// Whether [`FileHandle::open`] opens an `O_DIRECT` descriptor (`HIPFILE_ODIRECT`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum DirectPolicy {
-    /// Use O_DIRECT where the file supports it.
+    /// Use O_DIRECT where the file supports it, except for reads of ranges the page cache
+    /// holds entirely ([`FileHandle::read_hits_page_cache`]).
     #[default]
     Auto,
-    /// Like `Auto`, but O_DIRECT was explicitly asked for; [`FileHandle::direct_policy`]
+    /// O_DIRECT wherever the file supports it, cached or not; [`FileHandle::direct_policy`]
     /// lets callers report files where it was impossible. Never an error.
     On,
     /// Never open an O_DIRECT descriptor: every byte goes through the page cache.
@@ -300,6 +301,31 @@ impl FileHandle {
     /// `true` when the file was opened for reading.
     pub fn can_read(&self) -> bool {
         self.access.can_read()
+    }
+
+    /// Whether a read of `[offset_bytes, offset_bytes + len_bytes)` should go through
+    /// the page cache although the file has O_DIRECT: under [`DirectPolicy::Auto`], when
+    /// the page cache holds every page of the range (up to the end of the file). A
+    /// buffered read of cached pages is a memory copy, while an O_DIRECT read goes to the
+    /// device: on the H200 machine a hot 4 GiB checkpoint read through O_DIRECT came at
+    /// the disk's 2 GiB/s. One `cachestat` call (`mmap` + `mincore` on older kernels);
+    /// `false` when the check fails.
+    pub fn read_hits_page_cache(&self, offset_bytes: u64, len_bytes: u64) -> bool {
+        if self.policy != DirectPolicy::Auto || self.direct.is_none() || len_bytes == 0 {
+            return false;
+        }
+        let fd = self.buffered_fd();
+        match crate::sys::cached_pages(fd, offset_bytes, len_bytes) {
+            Ok((cached, pages)) if cached >= pages => true,
+            // Pages past the end of the file are never cached: count up to the end only.
+            Ok((cached, _)) if cached > 0 => self.size_bytes().is_ok_and(|size| {
+                let end = (offset_bytes + len_bytes).min(size);
+                end > offset_bytes
+                    && crate::sys::cached_pages(fd, offset_bytes, end - offset_bytes)
+                        .is_ok_and(|(cached, pages)| cached >= pages)
+            }),
+            _ => false,
+        }
     }
 
     /// `true` when the file was opened for writing.

@@ -104,3 +104,144 @@ pub(crate) fn probe_io_uring() -> io::Result<()> {
     unsafe { libc::close(fd as libc::c_int) };
     Ok(())
 }
+
+/// `cachestat(2)`'s number (Linux 6.5+; the same in the generic and x86_64 tables).
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+const SYS_CACHESTAT: libc::c_long = 451;
+
+/// Whether `cachestat` answered before (1), failed with ENOSYS/EPERM (2) or is untried (0).
+static CACHESTAT_STATE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// Pages of `[offset_bytes, offset_bytes + len_bytes)` of `fd` that are in the page cache,
+/// and the pages the range spans: `cachestat(2)` where the kernel has it (one call, no
+/// mapping), else `mmap` + `mincore` (the fd must then be readable).
+///
+/// # Errors
+/// Both ways failed (a write-only descriptor without `cachestat`, a range beyond what
+/// can be mapped); callers take "not cached" then.
+pub(crate) fn cached_pages(
+    fd: std::os::fd::RawFd,
+    offset_bytes: u64,
+    len_bytes: u64,
+) -> io::Result<(u64, u64)> {
+    use std::sync::atomic::Ordering;
+    let page = page_size_bytes();
+    let first = offset_bytes / page;
+    let end = offset_bytes.checked_add(len_bytes).ok_or(io::ErrorKind::InvalidInput)?;
+    let pages = end.div_ceil(page).saturating_sub(first);
+    if pages == 0 {
+        return Ok((0, 0));
+    }
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    if CACHESTAT_STATE.load(Ordering::Relaxed) != 2 {
+        // struct cachestat_range { u64 off, len } and struct cachestat { u64 nr_cache,
+        // nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted }.
+        let range = [first * page, pages * page];
+        let mut stat = [0u64; 5];
+        // SAFETY: cachestat(fd, &range, &stat, 0) reads the 16-byte range and writes the
+        // 40-byte stat, both valid for the call.
+        let result =
+            unsafe { libc::syscall(SYS_CACHESTAT, fd, range.as_ptr(), stat.as_mut_ptr(), 0u32) };
+        if result == 0 {
+            CACHESTAT_STATE.store(1, Ordering::Relaxed);
+            return Ok((stat[0].min(pages), pages));
+        }
+        let error = io::Error::last_os_error();
+        match error.raw_os_error() {
+            Some(libc::ENOSYS | libc::EPERM) => CACHESTAT_STATE.store(2, Ordering::Relaxed),
+            _ => return Err(error),
+        }
+    }
+    mincore_pages(fd, first * page, pages, page)
+}
+
+/// [`cached_pages`] through a read-only shared mapping of the range and `mincore`.
+fn mincore_pages(
+    fd: std::os::fd::RawFd,
+    offset_bytes: u64,
+    pages: u64,
+    page_bytes: u64,
+) -> io::Result<(u64, u64)> {
+    let len = usize::try_from(pages * page_bytes).map_err(|_| io::ErrorKind::InvalidInput)?;
+    let offset = libc::off_t::try_from(offset_bytes).map_err(|_| io::ErrorKind::InvalidInput)?;
+    // SAFETY: a new read-only shared mapping chosen by the kernel; unmapped below. Nothing
+    // reads through it (mincore only asks about residency), so a file shorter than the
+    // mapping cannot fault us.
+    let addr = unsafe {
+        libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, fd, offset)
+    };
+    if addr == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    let mut residency = vec![0u8; pages as usize];
+    // SAFETY: `addr..addr + len` is our mapping; `residency` holds one byte per page.
+    let result = unsafe { libc::mincore(addr, len, residency.as_mut_ptr()) };
+    let error = io::Error::last_os_error();
+    // SAFETY: the mapping made above, unmapped once.
+    unsafe { libc::munmap(addr, len) };
+    if result != 0 {
+        return Err(error);
+    }
+    let cached = residency.iter().filter(|&&byte| byte & 1 != 0).count() as u64;
+    Ok((cached, pages))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+
+    /// A file of `pages` pages written through the page cache (so cached), in the
+    /// current directory's filesystem (tmpfs would keep every page whatever we ask).
+    fn written_file(pages: usize) -> (std::path::PathBuf, std::fs::File) {
+        let path =
+            std::env::temp_dir().join(format!("hipfile-sys-cached-{}-{pages}", std::process::id()));
+        let mut file = std::fs::File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        file.write_all(&vec![7u8; pages * page_size_bytes() as usize]).unwrap();
+        (path, file)
+    }
+
+    fn drop_pages(file: &std::fs::File) -> bool {
+        // SAFETY: plain syscalls on a live descriptor.
+        unsafe {
+            libc::fdatasync(file.as_raw_fd()) == 0
+                && libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) == 0
+        }
+    }
+
+    #[test]
+    fn written_pages_are_cached_and_dropped_ones_are_not_by_either_way() {
+        let page = page_size_bytes();
+        let (path, file) = written_file(16);
+        let fd = file.as_raw_fd();
+        // An unaligned range spans whole pages: 1 byte into page 2 to 1 byte into page 5.
+        assert_eq!(cached_pages(fd, 2 * page + 1, 3 * page).unwrap(), (4, 4));
+        assert_eq!(mincore_pages(fd, 0, 16, page).unwrap(), (16, 16));
+        assert_eq!(cached_pages(fd, 0, 0).unwrap(), (0, 0));
+        assert!(drop_pages(&file));
+        let (cached, pages) = cached_pages(fd, 0, 16 * page).unwrap();
+        let (mapped_cached, _) = mincore_pages(fd, 0, 16, page).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        if cached == pages && mapped_cached == pages {
+            // tmpfs (or a filesystem that keeps its pages) as temp dir: nothing to drop.
+            println!("skipped the dropped half: the page cache kept the pages");
+            return;
+        }
+        assert_eq!((cached, pages), (0, 16));
+        assert_eq!(mapped_cached, 0);
+    }
+
+    #[test]
+    fn a_range_overflowing_the_offsets_is_an_error() {
+        let (path, file) = written_file(1);
+        assert!(cached_pages(file.as_raw_fd(), u64::MAX - 10, 100).is_err());
+        std::fs::remove_file(&path).unwrap();
+    }
+}

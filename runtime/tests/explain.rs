@@ -159,3 +159,66 @@ fn a_handle_can_have_its_own_o_direct_policy() {
     driver.handle_deregister(auto);
     driver.handle_deregister(off);
 }
+
+/// Under the `auto` policy a read of a range the page cache holds entirely takes the
+/// page cache (a memory copy there, a trip to the device through O_DIRECT), also when
+/// the range runs past the end of the file; once the pages are dropped the same reads
+/// go through O_DIRECT again; under `on` they always do. Caller-thread (64 KiB) and
+/// executor (3 MiB) requests alike, every byte checked.
+#[test]
+fn reads_of_cached_ranges_take_the_page_cache_unless_o_direct_is_forced() {
+    let (driver, device) = driver();
+    driver.open();
+    let data = pattern(4 * MIB, 9);
+    // Written through the page cache: every page of it is cached now.
+    let file = TempFile::new(&ext4_dir(), &data);
+    let fd = file.open_rw();
+    let auto = driver.handle_register(fd.as_raw_fd()).unwrap();
+    if driver.file(auto).unwrap().direct_fd().is_none() {
+        println!("skipped: {} has no O_DIRECT here", ext4_dir().display());
+        return;
+    }
+    let forced_fd = file.open_rw();
+    let forced = driver.handle_register_with(forced_fd.as_raw_fd(), DirectPolicy::On).unwrap();
+    let buffer = device.malloc_device(0, 4 * MIB).unwrap();
+    // (file offset, size, bytes the read returns): one chunk on the caller's thread, three
+    // over the executors, and one running 1 MiB past the end of the file.
+    let reads = [(0, 64 * 1024, 64 * 1024), (MIB, 3 * MIB, 3 * MIB), (3 * MIB, 2 * MIB, MIB)];
+    let read_all = |handle: HandleId| {
+        for &(offset, size, got) in &reads {
+            let raw = RawIo {
+                size_bytes: size as u64,
+                file_offset_bytes: offset as i64,
+                buffer_offset_bytes: 0,
+            };
+            assert_eq!(driver.io_sync(Direction::Read, handle, buffer, raw).unwrap(), got);
+            assert_eq!(device_bytes(buffer, got), &data[offset..offset + got]);
+        }
+    };
+    let total: u64 = reads.iter().map(|r| r.2 as u64).sum();
+    let counters = |handle: HandleId| driver.file(handle).unwrap().counters();
+
+    read_all(auto);
+    assert_eq!(counters(auto).direct_read_bytes, 0, "cached ranges read through O_DIRECT");
+    assert_eq!(counters(auto).buffered_read_bytes, total);
+    read_all(forced);
+    assert_eq!(counters(forced).direct_read_bytes, total, "`on` took the page cache");
+
+    // Dropped from the page cache: the auto handle's reads go to O_DIRECT again.
+    // SAFETY: plain syscalls on a live descriptor.
+    unsafe {
+        assert_eq!(libc::fdatasync(fd.as_raw_fd()), 0);
+        assert_eq!(libc::posix_fadvise(fd.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED), 0);
+    }
+    read_all(auto);
+    assert_eq!(counters(auto).direct_read_bytes, total, "uncached ranges skipped O_DIRECT");
+    let explanation = driver.explain_path(Some(auto), None).unwrap();
+    assert!(item(&explanation, "O_DIRECT").text.contains("page cache holds entirely"));
+    let explanation = driver.explain_path(Some(forced), None).unwrap();
+    assert!(!item(&explanation, "O_DIRECT").text.contains("holds entirely"));
+    driver.handle_deregister(auto);
+    driver.handle_deregister(forced);
+    // SAFETY: our allocation; no I/O on it is in flight.
+    unsafe { device.free_device(buffer) }.unwrap();
+    driver.close().unwrap();
+}

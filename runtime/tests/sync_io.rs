@@ -404,6 +404,7 @@ fn deregister_handle_with_read_in_flight_read_completes_new_io_5027() {
 fn counters_aligned_io_on_ext4_is_all_direct() {
     let data = pattern(4 * MIB, 13);
     let file = TempFile::new(&ext4_dir(), &data);
+    file.uncache();
     let client = file.open_rw();
     let (driver, device) = driver();
     let handle = driver.handle_register(client.as_raw_fd()).unwrap();
@@ -430,6 +431,7 @@ fn counters_aligned_io_on_ext4_is_all_direct() {
 fn unaligned_split(cpus: &[usize]) {
     let data = pattern(4 * MIB, 14);
     let file = TempFile::new(&ext4_dir(), &data);
+    file.uncache();
     let client = file.open_rw();
     let (driver, device) = driver_with(config(cpus));
     let handle = driver.handle_register(client.as_raw_fd()).unwrap();
@@ -702,6 +704,7 @@ fn api_from_env_opens_the_global_driver() {
 fn requests_of_one_chunk_run_on_the_callers_thread() {
     let data = pattern(4 * MIB, 15);
     let file = TempFile::new(&ext4_dir(), &data);
+    file.uncache();
     let client = file.open_rw();
     let (driver, device) = driver();
     let handle = driver.handle_register(client.as_raw_fd()).unwrap();

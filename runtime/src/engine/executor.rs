@@ -370,6 +370,7 @@ impl Executor {
         files: &OpenFiles,
         file: &FileHandle,
         range: JobRange,
+        direction: Direction,
     ) -> Result<PlanIter, OpError> {
         let buffer = BufferSpan { base_addr: range.device_addr, len_bytes: range.len_bytes.max(1) };
         let raw = RawIo {
@@ -383,6 +384,10 @@ impl Executor {
         // next to an O_DIRECT write makes the kernel fail its page-cache invalidation
         // (and the next fsync of the file report EIO).
         let page_bytes = self.setup.page_bytes;
+        // A read of a range the page cache holds entirely is a memory copy there, and a
+        // trip to the device through O_DIRECT (FileHandle::read_hits_page_cache).
+        let cached_read = direction == Direction::Read
+            && file.read_hits_page_cache(range.file_offset_bytes, range.len_bytes);
         let dio = if files.direct.is_some() && !files.uring_refused.get() {
             file.dio_alignment().map(|d| DioAlignment {
                 offset_bytes: d.offset_bytes.max(page_bytes),
@@ -398,6 +403,7 @@ impl Executor {
                 file.note_unaligned_request(range.file_offset_bytes, range.len_bytes);
             }
         }
+        let dio = dio.filter(|_| !cached_read);
         let config = PlanConfig::new(self.setup.chunk_bytes as u64, dio, 4096)?;
         Ok(config.plan(&io))
     }
@@ -411,7 +417,7 @@ impl Executor {
         mut arm_gate: Option<&flume::Receiver<bool>>,
     ) -> (Outcome, Option<DeviceError>, VecDeque<InFlightCopy>) {
         let mut copies = VecDeque::new();
-        let chunks = match self.plan(files, file, range) {
+        let chunks = match self.plan(files, file, range, Direction::Read) {
             Ok(plan) => plan,
             Err(code) => return (Outcome::Library(code), None, copies),
         };
@@ -674,7 +680,7 @@ impl Executor {
         // Direct chunks first, buffered head and tail after them and never at the same
         // time (see `plan`): the page cache then never holds dirty pages of a range an
         // O_DIRECT write of this op is about to invalidate.
-        let mut chunks = match self.plan(files, file, range) {
+        let mut chunks = match self.plan(files, file, range, Direction::Write) {
             Ok(plan) => {
                 let (direct, buffered): (VecDeque<_>, VecDeque<_>) =
                     plan.partition(|c| c.mode == ChunkMode::Direct);

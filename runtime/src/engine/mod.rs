@@ -568,8 +568,9 @@ impl Engine {
 
     /// The descriptor a caller-thread request uses: O_DIRECT when the file has one and
     /// the whole request is aligned as the executors' plan would require (offsets to the
-    /// page and the file's DIO alignment, the length to the DIO alignment), else the
-    /// buffered one.
+    /// page and the file's DIO alignment, the length to the DIO alignment) and, for a
+    /// read, the page cache does not hold the whole range
+    /// ([`FileHandle::read_hits_page_cache`]); else the buffered one.
     fn caller_thread_descriptor(&self, request: &SyncRequest) -> (RawFd, ChunkMode) {
         let file = &request.file;
         if let (Some(fd), Some(dio)) = (file.direct_fd(), file.dio_alignment()) {
@@ -578,10 +579,13 @@ impl Engine {
             let aligned = request.file_offset_bytes.is_multiple_of(offset_align)
                 && request.len_bytes.is_multiple_of(dio.offset_bytes)
                 && dio.memory_bytes <= self.page_bytes;
-            if aligned {
+            if !aligned {
+                file.note_unaligned_request(request.file_offset_bytes, request.len_bytes);
+            } else if request.direction == Direction::Write
+                || !file.read_hits_page_cache(request.file_offset_bytes, request.len_bytes)
+            {
                 return (fd, ChunkMode::Direct);
             }
-            file.note_unaligned_request(request.file_offset_bytes, request.len_bytes);
         }
         (file.buffered_fd(), ChunkMode::Buffered)
     }

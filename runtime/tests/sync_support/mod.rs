@@ -4,6 +4,7 @@
 #![allow(dead_code, reason = "each test file uses a different subset")]
 
 use std::fs::{File, OpenOptions};
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -82,6 +83,19 @@ impl TempFile {
 
     pub fn contents(&self) -> Vec<u8> {
         std::fs::read(&self.path).expect("read test file")
+    }
+
+    /// Drops the file's pages from the page cache (written or read through it, they are
+    /// cached, and under the auto policy a read of a range the cache holds entirely takes
+    /// the cache instead of O_DIRECT).
+    pub fn uncache(&self) {
+        let file = self.open_rw();
+        // SAFETY: plain syscalls on a live descriptor.
+        unsafe {
+            assert_eq!(libc::fdatasync(file.as_raw_fd()), 0, "fdatasync");
+            let advice = libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
+            assert_eq!(advice, 0, "posix_fadvise");
+        }
     }
 }
 

@@ -1,0 +1,36 @@
+#!/bin/bash
+# The never-hang proof and the Python checks after "every engine host -> device copy
+# bounces; caller copies in the primary context while no op is alive" (2026-12-04), in one
+# device call of about 8 minutes. Build first: tests/gpu/make-bundle.sh. On the device,
+# carrying target/gpu-bundle:  OUT=$OUT benches/scripts/h200-after-bounce-checks.sh
+cd "$(dirname "$0")/../.." || exit 1
+OUT=${OUT:-/tmp/hf-after-bounce}; mkdir -p "$OUT"
+B=$PWD/target/gpu-bundle; H=$B/bin/hipfile-bench
+chmod +x "$H" "$B"/tests/*
+export HIPFILE_DEVICE=cuda
+
+echo "== 1. C stream_sweep.c (52 cases) and cuda_async.c through libhipfile.so"
+HIPFILE_GPU_SUITES="none" timeout -s KILL 230 tests/gpu/run-gpu-suite.sh "$B" > "$OUT/c-suite.txt" 2>&1
+grep -cE " PASS " "$OUT/c-suite.txt" | sed 's/^/sweep lines PASS: /'; grep -E "HANG|FAIL" "$OUT/c-suite.txt" | head; sed -n '/GPU suite summary/,$p' "$OUT/c-suite.txt"
+
+echo "== 2. 4 KiB and 1 MiB async reads and writes at 8..128 streams, fixed and none (the bounced sizes)"
+timeout -s KILL 150 "$H" --mode sweep --case-timeout 20 --io-size 4K,1M --streams 8,24,32,33,64,128 \
+  --sweep-flags fixed,none --file /tmp/hf-sweep > "$OUT/sweep.txt" 2>&1
+echo "rc=$?"; grep -cE "PASS|ok" "$OUT/sweep.txt" | sed 's/^/ok lines: /'; grep -E "HANG|FAIL" "$OUT/sweep.txt" | head
+
+echo "== 3. sync I/O beside held streams (default, and HIPFILE_CUDA_CALLER_COPY=engine)"
+for t in sync_io_while_streams_hold_async_ops sync_io_while_the_application_holds_its_streams; do
+  timeout -s KILL 60 "$B/tests/async_sweep" --exact "$t" --nocapture > "$OUT/$t.txt" 2>&1; echo "$t: rc=$? $(grep -E 'test result|sync I/O done' "$OUT/$t.txt" | tr '\n' ' ')"
+done
+HIPFILE_CUDA_CALLER_COPY=engine timeout -s KILL 60 "$B/tests/async_sweep" --exact sync_io_while_the_application_holds_its_streams \
+  --nocapture > "$OUT/engine-mode.txt" 2>&1; echo "engine mode: rc=$? $(grep 'test result' "$OUT/engine-mode.txt")"
+
+echo "== 4. Python on CUDA: pytest, then the safetensors loader"
+wheel=$(ls "$B"/python/hipfile-*.whl 2>/dev/null | head -1)
+python3 -m pip install -q --no-index --no-deps --target /tmp/hf-site "$wheel" && export PYTHONPATH=/tmp/hf-site
+(cd /tmp && timeout -s KILL 120 python3 -m pytest -q -p no:cacheprovider "$OLDPWD/python/tests" > "$OUT/pytest-cuda.txt" 2>&1)
+tail -4 "$OUT/pytest-cuda.txt"
+cp python/bench_safetensors.py /tmp/hf-bench-safetensors.py
+timeout -s KILL 150 python3 /tmp/hf-bench-safetensors.py --gib 4 --reps 3 > "$OUT/safetensors.txt" 2>&1
+echo "rc=$?"; cat "$OUT/safetensors.txt"
+rm -f /tmp/hf-sweep* /tmp/hipfile-bench-checkpoint*
