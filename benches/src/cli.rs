@@ -121,6 +121,10 @@ pub struct RunArgs {
     /// submit cost and 128 submits behind a paused stream.
     #[arg(long)]
     pub latency: bool,
+    /// Latency mode: also time our 4 KiB async and sync reads with the statistics
+    /// recording on and off, alternating op by op in one run (what leaving them on costs).
+    #[arg(long)]
+    pub stats_ab: bool,
     /// Iterations of the latency mode.
     #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u32).range(10..=1_000_000))]
     pub iterations: u32,

@@ -90,16 +90,43 @@ fn us(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
 }
 
+/// (total, submit) samples in µs.
+type Samples = (Vec<f64>, Vec<f64>);
+
 /// Times `iterations` calls of `op(offset)`, which returns (total, submit) durations.
 fn measure(
     b: &Bench,
     iterations: usize,
+    op: impl FnMut(u64) -> Result<(Duration, Option<Duration>), RunError>,
+) -> Result<Samples, RunError> {
+    measure_with(b, iterations, None, op)
+}
+
+/// [`measure`]; with `recording_off`, the statistics recording alternates op by op (on
+/// for even iterations, whose samples are returned; off for odd ones, whose samples go to
+/// `recording_off`), and is left on.
+fn measure_with(
+    b: &Bench,
+    iterations: usize,
+    mut recording_off: Option<&mut Samples>,
     mut op: impl FnMut(u64) -> Result<(Duration, Option<Duration>), RunError>,
-) -> Result<(Vec<f64>, Vec<f64>), RunError> {
+) -> Result<Samples, RunError> {
     let (mut totals, mut submits) = (Vec::with_capacity(iterations), Vec::new());
     for i in 0..WARMUP + iterations {
-        let (total, submit) = op(offset(i, b.file.size))?;
+        let off_turn = recording_off.is_some() && i % 2 == 1;
+        if recording_off.is_some() {
+            hipfile_runtime::stats::set_recording(!off_turn);
+        }
+        let result = op(offset(i, b.file.size));
+        if recording_off.is_some() {
+            hipfile_runtime::stats::set_recording(true);
+        }
+        let (total, submit) = result?;
         if i >= WARMUP {
+            let (totals, submits) = match (&mut recording_off, off_turn) {
+                (Some(off), true) => (&mut off.0, &mut off.1),
+                _ => (&mut totals, &mut submits),
+            };
             totals.push(us(total));
             submits.extend(submit.map(us));
         }
@@ -140,11 +167,15 @@ fn check_done(p: &AsyncParams) -> Result<(), RunError> {
 }
 
 /// hipfile-rs ASYNC: submit_async, then synchronize the stream.
-fn ours_async(b: &Bench, iterations: usize) -> Result<(Vec<f64>, Vec<f64>), RunError> {
+fn ours_async(
+    b: &Bench,
+    iterations: usize,
+    recording_off: Option<&mut Samples>,
+) -> Result<Samples, RunError> {
     let mut streams = StreamSet::create(b.device(), 1).map_err(failed("stream"))?;
     streams.register(&b.env.driver, b.flags).map_err(failed("register"))?;
     let stream = streams.handles[0];
-    measure(b, iterations, |off| {
+    measure_with(b, iterations, recording_off, |off| {
         let p = params(off);
         let start = Instant::now();
         b.env
@@ -162,8 +193,12 @@ fn ours_async(b: &Bench, iterations: usize) -> Result<(Vec<f64>, Vec<f64>), RunE
 }
 
 /// hipfile-rs SYNC: io_sync.
-fn ours_sync(b: &Bench, iterations: usize) -> Result<(Vec<f64>, Vec<f64>), RunError> {
-    measure(b, iterations, |off| {
+fn ours_sync(
+    b: &Bench,
+    iterations: usize,
+    recording_off: Option<&mut Samples>,
+) -> Result<Samples, RunError> {
+    measure_with(b, iterations, recording_off, |off| {
         let raw = RawIo {
             size_bytes: OP_BYTES as u64,
             file_offset_bytes: off as i64,
@@ -374,20 +409,58 @@ fn check_busy_data(b: &mut Bench) -> Result<(), RunError> {
 }
 
 /// Runs every path and the busy-stream test.
-pub fn run(b: &mut Bench, cf: Option<&CuFile>, iterations: usize) -> LatencyReport {
+/// Our async and sync rows again, the statistics recording alternating op by op: a
+/// row with it on and one with it off for each (their difference is what recording costs).
+fn stats_ab_rows(b: &mut Bench, iterations: usize) -> Vec<LatencyRow> {
+    let mut rows = Vec::new();
+    for sync in [false, true] {
+        let label = if sync { "SYNC" } else { "ASYNC" };
+        let mut off: Samples = (Vec::new(), Vec::new());
+        let mut on = row(
+            b,
+            iterations,
+            &format!("hipfile-rs {label}, stats on (A/B)"),
+            |b| {
+                if sync {
+                    ours_sync(b, iterations, Some(&mut off))
+                } else {
+                    ours_async(b, iterations, Some(&mut off))
+                }
+            },
+            true,
+        );
+        on.ops = iterations - off.0.len();
+        let off_row = LatencyRow {
+            path: format!("hipfile-rs {label}, stats off (A/B)"),
+            ops: off.0.len(),
+            total_us: Percentiles::of(&off.0),
+            submit_us: Percentiles::of(&off.1),
+            status: on.status,
+            detail: on.detail.clone(),
+        };
+        rows.push(on);
+        rows.push(off_row);
+    }
+    rows
+}
+
+pub fn run(b: &mut Bench, cf: Option<&CuFile>, iterations: usize, stats_ab: bool) -> LatencyReport {
     let _ = b.before_read();
     let mut rows = vec![
         row(
             b,
             iterations,
             "hipfile-rs ASYNC: submit_async + stream sync",
-            |b| ours_async(b, iterations),
+            |b| ours_async(b, iterations, None),
             true,
         ),
-        row(b, iterations, "hipfile-rs SYNC: io_sync", |b| ours_sync(b, iterations), true),
+        row(b, iterations, "hipfile-rs SYNC: io_sync", |b| ours_sync(b, iterations, None), true),
         row(b, iterations, "CPUONLY: pread to host memory", |b| pread_host(b, iterations), false),
         row(b, iterations, "CPU_GPU: pread + H2D copy + sync", |b| pread_copy(b, iterations), true),
     ];
+    if stats_ab {
+        rows.extend(stats_ab_rows(b, iterations));
+    }
     if let Some(cf) = cf {
         rows.push(row(
             b,

@@ -580,7 +580,7 @@ fn run_latency(
     args: &RunArgs,
     cufile_line: String,
 ) -> Result<bool> {
-    let report = latency::run(b, cf.as_ref(), args.iterations as usize);
+    let report = latency::run(b, cf.as_ref(), args.iterations as usize, args.stats_ab);
     drop(cf);
     println!();
     print!("{}", latency::table(&report));

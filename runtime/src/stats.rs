@@ -199,10 +199,38 @@ fn add(counter: &AtomicU64, value: u64) {
     counter.fetch_add(value, Ordering::Relaxed);
 }
 
-/// Whether requests are recorded (`HIPFILE_STATS` is not `off`).
+/// Whether requests are recorded: 0 = not decided yet (`HIPFILE_STATS` decides on first
+/// use), 1 = yes, 2 = no ([`set_recording`]).
+static RECORDING: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// Whether requests are recorded (`HIPFILE_STATS` is not `off`, unless [`set_recording`]
+/// said otherwise since).
 fn recording() -> bool {
-    static RECORDING: OnceLock<bool> = OnceLock::new();
-    *RECORDING.get_or_init(|| std::env::var("HIPFILE_STATS").map_or(true, |v| v != "off"))
+    match RECORDING.load(Ordering::Relaxed) {
+        1 => true,
+        2 => false,
+        _ => {
+            let on = std::env::var("HIPFILE_STATS").map_or(true, |v| v != "off");
+            // A concurrent set_recording wins over the environment.
+            let _ = RECORDING.compare_exchange(
+                0,
+                if on { 1 } else { 2 },
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
+            RECORDING.load(Ordering::Relaxed) == 1
+        }
+    }
+}
+
+/// Turns the recording of requests on or off for the process from now on (what
+/// `HIPFILE_STATS=off` does at start-up); returns whether it was on. Counters keep their
+/// values. For measuring what recording costs within one run (`hipfile-bench --latency
+/// --stats-ab`), or for leaving it off on a path that wants no shared writes.
+pub fn set_recording(on: bool) -> bool {
+    let was = recording();
+    RECORDING.store(if on { 1 } else { 2 }, Ordering::Relaxed);
+    was
 }
 
 /// Adds 1 to a path counter of the process's page, unless recording is off.

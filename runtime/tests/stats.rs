@@ -117,6 +117,17 @@ fn every_request_is_counted_once_in_its_class() {
     assert!(moved >= 4096 + (64 << 10) + (512 << 10) + 8192 + (32 << 10) + 5 * 4096);
     assert!(after.paths[4] + after.paths[5] > before.paths[4] + before.paths[5], "requests ran");
 
+    // Recording turned off and on again at run time: nothing counted meanwhile.
+    let sync_reads = || stats::snapshot().class(0, Api::Sync, Direction::Read).ops;
+    let raw = RawIo { size_bytes: 4096, file_offset_bytes: 0, buffer_offset_bytes: 0 };
+    let counted = sync_reads();
+    assert!(stats::set_recording(false), "recording was on");
+    assert_eq!(rig.driver.io_sync(Direction::Read, handle, buffer, raw).unwrap(), 4096);
+    assert_eq!(sync_reads(), counted, "recorded while off");
+    assert!(!stats::set_recording(true), "recording was off");
+    assert_eq!(rig.driver.io_sync(Direction::Read, handle, buffer, raw).unwrap(), 4096);
+    assert_eq!(sync_reads(), counted + 1);
+
     // Another process sees the same page (unless HIPFILE_STATS keeps it private).
     if std::env::var("HIPFILE_STATS").is_ok() {
         return;
