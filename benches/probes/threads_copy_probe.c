@@ -62,12 +62,43 @@ static CUcontext g_primary, g_engine;
 static CUdeviceptr g_device_buffer;  // MAX_THREADS slots of 1 MiB, primary context
 static int g_fd;
 
+// What every worker's argument starts with: the case `run_case` sets, and when the
+// worker finished its timed loop (its teardown is not timed).
 typedef struct {
   int variant, index;
   size_t io_bytes;
+  pthread_barrier_t *start;
+  double finished_us;
+} case_t;
+
+// Runs `threads` workers `fn(args + t * stride)` (each starting with a case_t) on one
+// (variant, size) case, released together by a barrier; returns the microseconds from
+// the release to the last worker's end of loop.
+static double run_case(void *(*fn)(void *), void *args, size_t stride, int threads,
+                       int variant, size_t io_bytes) {
+  pthread_barrier_t start;
+  pthread_barrier_init(&start, NULL, threads + 1);
+  pthread_t ids[64];
+  for (int t = 0; t < threads; t++) {
+    case_t *c = (case_t *)((char *)args + t * stride);
+    *c = (case_t){variant, t, io_bytes, &start, 0};
+    pthread_create(&ids[t], NULL, fn, c);
+  }
+  pthread_barrier_wait(&start);
+  double t0 = now_us(), end = t0;
+  for (int t = 0; t < threads; t++) {
+    pthread_join(ids[t], NULL);
+    double finished = ((case_t *)((char *)args + t * stride))->finished_us;
+    if (finished > end) end = finished;
+  }
+  pthread_barrier_destroy(&start);
+  return end - t0;
+}
+
+typedef struct {
+  case_t c;
   void *pinned;  // portable pinned memory of io_bytes
   CUstream primary_stream, engine_stream;
-  pthread_barrier_t *start;
 } worker_t;
 
 static uint64_t next_random(uint64_t *state) {
@@ -79,33 +110,34 @@ static uint64_t next_random(uint64_t *state) {
 
 static void *worker(void *arg) {
   worker_t *w = arg;
-  int v = w->variant;
+  int v = w->c.variant;
   CHECK(cuCtxSetCurrent(v == 3 ? g_engine : g_primary));
   int reads = v <= 3;
   int engine = v == 2 || v == 3 || v == 5;
   int push = v == 2 || v == 5;
   CUstream stream = engine ? w->engine_stream : w->primary_stream;
-  CUdeviceptr target = g_device_buffer + (CUdeviceptr)w->index * (1 << 20);
-  uint64_t rng = 0x9e3779b97f4a7c15ull * (w->index + 1);
-  size_t slots = FILE_BYTES / w->io_bytes;
-  pthread_barrier_wait(w->start);
+  CUdeviceptr target = g_device_buffer + (CUdeviceptr)w->c.index * (1 << 20);
+  uint64_t rng = 0x9e3779b97f4a7c15ull * (w->c.index + 1);
+  size_t slots = FILE_BYTES / w->c.io_bytes;
+  pthread_barrier_wait(w->c.start);
   for (int i = 0; i < OPS; i++) {
     if (reads) {
-      off_t offset = (off_t)(next_random(&rng) % slots) * w->io_bytes;
-      if (pread(g_fd, w->pinned, w->io_bytes, offset) != (ssize_t)w->io_bytes) {
+      off_t offset = (off_t)(next_random(&rng) % slots) * w->c.io_bytes;
+      if (pread(g_fd, w->pinned, w->c.io_bytes, offset) != (ssize_t)w->c.io_bytes) {
         perror("pread");
         exit(1);
       }
     }
     if (v == 0) continue;
     if (push) CHECK(cuCtxPushCurrent(g_engine));
-    CHECK(cuMemcpyHtoDAsync(target, w->pinned, w->io_bytes, stream));
+    CHECK(cuMemcpyHtoDAsync(target, w->pinned, w->c.io_bytes, stream));
     CHECK(cuStreamSynchronize(stream));
     if (push) {
       CUcontext popped;
       CHECK(cuCtxPopCurrent(&popped));
     }
   }
+  w->c.finished_us = now_us();
   return NULL;
 }
 
@@ -119,11 +151,8 @@ static CUdeviceptr g_engine_buffer;  // MAX_THREADS slots of 1 MiB, engine conte
 static CUdevice g_dev;
 
 typedef struct {
-  int variant, index;
-  size_t io_bytes;
+  case_t c;
   void *pinned, *engine_pinned;
-  pthread_barrier_t *start;
-  double finished_us;  // before the thread's teardown, which is not timed
 } why_t;
 
 static CUcontext create_context(unsigned flags) {
@@ -139,7 +168,7 @@ static CUcontext create_context(unsigned flags) {
 
 static void *why_worker(void *arg) {
   why_t *w = arg;
-  int v = w->variant;
+  int v = w->c.variant;
   CUcontext own = NULL;
   CUcontext context = g_engine;
   if (v == 0 || v == 11) context = g_primary;
@@ -150,12 +179,12 @@ static void *why_worker(void *arg) {
   CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
   CUevent event;
   CHECK(cuEventCreate(&event, CU_EVENT_DISABLE_TIMING));
-  CUdeviceptr slot = (CUdeviceptr)w->index * (1 << 20);
+  CUdeviceptr slot = (CUdeviceptr)w->c.index * (1 << 20);
   CUdeviceptr target = (v == 2 || v == 4 ? g_engine_buffer : g_device_buffer) + slot;
   void *source = v == 3 || v == 4 ? w->engine_pinned : w->pinned;
-  pthread_barrier_wait(w->start);
+  pthread_barrier_wait(w->c.start);
   for (int i = 0; i < WHY_OPS; i++) {
-    CHECK(cuMemcpyHtoDAsync(target, source, w->io_bytes, stream));
+    CHECK(cuMemcpyHtoDAsync(target, source, w->c.io_bytes, stream));
     if (v == 9) {
       CHECK(cuEventRecord(event, stream));
       CHECK(cuEventSynchronize(event));
@@ -168,7 +197,7 @@ static void *why_worker(void *arg) {
       CHECK(cuStreamSynchronize(stream));
     }
   }
-  w->finished_us = now_us();
+  w->c.finished_us = now_us();
   CHECK(cuEventDestroy(event));
   CHECK(cuStreamDestroy(stream));
   if (own) CHECK(cuCtxDestroy(own));
@@ -199,25 +228,7 @@ static void why(void) {
         int threads = THREADS[ti];
         printf("round %d %7zu B %d thr:", round, SIZES[s], threads);
         for (int v = 0; v < WHY_VARIANTS; v++) {
-          pthread_barrier_t start;
-          pthread_barrier_init(&start, NULL, threads + 1);
-          pthread_t ids[MAX_THREADS];
-          for (int t = 0; t < threads; t++) {
-            w[t].variant = v;
-            w[t].index = t;
-            w[t].io_bytes = SIZES[s];
-            w[t].start = &start;
-            pthread_create(&ids[t], NULL, why_worker, &w[t]);
-          }
-          pthread_barrier_wait(&start);
-          double t0 = now_us();
-          double end = t0;
-          for (int t = 0; t < threads; t++) {
-            pthread_join(ids[t], NULL);
-            if (w[t].finished_us > end) end = w[t].finished_us;
-          }
-          double elapsed = end - t0;
-          pthread_barrier_destroy(&start);
+          double elapsed = run_case(why_worker, w, sizeof w[0], threads, v, SIZES[s]);
           printf("  %s %.1fk (%.1f)", WHY_NAMES[v], threads * (double)WHY_OPS / elapsed * 1e3,
                  elapsed / WHY_OPS);
           fflush(stdout);
@@ -235,17 +246,17 @@ static CUdeviceptr g_scratch;  // MAX_THREADS slots of 1 MiB, engine context
 
 static void *how_worker(void *arg) {
   why_t *w = arg;
-  int v = w->variant;
+  int v = w->c.variant;
   int primary = v == 0 || v == 7;
   CHECK(cuCtxSetCurrent(primary ? g_primary : g_engine));
   CUstream stream;
   CHECK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
-  CUdeviceptr slot = (CUdeviceptr)w->index * (1 << 20);
+  CUdeviceptr slot = (CUdeviceptr)w->c.index * (1 << 20);
   CUdeviceptr target = g_device_buffer + slot, scratch = g_scratch + slot;
   CUdeviceptr mapped = 0;
   CHECK(cuMemHostGetDevicePointer(&mapped, w->pinned, 0));
-  size_t n = w->io_bytes;
-  pthread_barrier_wait(w->start);
+  size_t n = w->c.io_bytes;
+  pthread_barrier_wait(w->c.start);
   for (int i = 0; i < WHY_OPS; i++) {
     switch (v) {
       case 0: case 1: CHECK(cuMemcpyHtoDAsync(target, w->pinned, n, stream)); break;
@@ -264,7 +275,7 @@ static void *how_worker(void *arg) {
     }
     CHECK(cuStreamSynchronize(stream));
   }
-  w->finished_us = now_us();
+  w->c.finished_us = now_us();
   CHECK(cuStreamDestroy(stream));
   return NULL;
 }
@@ -288,25 +299,9 @@ static void how(void) {
         int threads = THREADS[ti];
         printf("round %d %7zu B %2d thr:", round, SIZES[s], threads);
         for (int v = 0; v < HOW_VARIANTS; v++) {
-          pthread_barrier_t start;
-          pthread_barrier_init(&start, NULL, threads + 1);
-          pthread_t ids[MAX_THREADS];
-          for (int t = 0; t < threads; t++) {
-            w[t].variant = v;
-            w[t].index = t;
-            w[t].io_bytes = SIZES[s];
-            w[t].start = &start;
-            pthread_create(&ids[t], NULL, how_worker, &w[t]);
-          }
-          pthread_barrier_wait(&start);
-          double t0 = now_us(), end = t0;
-          for (int t = 0; t < threads; t++) {
-            pthread_join(ids[t], NULL);
-            if (w[t].finished_us > end) end = w[t].finished_us;
-          }
-          pthread_barrier_destroy(&start);
-          printf("  %s %.1fk (%.1f)", HOW_NAMES[v], threads * (double)WHY_OPS / (end - t0) * 1e3,
-                 (end - t0) / WHY_OPS);
+          double elapsed = run_case(how_worker, w, sizeof w[0], threads, v, SIZES[s]);
+          printf("  %s %.1fk (%.1f)", HOW_NAMES[v], threads * (double)WHY_OPS / elapsed * 1e3,
+                 elapsed / WHY_OPS);
           fflush(stdout);
         }
         printf("\n");
@@ -371,21 +366,7 @@ int main(int argc, char **argv) {
         int threads = THREADS[ti];
         printf("round %d %6zu B %2d thr:", round, SIZES[s], threads);
         for (int v = 0; v < VARIANTS; v++) {
-          pthread_barrier_t start;
-          pthread_barrier_init(&start, NULL, threads + 1);
-          pthread_t ids[MAX_THREADS];
-          for (int t = 0; t < threads; t++) {
-            workers[t].variant = v;
-            workers[t].index = t;
-            workers[t].io_bytes = SIZES[s];
-            workers[t].start = &start;
-            pthread_create(&ids[t], NULL, worker, &workers[t]);
-          }
-          pthread_barrier_wait(&start);
-          double t0 = now_us();
-          for (int t = 0; t < threads; t++) pthread_join(ids[t], NULL);
-          double elapsed = now_us() - t0;
-          pthread_barrier_destroy(&start);
+          double elapsed = run_case(worker, workers, sizeof workers[0], threads, v, SIZES[s]);
           double rate_k = threads * (double)OPS / elapsed * 1e3;
           printf("  %s %.1fk (%.1f)", NAMES[v], rate_k, elapsed / OPS);
         }
