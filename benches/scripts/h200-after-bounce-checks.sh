@@ -26,11 +26,5 @@ HIPFILE_CUDA_CALLER_COPY=engine timeout -s KILL 60 "$B/tests/async_sweep" --exac
   --nocapture > "$OUT/engine-mode.txt" 2>&1; echo "engine mode: rc=$? $(grep 'test result' "$OUT/engine-mode.txt")"
 
 echo "== 4. Python on CUDA: pytest, then the safetensors loader"
-wheel=$(ls "$B"/python/hipfile-*.whl 2>/dev/null | head -1)
-python3 -m pip install -q --no-index --no-deps --target /tmp/hf-site "$wheel" && export PYTHONPATH=/tmp/hf-site
-(cd /tmp && timeout -s KILL 120 python3 -m pytest -q -p no:cacheprovider "$OLDPWD/python/tests" > "$OUT/pytest-cuda.txt" 2>&1)
-tail -4 "$OUT/pytest-cuda.txt"
-cp python/bench_safetensors.py /tmp/hf-bench-safetensors.py
-timeout -s KILL 150 python3 /tmp/hf-bench-safetensors.py --gib 4 --reps 3 > "$OUT/safetensors.txt" 2>&1
-echo "rc=$?"; cat "$OUT/safetensors.txt"
+PYTEST_TIMEOUT=120 BENCH_TIMEOUT=150 python/device-checks.sh "$B" "$OUT"
 rm -f /tmp/hf-sweep* /tmp/hipfile-bench-checkpoint*

@@ -56,20 +56,7 @@ fi
 
 if want 4; then
 echo "== 4. Python package on CUDA: pytest, then the safetensors loader against safetensors and torch.load"
-wheel=$(ls "$B"/python/hipfile-*.whl 2>/dev/null | head -1)
-if [ -z "$wheel" ]; then
-  echo "SKIP: no wheel in $B/python"
-else
-  python3 -m pip install -q --no-index --no-deps --target /tmp/hf-site "$wheel" && export PYTHONPATH=/tmp/hf-site
-  # From outside python/, so that `import hipfile` finds the installed wheel.
-  (cd /tmp && timeout -s KILL 120 python3 -m pytest -q -p no:cacheprovider "$OLDPWD/python/tests" > "$OUT/pytest-cuda.txt" 2>&1)
-  tail -3 "$OUT/pytest-cuda.txt"
-  # A copy outside python/: run from there, the script's folder (python/hipfile, no
-  # native module) would shadow the installed package.
-  cp python/bench_safetensors.py /tmp/hf-bench-safetensors.py
-  timeout -s KILL 240 python3 /tmp/hf-bench-safetensors.py --gib 4 --reps 3 > "$OUT/safetensors.txt" 2>&1
-  echo "rc=$?"; cat "$OUT/safetensors.txt"
-fi
+python/device-checks.sh "$B" "$OUT"
 fi
 
 rm -f $F

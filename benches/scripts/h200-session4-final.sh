@@ -11,14 +11,7 @@ chmod +x "$H"
 export HIPFILE_DEVICE=cuda
 echo "kernel $(uname -r)"
 echo "== 1. Python on CUDA"
-wheel=$(ls "$B"/python/hipfile-*.whl | head -1)
-python3 -m pip install -q --no-index --no-deps --target /tmp/hf-site "$wheel" && export PYTHONPATH=/tmp/hf-site
-(cd /tmp && timeout -s KILL 100 python3 -m pytest -q -p no:cacheprovider "$OLDPWD/python/tests" > "$OUT/pytest-cuda.txt" 2>&1)
-tail -2 "$OUT/pytest-cuda.txt"
-cp python/bench_safetensors.py /tmp/hf-bench-safetensors.py
-timeout -s KILL 150 python3 /tmp/hf-bench-safetensors.py --gib 4 --reps 3 > "$OUT/safetensors.txt" 2>&1
-echo "rc=$?"; cat "$OUT/safetensors.txt"
-rm -f /tmp/hipfile-bench-checkpoint*
+PYTEST_TIMEOUT=100 BENCH_TIMEOUT=150 python/device-checks.sh "$B" "$OUT"
 echo "== 2. batch mode, every path warmed first"
 timeout -s KILL 150 "$H" --mode batch --iterations 8000 --file /tmp/hf-batch --file-size 1G \
   > "$OUT/batch.txt" 2>&1

@@ -6,7 +6,8 @@
 # then copy the repository (with target/gpu-bundle) over and run
 #   tests/gpu/run-gpu-suite.sh [bundle-dir]
 # To split the suite over several calls: HIPFILE_GPU_C=0 skips the C programs, and
-# HIPFILE_GPU_SUITES="async_sweep durability" runs only those test binaries.
+# HIPFILE_GPU_SUITES="async_sweep durability" runs only those test binaries ("python": the
+# Python package's suite, run when the bundle has the wheel).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 bundle=${1:-$here/../../target/gpu-bundle}
@@ -61,6 +62,11 @@ if [ -x "$bundle/tests/async_sweep" ] && selected async_sweep; then
   run "async_sweep::sync_io_while_the_application_holds_its_streams (HIPFILE_CUDA_CALLER_COPY=engine)" \
     env HIPFILE_CUDA_CALLER_COPY=engine timeout "$per_test_timeout" "$bundle/tests/async_sweep" \
     --exact sync_io_while_the_application_holds_its_streams --nocapture
+fi
+# The Python package's pytest suite on CUDA with torch (the bundle's wheel; no benchmark).
+if [ -d "$bundle/python" ] && selected python; then
+  run "Python pytest suite on CUDA (python/device-checks.sh)" bash -c \
+    "BENCH_GIB=0 '$here/../../python/device-checks.sh' '$bundle' /tmp/hf-python-suite | tee /dev/stderr | grep -q '^pytest rc=0'"
 fi
 echo
 echo "== GPU suite summary"
