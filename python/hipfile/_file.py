@@ -59,7 +59,7 @@ def _executor() -> concurrent.futures.ThreadPoolExecutor:
     with _pool_lock:
         if _pool is None:
             workers = min(32, 4 * (os.cpu_count() or 1))
-            _pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="hipfile-io")
+            _pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="hipfile-py-io")
         return _pool
 
 
