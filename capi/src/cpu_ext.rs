@@ -333,7 +333,7 @@ ffi_fn! {
         let event = out_ptr(event).ok_or(HipStatus::INVALID_VALUE)?;
         let recorded = cpu()?.record_event_on(stream(handle))?;
         // SAFETY: non-NULL, writable per the contract.
-        unsafe { event.write_unaligned(recorded.0 as u64) };
+        unsafe { event.write_unaligned(recorded.raw() as u64) };
         Ok(())
     }
 
@@ -342,7 +342,7 @@ ffi_fn! {
     /// # Safety
     /// None.
     fn hipfileCpuEventQuery(event: u64) -> HipStatus {
-        let done = cpu()?.event_done(EventHandle(event as usize))?;
+        let done = cpu()?.event_done(&EventHandle::from_raw(event as usize))?;
         if done { Ok(()) } else { Err(HipStatus::NOT_READY) }
     }
 
@@ -351,7 +351,7 @@ ffi_fn! {
     /// # Safety
     /// None.
     fn hipfileCpuEventSynchronize(event: u64) -> HipStatus {
-        cpu()?.event_synchronize(EventHandle(event as usize)).map_err(HipStatus::from)
+        cpu()?.event_synchronize(&EventHandle::from_raw(event as usize)).map_err(HipStatus::from)
     }
 
     /// `hipfileCpuEventDestroy`.
@@ -359,7 +359,7 @@ ffi_fn! {
     /// # Safety
     /// None.
     fn hipfileCpuEventDestroy(event: u64) -> HipStatus {
-        cpu()?.destroy_event(EventHandle(event as usize));
+        cpu()?.destroy_event(EventHandle::from_raw(event as usize));
         Ok(())
     }
 }

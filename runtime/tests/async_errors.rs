@@ -311,7 +311,7 @@ fn stream_destroyed_with_ops_queued_still_runs_them() {
         cpu.destroy_stream(stream).expect("destroy");
         gate.release();
         let device = Arc::clone(&cpu);
-        run_guarded("the event after the op", move || device.event_synchronize(event))
+        run_guarded("the event after the op", move || device.event_synchronize(&event))
             .expect("event ok");
         assert_eq!(bytes(&p), MIB as isize, "flags {flags:?}");
         assert_bytes(&rig.dev_bytes(buffer, MIB), &data, "read on a destroyed stream");

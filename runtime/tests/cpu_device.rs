@@ -45,9 +45,11 @@ fn sync(device: &Arc<CpuDevice>, stream: StreamHandle) -> Result<(), DeviceError
     within("synchronize_stream", move || device.synchronize_stream(stream))
 }
 
-fn event_sync(device: &Arc<CpuDevice>, event: EventHandle) -> Result<(), DeviceError> {
+fn event_sync(device: &Arc<CpuDevice>, event: &EventHandle) -> Result<(), DeviceError> {
     let device = Arc::clone(device);
-    within("event_synchronize", move || device.event_synchronize(event))
+    // The cpu device's events are plain ids: the copy names the same event.
+    let event = EventHandle::from_raw(event.raw());
+    within("event_synchronize", move || device.event_synchronize(&event))
 }
 
 /// A closure enqueued on `stream` that sets the returned flag when it runs.
@@ -215,10 +217,10 @@ fn host_to_device_and_back_copies_bytes() {
     fill(source, |i| (i * 7 % 251) as u8);
     // SAFETY: all ranges are live test allocations untouched until the sync below.
     unsafe {
-        device.copy_to_device_async(stream, dev, source.host_ptr, len_bytes).unwrap();
-        device.copy_from_device_async(stream, target.host_ptr, dev, len_bytes).unwrap();
+        device.copy_to_device_async(&stream, dev, source.host_ptr, len_bytes).unwrap();
+        device.copy_from_device_async(&stream, target.host_ptr, dev, len_bytes).unwrap();
     }
-    sync(&device, StreamHandle(stream.0)).unwrap();
+    sync(&device, StreamHandle(stream.raw())).unwrap();
     assert_eq!(bytes_of(target), bytes_of(source));
     let stats = device.stats();
     assert_eq!(stats.bytes_host_to_device, len_bytes as u64);
@@ -236,10 +238,10 @@ fn partial_copies_into_the_middle_of_allocations() {
     fill(host, |i| i as u8);
     // SAFETY: live test allocations, synchronized before reading.
     unsafe {
-        device.copy_to_device_async(stream, dev + 10, host.host_ptr.add(50), 50).unwrap();
-        device.copy_from_device_async(stream, host.host_ptr, dev, 100).unwrap();
+        device.copy_to_device_async(&stream, dev + 10, host.host_ptr.add(50), 50).unwrap();
+        device.copy_from_device_async(&stream, host.host_ptr, dev, 100).unwrap();
     }
-    device.synchronize_internal(stream).unwrap();
+    device.synchronize_internal(&stream).unwrap();
     let bytes = bytes_of(host);
     assert!(bytes[..10].iter().all(|&b| b == 0), "device memory starts zeroed");
     assert_eq!(bytes[10..60], (50..100).map(|i| i as u8).collect::<Vec<_>>()[..]);
@@ -259,32 +261,38 @@ fn copies_outside_the_rules_are_rejected() {
     // SAFETY: every call is rejected before anything is enqueued.
     unsafe {
         // Host side not pinned.
-        assert_code(device.copy_to_device_async(stream, dev, unpinned.as_ptr(), 16), invalid);
-        assert_code(device.copy_from_device_async(stream, unpinned.as_mut_ptr(), dev, 16), invalid);
+        assert_code(device.copy_to_device_async(&stream, dev, unpinned.as_ptr(), 16), invalid);
+        assert_code(
+            device.copy_from_device_async(&stream, unpinned.as_mut_ptr(), dev, 16),
+            invalid,
+        );
         // Device side past the allocation's end, or spanning two allocations.
-        assert_code(device.copy_to_device_async(stream, dev + 4000, pinned.host_ptr, 97), invalid);
-        assert_code(device.copy_from_device_async(stream, pinned.host_ptr, dev + 1, 4096), invalid);
+        assert_code(device.copy_to_device_async(&stream, dev + 4000, pinned.host_ptr, 97), invalid);
+        assert_code(
+            device.copy_from_device_async(&stream, pinned.host_ptr, dev + 1, 4096),
+            invalid,
+        );
         let spanning = dev.min(other_dev) + 4000;
-        assert_code(device.copy_to_device_async(stream, spanning, pinned.host_ptr, 200), invalid);
+        assert_code(device.copy_to_device_async(&stream, spanning, pinned.host_ptr, 200), invalid);
         // Host side past the pinned range's end.
         assert_code(
-            device.copy_to_device_async(stream, dev, pinned.host_ptr.add(1), 4096),
+            device.copy_to_device_async(&stream, dev, pinned.host_ptr.add(1), 4096),
             invalid,
         );
         // Wrong memory types: managed is not device memory, device is not pinned host.
-        assert_code(device.copy_to_device_async(stream, managed, pinned.host_ptr, 16), invalid);
+        assert_code(device.copy_to_device_async(&stream, managed, pinned.host_ptr, 16), invalid);
         let dev_as_host = dev as usize as *const u8;
-        assert_code(device.copy_to_device_async(stream, other_dev, dev_as_host, 16), invalid);
+        assert_code(device.copy_to_device_async(&stream, other_dev, dev_as_host, 16), invalid);
         assert_code(
-            device.copy_to_device_async(stream, pinned.device_addr, pinned.host_ptr, 16),
+            device.copy_to_device_async(&stream, pinned.device_addr, pinned.host_ptr, 16),
             invalid,
         );
         // Unknown stream.
-        let unknown = InternalStream(usize::MAX);
-        let result = device.copy_to_device_async(unknown, dev, pinned.host_ptr, 16);
+        let unknown = InternalStream::from_raw(usize::MAX);
+        let result = device.copy_to_device_async(&unknown, dev, pinned.host_ptr, 16);
         assert_code(result, DeviceError::HIP_ERROR_INVALID_HANDLE);
     }
-    device.synchronize_internal(stream).unwrap();
+    device.synchronize_internal(&stream).unwrap();
     let stats = device.stats();
     assert_eq!(stats.bytes_host_to_device + stats.bytes_device_to_host, 0);
 }
@@ -303,11 +311,11 @@ fn registered_host_memory_counts_as_pinned() {
     // arena is read or unregistered.
     unsafe {
         device.register_host(ptr, 128).unwrap();
-        device.copy_to_device_async(stream, dev, ptr, 64).unwrap();
-        device.copy_from_device_async(stream, ptr.add(64), dev, 64).unwrap();
-        device.synchronize_internal(stream).unwrap();
+        device.copy_to_device_async(&stream, dev, ptr, 64).unwrap();
+        device.copy_from_device_async(&stream, ptr.add(64), dev, 64).unwrap();
+        device.synchronize_internal(&stream).unwrap();
         device.unregister_host(ptr);
-        let result = device.copy_to_device_async(stream, dev, ptr, 64);
+        let result = device.copy_to_device_async(&stream, dev, ptr, 64);
         assert_code(result, DeviceError::HIP_ERROR_INVALID_VALUE);
     }
     assert_eq!(arena[..64], arena[64..]);
@@ -350,20 +358,20 @@ fn freeing_memory_under_queued_copy_is_an_async_error() {
     let stream = device.create_internal_stream(0).unwrap();
     let dev = device.malloc_device(0, 64).unwrap();
     let host = device.alloc_pinned(64).unwrap();
-    let gate = device.pause_stream(StreamHandle(stream.0)).unwrap();
+    let gate = device.pause_stream(StreamHandle(stream.raw())).unwrap();
     // SAFETY: the copy is validated now; the device memory is freed before it runs, which
     // the device must turn into an error instead of a use-after-free.
     unsafe {
-        device.copy_to_device_async(stream, dev, host.host_ptr, 64).unwrap();
-        let event = device.record_event(stream).unwrap();
+        device.copy_to_device_async(&stream, dev, host.host_ptr, 64).unwrap();
+        let event = device.record_event(&stream).unwrap();
         device.free_device(dev).unwrap();
         gate.release();
-        let error = event_sync(&device, event).unwrap_err();
+        let error = event_sync(&device, &event).unwrap_err();
         assert_eq!(error.hip_error, DeviceError::HIP_ERROR_INVALID_VALUE);
-        assert_code(device.event_done(event), DeviceError::HIP_ERROR_INVALID_VALUE);
+        assert_code(device.event_done(&event), DeviceError::HIP_ERROR_INVALID_VALUE);
     }
     // The error is sticky for the stream.
-    assert_code(device.synchronize_internal(stream), DeviceError::HIP_ERROR_INVALID_VALUE);
+    assert_code(device.synchronize_internal(&stream), DeviceError::HIP_ERROR_INVALID_VALUE);
     assert_eq!(device.stats().async_errors, 1);
     assert_eq!(device.stats().bytes_host_to_device, 0);
 }
@@ -449,9 +457,9 @@ fn streams_run_in_parallel() {
     sync(&device, free).unwrap();
     assert!(free_done.load(Ordering::SeqCst));
     assert!(!blocked_done.load(Ordering::SeqCst));
-    assert!(!device.event_done(blocked_event).unwrap());
+    assert!(!device.event_done(&blocked_event).unwrap());
     gate.release();
-    event_sync(&device, blocked_event).unwrap();
+    event_sync(&device, &blocked_event).unwrap();
     assert!(blocked_done.load(Ordering::SeqCst));
 }
 
@@ -475,29 +483,33 @@ fn synchronize_waits_for_slow_work() {
 fn events_complete_only_after_preceding_work() {
     let device = CpuDevice::new(1);
     let stream = device.create_internal_stream(0).unwrap();
-    let gate = device.pause_stream(StreamHandle(stream.0)).unwrap();
-    let before = flag_on(&device, StreamHandle(stream.0));
-    let event = device.record_event(stream).unwrap();
-    let after_gate = device.pause_stream(StreamHandle(stream.0)).unwrap();
+    let gate = device.pause_stream(StreamHandle(stream.raw())).unwrap();
+    let before = flag_on(&device, StreamHandle(stream.raw()));
+    let event = device.record_event(&stream).unwrap();
+    let after_gate = device.pause_stream(StreamHandle(stream.raw())).unwrap();
     for _ in 0..20 {
-        assert!(!device.event_done(event).unwrap());
+        assert!(!device.event_done(&event).unwrap());
         thread::sleep(Duration::from_millis(1));
     }
     gate.release();
-    event_sync(&device, event).unwrap();
+    event_sync(&device, &event).unwrap();
     assert!(before.load(Ordering::SeqCst));
-    assert!(device.event_done(event).unwrap());
+    assert!(device.event_done(&event).unwrap());
     // The event does not wait for work enqueued after it.
-    let later = device.record_event(stream).unwrap();
-    assert!(!device.event_done(later).unwrap());
+    let later = device.record_event(&stream).unwrap();
+    assert!(!device.event_done(&later).unwrap());
     drop(after_gate);
-    event_sync(&device, later).unwrap();
+    event_sync(&device, &later).unwrap();
+    let destroyed = event.raw();
     device.destroy_event(event);
     device.destroy_event(later);
-    assert_code(device.event_done(event), DeviceError::HIP_ERROR_INVALID_HANDLE);
-    assert_code(device.event_synchronize(event), DeviceError::HIP_ERROR_INVALID_HANDLE);
+    // A destroyed event's id, named again, is an unknown event (and so is a handle that
+    // no device made).
+    let again = EventHandle::from_raw(destroyed);
+    assert_code(device.event_done(&again), DeviceError::HIP_ERROR_INVALID_HANDLE);
+    assert_code(device.event_synchronize(&again), DeviceError::HIP_ERROR_INVALID_HANDLE);
     assert_eq!(device.stats().invalid_releases, 0);
-    device.destroy_event(event);
+    device.destroy_event(again);
     assert_eq!(device.stats().invalid_releases, 1);
 }
 
@@ -506,7 +518,7 @@ fn event_on_idle_stream_is_done_at_once() {
     let device = CpuDevice::new(1);
     let stream = device.create_stream(0).unwrap();
     let event = device.record_event_on(stream).unwrap();
-    assert!(device.event_done(event).unwrap());
+    assert!(device.event_done(&event).unwrap());
 }
 
 // ---------------------------------------------------------------------------------------
@@ -527,10 +539,10 @@ fn wait_value_released_by_plain_store_from_another_thread() {
     word_at(addr).store(4, Ordering::Release);
     thread::sleep(Duration::from_millis(20));
     assert!(!after.load(Ordering::SeqCst));
-    assert!(!device.event_done(event).unwrap());
+    assert!(!device.event_done(&event).unwrap());
     let storer = thread::spawn(move || word_at(addr).store(7, Ordering::Release));
     storer.join().unwrap();
-    event_sync(&device, event).unwrap();
+    event_sync(&device, &event).unwrap();
     assert!(after.load(Ordering::SeqCst));
     assert_eq!(device.stats().wait_values_executed, 1);
 }
@@ -589,9 +601,9 @@ fn write_value_on_one_stream_releases_wait_on_another() {
     unsafe { device.stream_wait_value32(waiter, addr, 3) }.unwrap();
     let after = flag_on(&device, waiter);
     // The writer itself waits for a gate, so the release is ordered after it.
-    let gate = device.pause_stream(StreamHandle(writer.0)).unwrap();
+    let gate = device.pause_stream(StreamHandle(writer.raw())).unwrap();
     // SAFETY: as above.
-    unsafe { device.write_value32_internal(writer, addr, 3) }.unwrap();
+    unsafe { device.write_value32_internal(&writer, addr, 3) }.unwrap();
     thread::sleep(Duration::from_millis(10));
     assert!(!after.load(Ordering::SeqCst));
     assert_eq!(word_at(addr).load(Ordering::Acquire), 0);
@@ -690,13 +702,13 @@ fn unknown_and_destroyed_streams_are_invalid_handles() {
     device.destroy_stream(stream).unwrap();
     let other = CpuDevice::new(1).create_stream(0).unwrap();
     for bad in [stream, StreamHandle(usize::MAX), other] {
-        let internal = InternalStream(bad.0);
+        let internal = InternalStream::from_raw(bad.0);
         let handle = DeviceError::HIP_ERROR_INVALID_HANDLE;
         assert_code(device.stream_device(bad), handle);
         assert_code(device.synchronize_stream(bad), handle);
-        assert_code(device.synchronize_internal(internal), handle);
+        assert_code(device.synchronize_internal(&internal), handle);
         assert_code(device.record_event_on(bad), handle);
-        assert_code(device.record_event(internal), handle);
+        assert_code(device.record_event(&internal), handle);
         assert_code(device.launch_host_closure(bad, || {}), handle);
         assert_code(device.pause_stream(bad), handle);
         assert_code(device.destroy_stream(bad), handle);
@@ -706,16 +718,16 @@ fn unknown_and_destroyed_streams_are_invalid_handles() {
             assert_code(device.launch_host_func(bad, nothing, std::ptr::null_mut()), handle);
             assert_code(device.stream_wait_value32(bad, word, 0), handle);
             assert_code(device.stream_write_value32(bad, word, 0), handle);
-            assert_code(device.write_value32_internal(internal, word, 0), handle);
+            assert_code(device.write_value32_internal(&internal, word, 0), handle);
             assert_code(device.memset_async(bad, word, 0, 4), handle);
             assert_code(device.memcpy_async(bad, word, word + 8, 4), handle);
             let pinned = words.host_ptr;
-            assert_code(device.copy_to_device_async(internal, word, pinned, 4), handle);
-            assert_code(device.copy_from_device_async(internal, pinned, word, 4), handle);
+            assert_code(device.copy_to_device_async(&internal, word, pinned, 4), handle);
+            assert_code(device.copy_from_device_async(&internal, pinned, word, 4), handle);
         }
     }
     assert_code(device.destroy_stream(StreamHandle::NULL), DeviceError::HIP_ERROR_INVALID_HANDLE);
-    device.destroy_internal_stream(InternalStream(stream.0));
+    device.destroy_internal_stream(InternalStream::from_raw(stream.0));
     assert_eq!(device.stats().invalid_releases, 1);
 }
 
@@ -743,7 +755,7 @@ fn stream_handles_are_unique_and_never_zero() {
             device.destroy_stream(stream).unwrap();
         }
     }
-    handles.push(device.create_internal_stream(1).unwrap().0);
+    handles.push(device.create_internal_stream(1).unwrap().raw());
     let count = handles.len();
     handles.sort_unstable();
     handles.dedup();

@@ -14,7 +14,9 @@ use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use hipfile_core::{Direction, OpError};
 use hipfile_runtime::config::{Config, DeviceSelection};
 use hipfile_runtime::device::user::{StreamGate, UserDevice, open_device};
-use hipfile_runtime::device::{Device, MemoryType};
+use hipfile_runtime::device::{
+    Device, DeviceError, DeviceKind, EventHandle, InternalStream, MemoryType,
+};
 use hipfile_runtime::{AsyncParams, Driver, HandleId};
 
 fn selection() -> DeviceSelection {
@@ -193,22 +195,84 @@ fn contract_copies_events_and_internal_streams() {
     source.bytes().copy_from_slice(&data);
     // SAFETY: pinned source and device target of the right length, synchronized below.
     unsafe {
-        device.copy_to_device_async(stream, addr, source.region.host_ptr, data.len()).unwrap()
+        device.copy_to_device_async(&stream, addr, source.region.host_ptr, data.len()).unwrap()
     };
-    let event = device.record_event(stream).unwrap();
-    while !device.event_done(event).unwrap() {
+    let event = device.record_event(&stream).unwrap();
+    while !device.event_done(&event).unwrap() {
         std::hint::spin_loop();
     }
     device.destroy_event(event);
     let target = Pinned::new(&device, data.len());
     // SAFETY: as above.
     unsafe {
-        device.copy_from_device_async(stream, target.region.host_ptr, addr, data.len()).unwrap()
+        device.copy_from_device_async(&stream, target.region.host_ptr, addr, data.len()).unwrap()
     };
-    device.synchronize_internal(stream).unwrap();
+    device.synchronize_internal(&stream).unwrap();
     assert!(target.bytes() == &data[..]);
     device.destroy_internal_stream(stream);
     // SAFETY: synchronized.
+    unsafe { device.free_device(addr).unwrap() };
+}
+
+/// Asserts that `result` failed with the `hipError_t` `code`.
+fn assert_code<T: std::fmt::Debug>(result: Result<T, DeviceError>, code: i32, what: &str) {
+    match result {
+        Err(error) => assert_eq!(error.hip_error, code, "{what}: {error}"),
+        Ok(value) => panic!("{what}: expected hipError {code}, got Ok({value:?})"),
+    }
+}
+
+#[test]
+fn contract_handles_not_made_by_the_device_are_refused() {
+    let Some(device) = device() else { return };
+    let invalid = DeviceError::HIP_ERROR_INVALID_HANDLE;
+    let addr = device.alloc_device(0, 4096).unwrap();
+    let pinned = Pinned::new(&device, 4096);
+    let host = pinned.region.host_ptr;
+    // Raw values no device made: the cpu device knows no such id, the GPU backends refuse
+    // a handle without their owner id before they look at the raw value.
+    let forged = InternalStream::from_raw(usize::MAX);
+    let forged_event = EventHandle::from_raw(usize::MAX);
+    assert_code(device.synchronize_internal(&forged), invalid, "forged stream: synchronize");
+    assert_code(device.record_event(&forged), invalid, "forged stream: record_event");
+    assert_code(device.event_done(&forged_event), invalid, "forged event: event_done");
+    // SAFETY: refused before anything is enqueued (and the ranges are live anyway).
+    unsafe {
+        let copied = device.copy_to_device_async(&forged, addr, host, 4);
+        assert_code(copied, invalid, "forged stream: copy to device");
+        let copied = device.copy_from_device_async(&forged, host, addr, 4);
+        assert_code(copied, invalid, "forged stream: copy from device");
+        let written = device.write_value32_internal(&forged, pinned.region.device_addr, 1);
+        assert_code(written, invalid, "forged stream: write value");
+    }
+    device.destroy_event(forged_event);
+    device.destroy_internal_stream(forged);
+
+    let stream = device.create_internal_stream(0).unwrap();
+    let event = device.record_event(&stream).unwrap();
+    if device.kind() != DeviceKind::Cpu {
+        // A GPU backend's raw value is the address of its entry: a copy of a live handle's
+        // raw value is refused, and destroying it leaves the real handle working.
+        let copy = InternalStream::from_raw(stream.raw());
+        assert_code(device.synchronize_internal(&copy), invalid, "copied stream: synchronize");
+        assert_code(device.record_event(&copy), invalid, "copied stream: record_event");
+        device.destroy_internal_stream(copy);
+        let event_copy = EventHandle::from_raw(event.raw());
+        assert_code(device.event_done(&event_copy), invalid, "copied event: event_done");
+        device.destroy_event(event_copy);
+    }
+    // Another device object of the same backend refuses this one's handles (the cpu
+    // device: its registry knows no such id).
+    let other = open_device(selection(), 1).unwrap();
+    assert_code(other.synchronize_internal(&stream), invalid, "other device: synchronize");
+    assert_code(other.event_done(&event), invalid, "other device: event_done");
+    // The real handles still work.
+    device.synchronize_internal(&stream).unwrap();
+    assert!(device.event_done(&event).unwrap(), "an event of a synchronized stream is done");
+    device.destroy_event(event);
+    device.destroy_internal_stream(stream);
+    drop(pinned);
+    // SAFETY: nothing was enqueued on the memory.
     unsafe { device.free_device(addr).unwrap() };
 }
 
@@ -241,10 +305,10 @@ fn contract_wait_value_blocks_until_released_and_host_functions_run_in_order() {
     device.launch_closure(stream, Box::new(move || flag.store(1, Ordering::SeqCst))).unwrap();
     let internal = device.create_internal_stream(0).unwrap();
     // SAFETY: live word.
-    unsafe { device.write_value32_internal(internal, word.device_addr, 7).unwrap() };
+    unsafe { device.write_value32_internal(&internal, word.device_addr, 7).unwrap() };
     device.synchronize_stream(stream).unwrap();
     assert_eq!(ran.load(Ordering::SeqCst), 1);
-    device.synchronize_internal(internal).unwrap();
+    device.synchronize_internal(&internal).unwrap();
     device.destroy_internal_stream(internal);
     // SAFETY: both streams synchronized.
     unsafe { device.free_pinned(word) };

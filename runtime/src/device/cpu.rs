@@ -34,7 +34,11 @@
 //!
 //! Stream and event handles come from one process-wide counter: unique, never 0, never
 //! reused. User streams and internal streams share that namespace and are the same kind
-//! of stream; either handle type may name either.
+//! of stream; either handle type may name either. The device makes its
+//! [`InternalStream`]s and [`EventHandle`]s with `from_raw` and ignores a handle's owner:
+//! every raw id is looked up in its registry and an unknown one is an error
+//! (`HIP_ERROR_INVALID_HANDLE`), as HIP treats stream and event ids, so a forged handle
+//! names at worst another live stream or event, never freed memory.
 //!
 //! Dropping the device closes every stream; each worker drains its queue. A wait-value
 //! still unsatisfied 100 ms after the drop began is abandoned together with everything
@@ -1211,12 +1215,12 @@ impl CpuDevice {
         let ticket = stream.current_ticket();
         let handle = next_handle();
         lock(&self.events).insert(handle, EventEntry { stream, ticket });
-        Ok(EventHandle(handle))
+        Ok(EventHandle::from_raw(handle))
     }
 
-    fn event(&self, event: EventHandle) -> Result<(Arc<StreamShared>, u64), DeviceError> {
+    fn event(&self, event: &EventHandle) -> Result<(Arc<StreamShared>, u64), DeviceError> {
         let events = lock(&self.events);
-        let entry = events.get(&event.0).ok_or(invalid_handle("unknown event"))?;
+        let entry = events.get(&event.raw()).ok_or(invalid_handle("unknown event"))?;
         Ok((Arc::clone(&entry.stream), entry.ticket))
     }
 
@@ -1225,7 +1229,7 @@ impl CpuDevice {
     /// # Errors
     /// `HIP_ERROR_INVALID_HANDLE` for an unknown event; the asynchronous error of the work
     /// before it.
-    pub fn event_synchronize(&self, event: EventHandle) -> Result<(), DeviceError> {
+    pub fn event_synchronize(&self, event: &EventHandle) -> Result<(), DeviceError> {
         let (stream, ticket) = self.event(event)?;
         stream.wait_for(ticket)
     }
@@ -1402,54 +1406,54 @@ impl Device for CpuDevice {
     }
 
     fn create_internal_stream(&self, device_ordinal: u32) -> Result<InternalStream, DeviceError> {
-        self.create_stream(device_ordinal).map(|stream| InternalStream(stream.0))
+        self.create_stream(device_ordinal).map(|stream| InternalStream::from_raw(stream.0))
     }
 
     fn destroy_internal_stream(&self, stream: InternalStream) {
-        if self.destroy_stream(StreamHandle(stream.0)).is_err() {
+        if self.destroy_stream(StreamHandle(stream.raw())).is_err() {
             self.count_invalid_release();
         }
     }
 
     unsafe fn copy_to_device_async(
         &self,
-        stream: InternalStream,
+        stream: &InternalStream,
         target: u64,
         source: *const u8,
         len_bytes: usize,
     ) -> Result<(), DeviceError> {
         let source = source as usize as u64;
-        self.enqueue_copy(stream.0, target, source, len_bytes, CopyRule::HostToDevice)
+        self.enqueue_copy(stream.raw(), target, source, len_bytes, CopyRule::HostToDevice)
     }
 
     unsafe fn copy_from_device_async(
         &self,
-        stream: InternalStream,
+        stream: &InternalStream,
         target: *mut u8,
         source: u64,
         len_bytes: usize,
     ) -> Result<(), DeviceError> {
         let target = target as usize as u64;
-        self.enqueue_copy(stream.0, target, source, len_bytes, CopyRule::DeviceToHost)
+        self.enqueue_copy(stream.raw(), target, source, len_bytes, CopyRule::DeviceToHost)
     }
 
-    fn record_event(&self, stream: InternalStream) -> Result<EventHandle, DeviceError> {
-        self.record_event_on(StreamHandle(stream.0))
+    fn record_event(&self, stream: &InternalStream) -> Result<EventHandle, DeviceError> {
+        self.record_event_on(StreamHandle(stream.raw()))
     }
 
-    fn event_done(&self, event: EventHandle) -> Result<bool, DeviceError> {
+    fn event_done(&self, event: &EventHandle) -> Result<bool, DeviceError> {
         let (stream, ticket) = self.event(event)?;
         stream.is_done(ticket)
     }
 
     fn destroy_event(&self, event: EventHandle) {
-        if lock(&self.events).remove(&event.0).is_none() {
+        if lock(&self.events).remove(&event.raw()).is_none() {
             self.count_invalid_release();
         }
     }
 
-    fn synchronize_internal(&self, stream: InternalStream) -> Result<(), DeviceError> {
-        self.synchronize_stream(StreamHandle(stream.0))
+    fn synchronize_internal(&self, stream: &InternalStream) -> Result<(), DeviceError> {
+        self.synchronize_stream(StreamHandle(stream.raw()))
     }
 
     fn copies_on_caller_thread(&self) -> bool {
@@ -1497,12 +1501,12 @@ impl Device for CpuDevice {
 
     unsafe fn write_value32_internal(
         &self,
-        stream: InternalStream,
+        stream: &InternalStream,
         word_device_addr: u64,
         value: u32,
     ) -> Result<(), DeviceError> {
         // SAFETY: same contract as `stream_write_value32`.
-        unsafe { self.stream_write_value32(StreamHandle(stream.0), word_device_addr, value) }
+        unsafe { self.stream_write_value32(StreamHandle(stream.raw()), word_device_addr, value) }
     }
 
     unsafe fn launch_host_func(

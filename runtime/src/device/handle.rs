@@ -1,14 +1,32 @@
-//! Library-owned GPU objects (internal streams, events) behind the integer handles of
-//! the `Device` trait: a handle is the address of a leaked `Box`, valid from `leak` until
-//! `reclaim`. The GPU backends share these three functions, so the argument for their
-//! soundness is made once, here.
+//! Library-owned GPU objects (internal streams, events) behind the handles of the
+//! `Device` trait: a handle's raw value is the address of a leaked `Box`, valid from
+//! `leak` until `reclaim`. The GPU backends share these functions, so the argument for
+//! their soundness is made once, here.
+//!
+//! Why a backend may `borrow` the raw value of a handle it is given: every handle a GPU
+//! backend makes is stamped with the backend object's *owner id* ([`next_owner_id`],
+//! unique in the process and never 0), through the crate-private constructors
+//! `InternalStream::owned` / `EventHandle::owned`, which only a backend calls and only
+//! for a box it has just leaked. Safe code can make a handle only with `from_raw`, whose
+//! owner is 0, so a backend that checks the owner before it borrows never dereferences
+//! a forged value. The handle types are neither `Clone` nor `Copy`, and `destroy_*`
+//! takes the handle by value: once its box is reclaimed, no handle naming it is left.
 
-/// Turns `value` into a handle.
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The next id for a device object that makes handles: unique in the process, never 0
+/// (the owner of handles made with `from_raw`).
+pub(crate) fn next_owner_id() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Turns `value` into a handle's raw value.
 pub(crate) fn leak<T>(value: Box<T>) -> usize {
     Box::into_raw(value) as usize
 }
 
-/// The object behind a handle.
+/// The object behind a handle's raw value.
 ///
 /// # Safety
 /// `handle` came from [`leak`] with the same `T` and has not been passed to [`reclaim`];
@@ -18,11 +36,39 @@ pub(crate) unsafe fn borrow<'a, T>(handle: usize) -> &'a T {
     unsafe { &*(handle as *const T) }
 }
 
-/// Takes the object behind a handle back (the handle is dead afterwards).
+/// Takes the object behind a handle's raw value back (the handle is dead afterwards).
 ///
 /// # Safety
 /// `handle` came from [`leak`] with the same `T` and is reclaimed once.
 pub(crate) unsafe fn reclaim<T>(handle: usize) -> Box<T> {
     // SAFETY: per the contract, `handle` is the address of a Box<T> leaked once.
     unsafe { Box::from_raw(handle as *mut T) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::next_owner_id;
+    use crate::device::{EventHandle, InternalStream};
+
+    #[test]
+    fn owner_ids_are_unique_and_never_zero() {
+        let first = next_owner_id();
+        let second = next_owner_id();
+        assert_ne!(first, 0);
+        assert_ne!(second, 0);
+        assert_ne!(first, second);
+    }
+
+    #[test]
+    fn handles_from_raw_have_no_owner() {
+        let stream = InternalStream::from_raw(0x1000);
+        assert_eq!((stream.raw(), stream.owner()), (0x1000, 0));
+        let event = EventHandle::from_raw(0x2000);
+        assert_eq!((event.raw(), event.owner()), (0x2000, 0));
+        // An owned handle and a forged one with the same raw value are different handles.
+        let owner = next_owner_id();
+        assert_ne!(InternalStream::owned(0x1000, owner), stream);
+        assert_ne!(EventHandle::owned(0x2000, owner), event);
+        assert_eq!(InternalStream::owned(0x1000, owner).owner(), owner);
+    }
 }

@@ -142,13 +142,80 @@ unsafe impl Send for PinnedRegion {}
 // SAFETY: as above; shared references only read the three plain fields.
 unsafe impl Sync for PinnedRegion {}
 
-/// An internal (library-owned) stream used for staging copies.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct InternalStream(pub usize);
+/// An internal (library-owned) stream used for staging copies, owned by whoever holds
+/// the handle: [`Device::destroy_internal_stream`] consumes it, every other method
+/// borrows it. Dropping a handle without destroying it leaks the stream.
+///
+/// Neither `Clone` nor `Copy`: a GPU backend's handle names a boxed object of the
+/// backend, live until the one handle is destroyed. A handle made with
+/// [`InternalStream::from_raw`] belongs to no device: the GPU backends refuse it
+/// (`HIP_ERROR_INVALID_HANDLE`, or nothing done for a destroy), the `cpu` device looks
+/// its raw id up like any other.
+#[derive(Debug, PartialEq, Eq)]
+pub struct InternalStream {
+    /// The backend's raw value (a stream id, or the address of the backend's entry).
+    raw: usize,
+    /// [`handle::next_owner_id`] of the device object that made the handle; 0: none.
+    owner: u64,
+}
 
-/// An event recorded on an internal stream, polled for completion.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct EventHandle(pub usize);
+impl InternalStream {
+    /// A handle with the raw value `raw` that no device made (owner 0): the `cpu`
+    /// device's stream ids, or a forged value that the GPU backends refuse.
+    pub fn from_raw(raw: usize) -> Self {
+        InternalStream { raw, owner: 0 }
+    }
+
+    /// A handle the device object with owner id `owner` made for its entry `raw`.
+    pub(crate) fn owned(raw: usize, owner: u64) -> Self {
+        InternalStream { raw, owner }
+    }
+
+    /// The backend's raw value, for diagnostics (and the `cpu` device's stream id).
+    pub fn raw(&self) -> usize {
+        self.raw
+    }
+
+    /// The owner id of the device object that made the handle (0: none).
+    pub(crate) fn owner(&self) -> u64 {
+        self.owner
+    }
+}
+
+/// An event recorded on an internal stream, polled for completion; owned like an
+/// [`InternalStream`]: [`Device::destroy_event`] consumes it, every other method
+/// borrows it, and a handle made with [`EventHandle::from_raw`] belongs to no device.
+#[derive(Debug, PartialEq, Eq)]
+pub struct EventHandle {
+    /// The backend's raw value (an event id, or the address of the backend's entry).
+    raw: usize,
+    /// [`handle::next_owner_id`] of the device object that made the handle; 0: none.
+    owner: u64,
+}
+
+impl EventHandle {
+    /// A handle with the raw value `raw` that no device made (owner 0): the `cpu`
+    /// device's event ids (as the C extension passes them), or a forged value that the
+    /// GPU backends refuse.
+    pub fn from_raw(raw: usize) -> Self {
+        EventHandle { raw, owner: 0 }
+    }
+
+    /// A handle the device object with owner id `owner` made for its entry `raw`.
+    pub(crate) fn owned(raw: usize, owner: u64) -> Self {
+        EventHandle { raw, owner }
+    }
+
+    /// The backend's raw value, for diagnostics (and the `cpu` device's event id).
+    pub fn raw(&self) -> usize {
+        self.raw
+    }
+
+    /// The owner id of the device object that made the handle (0: none).
+    pub(crate) fn owner(&self) -> u64 {
+        self.owner
+    }
+}
 
 /// How [`Device::stream_write_then_wait_value32`] failed.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -184,6 +251,11 @@ pub(crate) unsafe fn write_then_wait_one_by_one<D: Device + ?Sized>(
 ///
 /// Every method may be called from any thread. Methods that enqueue work return once it
 /// is enqueued; none waits for earlier stream work except [`Device::synchronize_internal`].
+///
+/// [`InternalStream`] and [`EventHandle`] are owned handles: `destroy_*` consumes one,
+/// the other methods borrow it. A method given a handle that this device object did not
+/// make fails with [`DeviceError::HIP_ERROR_INVALID_HANDLE`] (the `cpu` device: when the
+/// raw id is unknown), never with undefined behaviour.
 pub trait Device: Send + Sync + 'static {
     /// Which backend this is.
     fn kind(&self) -> DeviceKind;
@@ -241,7 +313,8 @@ pub trait Device: Send + Sync + 'static {
     /// Invalid device, or the backend failed.
     fn create_internal_stream(&self, device_ordinal: u32) -> Result<InternalStream, DeviceError>;
 
-    /// Destroys an internal stream once its work has drained.
+    /// Destroys an internal stream once its work has drained. A handle this device did
+    /// not make is ignored (GPU backends) or counted as an invalid release (`cpu`).
     fn destroy_internal_stream(&self, stream: InternalStream);
 
     /// Enqueues a host → device copy on an internal stream.
@@ -254,7 +327,7 @@ pub trait Device: Send + Sync + 'static {
     /// `target..target+len_bytes` is device memory the caller may write.
     unsafe fn copy_to_device_async(
         &self,
-        stream: InternalStream,
+        stream: &InternalStream,
         target: u64,
         source: *const u8,
         len_bytes: usize,
@@ -270,7 +343,7 @@ pub trait Device: Send + Sync + 'static {
     /// `source..source+len_bytes` is device memory.
     unsafe fn copy_from_device_async(
         &self,
-        stream: InternalStream,
+        stream: &InternalStream,
         target: *mut u8,
         source: u64,
         len_bytes: usize,
@@ -280,15 +353,17 @@ pub trait Device: Send + Sync + 'static {
     ///
     /// # Errors
     /// Invalid stream, or the backend failed.
-    fn record_event(&self, stream: InternalStream) -> Result<EventHandle, DeviceError>;
+    fn record_event(&self, stream: &InternalStream) -> Result<EventHandle, DeviceError>;
 
     /// Non-blocking: `Ok(true)` once the event's work is complete.
     ///
     /// # Errors
     /// Invalid event, or an asynchronous error of the work before it.
-    fn event_done(&self, event: EventHandle) -> Result<bool, DeviceError>;
+    fn event_done(&self, event: &EventHandle) -> Result<bool, DeviceError>;
 
-    /// Releases an event (complete or not: it is released once complete).
+    /// Releases an event (complete or not: it is released once complete). A handle this
+    /// device did not make is ignored (GPU backends) or counted as an invalid release
+    /// (`cpu`).
     fn destroy_event(&self, event: EventHandle);
 
     /// Blocks until every op enqueued on the internal stream has completed. For teardown
@@ -296,7 +371,7 @@ pub trait Device: Send + Sync + 'static {
     ///
     /// # Errors
     /// An asynchronous error of the stream's work.
-    fn synchronize_internal(&self, stream: InternalStream) -> Result<(), DeviceError>;
+    fn synchronize_internal(&self, stream: &InternalStream) -> Result<(), DeviceError>;
 
     /// Whether [`Device::copy_now`] works: the engine then moves small synchronous
     /// requests on the caller's thread instead of handing them to an executor.
@@ -343,7 +418,7 @@ pub trait Device: Send + Sync + 'static {
     /// `word_device_addr` is the device address of a live, 4-byte-aligned pinned word.
     unsafe fn write_value32_internal(
         &self,
-        stream: InternalStream,
+        stream: &InternalStream,
         word_device_addr: u64,
         value: u32,
     ) -> Result<(), DeviceError>;

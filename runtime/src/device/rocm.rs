@@ -86,14 +86,15 @@ const MEMORY_TYPE_MANAGED: c_uint = 4;
 /// Most idle events kept per device for reuse.
 const EVENT_POOL_CAP: usize = 1024;
 
-/// An internal stream and the device it belongs to (boxed; `InternalStream` holds the
-/// box's address).
+/// An internal stream and the device it belongs to (boxed; an `InternalStream` of this
+/// device holds the box's address; see [`RocmDevice::internal`]).
 struct InternalEntry {
     stream: hipStream_t,
     ordinal: u32,
 }
 
-/// An event and its device (boxed; `EventHandle` holds the box's address).
+/// An event and its device (boxed; an `EventHandle` of this device holds the box's
+/// address; see [`RocmDevice::event`]).
 struct EventEntry {
     event: hipEvent_t,
     ordinal: u32,
@@ -108,6 +109,10 @@ struct HostCall {
 /// AMD GPUs through the HIP runtime.
 pub struct RocmDevice {
     count: u32,
+    /// This object's owner id ([`handle::next_owner_id`]), stamped on every
+    /// `InternalStream` and `EventHandle` it makes; handles with another owner are
+    /// refused before their raw value is used.
+    owner: u64,
     memops: Vec<bool>,
     #[allow(
         clippy::vec_box,
@@ -210,7 +215,12 @@ impl RocmDevice {
             })
             .collect();
         let event_pools = (0..count).map(|_| Mutex::new(Vec::new())).collect();
-        Ok(Arc::new(RocmDevice { count: count as u32, memops, event_pools }))
+        Ok(Arc::new(RocmDevice {
+            count: count as u32,
+            owner: handle::next_owner_id(),
+            memops,
+            event_pools,
+        }))
     }
 
     /// Makes device `ordinal` current on this thread (cached).
@@ -228,17 +238,47 @@ impl RocmDevice {
         Ok(())
     }
 
-    fn internal(stream: InternalStream) -> &'static InternalEntry {
-        // SAFETY: InternalStream values come from `create_internal_stream` (handle::leak
-        // of an InternalEntry) and are reclaimed only by `destroy_internal_stream`, after
-        // which the engine never uses the handle.
-        unsafe { handle::borrow(stream.0) }
+    /// The entry behind an internal stream this device made, for as long as the handle
+    /// is borrowed.
+    ///
+    /// # Errors
+    /// `HIP_ERROR_INVALID_HANDLE` for a handle of another device object, or one made
+    /// with [`InternalStream::from_raw`].
+    fn internal<'a>(&self, stream: &'a InternalStream) -> Result<&'a InternalEntry, DeviceError> {
+        if stream.owner() != self.owner {
+            return Err(DeviceError::new(
+                DeviceError::HIP_ERROR_INVALID_HANDLE,
+                "internal stream not made by this device",
+            ));
+        }
+        // SAFETY: the handle's owner is this device's id, unique in the process and
+        // stamped only by this device's code, through the crate-private
+        // InternalStream::owned, in `create_internal_stream` on the address of a
+        // Box<InternalEntry> it has just leaked. An InternalStream is neither Clone nor
+        // Copy, and only `destroy_internal_stream`, which consumes it, reclaims the box:
+        // the box is live while the handle exists, so for all of 'a, the handle's borrow.
+        Ok(unsafe { handle::borrow(stream.raw()) })
     }
 
-    fn event(event: EventHandle) -> &'static EventEntry {
-        // SAFETY: EventHandle values come from `record_event` (handle::leak of an
-        // EventEntry) and are reclaimed only by `destroy_event`.
-        unsafe { handle::borrow(event.0) }
+    /// The entry behind an event this device recorded, for as long as the handle is
+    /// borrowed.
+    ///
+    /// # Errors
+    /// `HIP_ERROR_INVALID_HANDLE` for a handle of another device object, or one made
+    /// with [`EventHandle::from_raw`].
+    fn event<'a>(&self, event: &'a EventHandle) -> Result<&'a EventEntry, DeviceError> {
+        if event.owner() != self.owner {
+            return Err(DeviceError::new(
+                DeviceError::HIP_ERROR_INVALID_HANDLE,
+                "event not recorded by this device",
+            ));
+        }
+        // SAFETY: the handle's owner is this device's id, stamped only by this device's
+        // code, through the crate-private EventHandle::owned, in `record_event` on the
+        // address of a Box<EventEntry> it has just leaked. An EventHandle is neither
+        // Clone nor Copy, and only `destroy_event`, which consumes it, reclaims the box:
+        // the box is live for all of 'a.
+        Ok(unsafe { handle::borrow(event.raw()) })
     }
 
     /// Allocates device memory (`hipMalloc`) on `ordinal`.
@@ -499,13 +539,18 @@ impl Device for RocmDevice {
             unsafe { hipStreamCreateWithPriority(&mut stream, hipStreamNonBlocking, priority) };
         call(code, "hipStreamCreateWithPriority")?;
         let entry = Box::new(InternalEntry { stream, ordinal: device_ordinal });
-        Ok(InternalStream(handle::leak(entry)))
+        Ok(InternalStream::owned(handle::leak(entry), self.owner))
     }
 
     fn destroy_internal_stream(&self, stream: InternalStream) {
-        // SAFETY: the handle is a leaked Box<InternalEntry> from create_internal_stream,
-        // destroyed once.
-        let entry = unsafe { handle::reclaim::<InternalEntry>(stream.0) };
+        if stream.owner() != self.owner {
+            log::debug!("ignored: destroy of an internal stream not made by this device");
+            return;
+        }
+        // SAFETY: the handle's owner is this device, so (see `internal`) its raw value is
+        // a Box<InternalEntry> leaked by create_internal_stream and live while the handle
+        // exists; we consume the one handle that names it, so it is reclaimed once.
+        let entry = unsafe { handle::reclaim::<InternalEntry>(stream.raw()) };
         let _ = self.make_current(entry.ordinal);
         // SAFETY: our own stream.
         unsafe { hipStreamDestroy(entry.stream) };
@@ -513,12 +558,12 @@ impl Device for RocmDevice {
 
     unsafe fn copy_to_device_async(
         &self,
-        stream: InternalStream,
+        stream: &InternalStream,
         target: u64,
         source: *const u8,
         len_bytes: usize,
     ) -> Result<(), DeviceError> {
-        let entry = Self::internal(stream);
+        let entry = self.internal(stream)?;
         self.make_current(entry.ordinal)?;
         // SAFETY: caller's contract (pinned source, valid device range); HIP only reads
         // through `source`.
@@ -537,12 +582,12 @@ impl Device for RocmDevice {
 
     unsafe fn copy_from_device_async(
         &self,
-        stream: InternalStream,
+        stream: &InternalStream,
         target: *mut u8,
         source: u64,
         len_bytes: usize,
     ) -> Result<(), DeviceError> {
-        let entry = Self::internal(stream);
+        let entry = self.internal(stream)?;
         self.make_current(entry.ordinal)?;
         // SAFETY: caller's contract.
         call(
@@ -553,8 +598,8 @@ impl Device for RocmDevice {
         )
     }
 
-    fn record_event(&self, stream: InternalStream) -> Result<EventHandle, DeviceError> {
-        let entry = Self::internal(stream);
+    fn record_event(&self, stream: &InternalStream) -> Result<EventHandle, DeviceError> {
+        let entry = self.internal(stream)?;
         self.make_current(entry.ordinal)?;
         let pooled = self.event_pools[entry.ordinal as usize]
             .lock()
@@ -573,14 +618,14 @@ impl Device for RocmDevice {
         // SAFETY: event and stream belong to the same (current) device.
         let code = unsafe { hipEventRecord(event.event, entry.stream) };
         if let Err(error) = call(code, "hipEventRecord") {
-            self.destroy_event(EventHandle(handle::leak(event)));
+            self.destroy_event(EventHandle::owned(handle::leak(event), self.owner));
             return Err(error);
         }
-        Ok(EventHandle(handle::leak(event)))
+        Ok(EventHandle::owned(handle::leak(event), self.owner))
     }
 
-    fn event_done(&self, event: EventHandle) -> Result<bool, DeviceError> {
-        let entry = Self::event(event);
+    fn event_done(&self, event: &EventHandle) -> Result<bool, DeviceError> {
+        let entry = self.event(event)?;
         self.make_current(entry.ordinal)?;
         // SAFETY: a live event of ours.
         match unsafe { hipEventQuery(entry.event) } {
@@ -591,8 +636,14 @@ impl Device for RocmDevice {
     }
 
     fn destroy_event(&self, event: EventHandle) {
-        // SAFETY: a leaked Box<EventEntry> from record_event, released once.
-        let entry = unsafe { handle::reclaim::<EventEntry>(event.0) };
+        if event.owner() != self.owner {
+            log::debug!("ignored: destroy of an event not recorded by this device");
+            return;
+        }
+        // SAFETY: the handle's owner is this device, so (see `event`) its raw value is a
+        // Box<EventEntry> leaked by record_event and live while the handle exists; we
+        // consume the one handle that names it, so it is reclaimed once.
+        let entry = unsafe { handle::reclaim::<EventEntry>(event.raw()) };
         let mut pool =
             self.event_pools[entry.ordinal as usize].lock().unwrap_or_else(|p| p.into_inner());
         if pool.len() < EVENT_POOL_CAP {
@@ -605,8 +656,8 @@ impl Device for RocmDevice {
         }
     }
 
-    fn synchronize_internal(&self, stream: InternalStream) -> Result<(), DeviceError> {
-        let entry = Self::internal(stream);
+    fn synchronize_internal(&self, stream: &InternalStream) -> Result<(), DeviceError> {
+        let entry = self.internal(stream)?;
         self.make_current(entry.ordinal)?;
         // SAFETY: our stream.
         call(unsafe { hipStreamSynchronize(entry.stream) }, "hipStreamSynchronize")
@@ -614,11 +665,11 @@ impl Device for RocmDevice {
 
     unsafe fn write_value32_internal(
         &self,
-        stream: InternalStream,
+        stream: &InternalStream,
         word_device_addr: u64,
         value: u32,
     ) -> Result<(), DeviceError> {
-        let entry = Self::internal(stream);
+        let entry = self.internal(stream)?;
         self.make_current(entry.ordinal)?;
         // SAFETY: caller's contract: a live pinned word.
         call(

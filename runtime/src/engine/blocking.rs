@@ -72,7 +72,7 @@ impl BlockingExecutor {
         // (their Completion), so nothing waits for them.
         drop(gated);
         for (_, stream) in self.streams.drain() {
-            let _ = self.setup.device.synchronize_internal(stream);
+            let _ = self.setup.device.synchronize_internal(&stream);
             self.setup.device.destroy_internal_stream(stream);
         }
     }
@@ -114,7 +114,8 @@ impl BlockingExecutor {
     fn move_range(&mut self, job: &IoJob) -> Result<u64, (Outcome, Option<DeviceError>)> {
         let device_failure =
             |error: DeviceError| (Outcome::Library(OpError::HipDriverError), Some(error));
-        let stream = self.stream_for(job.device_ordinal).map_err(device_failure)?;
+        self.make_stream(job.device_ordinal).map_err(device_failure)?;
+        let stream = &self.streams[&job.device_ordinal];
         let chunk = self.take_chunk().map_err(device_failure)?;
         let fd = job.file.buffered_fd();
         let chunk_bytes = self.setup.chunk_bytes as u64;
@@ -157,7 +158,7 @@ impl BlockingExecutor {
     /// One copy between the chunk and device memory, complete when this returns.
     fn copy(
         &self,
-        stream: InternalStream,
+        stream: &InternalStream,
         direction: Direction,
         device_addr: u64,
         host: *mut u8,
@@ -183,13 +184,13 @@ impl BlockingExecutor {
         enqueued.and(synced)
     }
 
-    fn stream_for(&mut self, device_ordinal: u32) -> Result<InternalStream, DeviceError> {
-        if let Some(&stream) = self.streams.get(&device_ordinal) {
-            return Ok(stream);
+    /// Creates the internal stream on `device_ordinal` unless `streams` holds it.
+    fn make_stream(&mut self, device_ordinal: u32) -> Result<(), DeviceError> {
+        if !self.streams.contains_key(&device_ordinal) {
+            let stream = self.setup.device.create_internal_stream(device_ordinal)?;
+            self.streams.insert(device_ordinal, stream);
         }
-        let stream = self.setup.device.create_internal_stream(device_ordinal)?;
-        self.streams.insert(device_ordinal, stream);
-        Ok(stream)
+        Ok(())
     }
 
     /// A pinned fallback chunk, waiting while other jobs hold every chunk of the pool.

@@ -101,7 +101,9 @@ struct Executor {
     setup: Setup,
     arena: Cell<Option<Arena>>,
     utility: RefCell<Option<DmaFile>>,
-    streams: RefCell<HashMap<u32, InternalStream>>,
+    /// The executor's internal stream per device ordinal, shared with the jobs that copy
+    /// on it (an `Rc`: a stream is owned, and destroyed in `teardown`).
+    streams: RefCell<HashMap<u32, Rc<InternalStream>>>,
     files: RefCell<HashMap<usize, FileEntry>>,
     probed_devices: RefCell<HashSet<(u32, u32)>>,
     active_jobs: Cell<usize>,
@@ -210,9 +212,17 @@ impl Executor {
     }
 
     fn teardown(&self) {
-        for (_, stream) in self.streams.borrow_mut().drain() {
-            let _ = self.setup.device.synchronize_internal(stream);
-            self.setup.device.destroy_internal_stream(stream);
+        for (ordinal, stream) in self.streams.borrow_mut().drain() {
+            let _ = self.setup.device.synchronize_internal(&stream);
+            // Every job has finished (checked by `run`), so no job still holds the stream.
+            match Rc::try_unwrap(stream) {
+                Ok(stream) => self.setup.device.destroy_internal_stream(stream),
+                Err(_) => log::warn!(
+                    "executor {}: the internal stream of device {ordinal} is still shared at \
+                     shutdown; leaked rather than destroyed while in use",
+                    self.setup.index
+                ),
+            }
         }
         if let Some(arena) = self.arena.take() {
             // SAFETY: registered in `discover_arena`; every job and detached copy has
@@ -226,12 +236,13 @@ impl Executor {
         self.files.borrow_mut().retain(|_, entry| entry.handle.strong_count() > 0);
     }
 
-    fn stream_for(&self, device_ordinal: u32) -> Result<InternalStream, DeviceError> {
-        if let Some(&stream) = self.streams.borrow().get(&device_ordinal) {
-            return Ok(stream);
+    /// The executor's internal stream on `device_ordinal`, created on first use.
+    fn stream_for(&self, device_ordinal: u32) -> Result<Rc<InternalStream>, DeviceError> {
+        if let Some(stream) = self.streams.borrow().get(&device_ordinal) {
+            return Ok(Rc::clone(stream));
         }
-        let stream = self.setup.device.create_internal_stream(device_ordinal)?;
-        self.streams.borrow_mut().insert(device_ordinal, stream);
+        let stream = Rc::new(self.setup.device.create_internal_stream(device_ordinal)?);
+        self.streams.borrow_mut().insert(device_ordinal, Rc::clone(&stream));
         Ok(stream)
     }
 
@@ -261,9 +272,9 @@ impl Executor {
             Ok((stream, files)) => {
                 let (outcome, device_error, copies) = match direction {
                     Direction::Read => {
-                        self.read_range(file, &files, stream, range, job.arm_gate.as_ref()).await
+                        self.read_range(file, &files, &stream, range, job.arm_gate.as_ref()).await
                     }
-                    Direction::Write => self.write_range(file, &files, stream, range).await,
+                    Direction::Write => self.write_range(file, &files, &stream, range).await,
                 };
                 (outcome, device_error, Some(stream), copies)
             }
@@ -277,7 +288,7 @@ impl Executor {
         job: IoJob,
         outcome: Outcome,
         device_error: Option<DeviceError>,
-        stream: Option<InternalStream>,
+        stream: Option<Rc<InternalStream>>,
         mut copies: VecDeque<InFlightCopy>,
     ) {
         if job.wait_for_copies {
@@ -288,9 +299,9 @@ impl Executor {
                 }
                 _ => (outcome, device_error),
             };
-            job.done.finish(outcome, device_error, stream);
+            job.done.finish(outcome, device_error, stream.as_deref());
         } else {
-            job.done.finish(outcome, device_error, stream);
+            job.done.finish(outcome, device_error, stream.as_deref());
             self.detach_copies(copies);
         }
         EngineStats::add(&self.setup.stats.jobs, 1);
@@ -412,7 +423,7 @@ impl Executor {
         self: &Rc<Self>,
         file: &Arc<FileHandle>,
         files: &Rc<OpenFiles>,
-        stream: InternalStream,
+        stream: &InternalStream,
         range: JobRange,
         mut arm_gate: Option<&flume::Receiver<bool>>,
     ) -> (Outcome, Option<DeviceError>, VecDeque<InFlightCopy>) {
@@ -639,7 +650,7 @@ impl Executor {
     /// Enqueues the copy of `len` pinned staged bytes to the device.
     fn copy_to_device(
         &self,
-        stream: InternalStream,
+        stream: &InternalStream,
         target: u64,
         staging: Staging,
         share: StagingShare,
@@ -674,7 +685,7 @@ impl Executor {
         self: &Rc<Self>,
         file: &Arc<FileHandle>,
         files: &Rc<OpenFiles>,
-        stream: InternalStream,
+        stream: &InternalStream,
         range: JobRange,
     ) -> (Outcome, Option<DeviceError>, VecDeque<InFlightCopy>) {
         // Direct chunks first, buffered head and tail after them and never at the same
@@ -717,7 +728,7 @@ impl Executor {
                 }
             }
             if let Some((chunk, event, staging, share)) = staged.pop_front() {
-                let waited = self.wait_event(event).await;
+                let waited = self.wait_event(&event).await;
                 if let (Err(error), None) = (waited, &failure) {
                     failure = Some((Outcome::Library(OpError::HipDriverError), Some(error)));
                 }
@@ -767,7 +778,7 @@ impl Executor {
     async fn stage_from_device(
         &self,
         files: &OpenFiles,
-        stream: InternalStream,
+        stream: &InternalStream,
         source: u64,
         chunk: Chunk,
     ) -> Result<(EventHandle, WriteStaging), DeviceError> {
@@ -826,7 +837,7 @@ impl Executor {
     /// stream (blocking this executor; an error path) so that the copy no longer uses
     /// `staging` before it is freed. If even that fails, `staging` is leaked rather than
     /// freed under a copy that may still run.
-    fn settle_unrecorded_copy<T>(&self, stream: InternalStream, staging: T) {
+    fn settle_unrecorded_copy<T>(&self, stream: &InternalStream, staging: T) {
         if self.setup.device.synchronize_internal(stream).is_err() {
             std::mem::forget(staging);
         }
@@ -905,12 +916,12 @@ impl Executor {
         depth: usize,
     ) -> Result<(), DeviceError> {
         while let Some(front) = copies.front() {
-            let done = self.setup.device.event_done(front.event)?;
+            let done = self.setup.device.event_done(&front.event)?;
             if !done && copies.len() < depth {
                 break;
             }
             if !done {
-                self.wait_event(front.event).await?;
+                self.wait_event(&front.event).await?;
             }
             let copy = copies.pop_front().expect("front exists");
             self.setup.device.destroy_event(copy.event);
@@ -921,7 +932,7 @@ impl Executor {
     async fn wait_all(&self, copies: &mut VecDeque<InFlightCopy>) -> Result<(), DeviceError> {
         let mut first_error = Ok(());
         while let Some(copy) = copies.pop_front() {
-            if let Err(error) = self.wait_event(copy.event).await {
+            if let Err(error) = self.wait_event(&copy.event).await {
                 first_error = first_error.and(Err(error));
             }
             self.setup.device.destroy_event(copy.event);
@@ -932,7 +943,7 @@ impl Executor {
     /// Polls an event without blocking the executor: yields for up to
     /// [`EVENT_SPIN`] (copies of small chunks finish in microseconds, and a timer sleep
     /// costs ~50 µs of wake-up), then timer sleeps with backoff.
-    async fn wait_event(&self, event: EventHandle) -> Result<(), DeviceError> {
+    async fn wait_event(&self, event: &EventHandle) -> Result<(), DeviceError> {
         let started = std::time::Instant::now();
         let mut sleep_us = 10;
         loop {

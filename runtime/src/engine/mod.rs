@@ -52,8 +52,8 @@ pub(crate) struct JobEnd<'a> {
     /// The device, to enqueue a release after the copies (reads).
     pub device: &'a dyn Device,
     /// The internal stream the job's copies were enqueued on; `None` when none was
-    /// created (the job failed before any copy).
-    pub stream: Option<InternalStream>,
+    /// created (the job failed before any copy). Borrowed: the executor owns it.
+    pub stream: Option<&'a InternalStream>,
 }
 
 /// Callback run once per job, on the executor.
@@ -81,7 +81,7 @@ impl Completion {
         mut self,
         outcome: Outcome,
         device_error: Option<DeviceError>,
-        stream: Option<InternalStream>,
+        stream: Option<&InternalStream>,
     ) {
         if let Some(done) = self.done.take() {
             done(JobEnd { outcome, device_error, device: &*self.device, stream });

@@ -94,8 +94,8 @@ fn min_copy_bytes_from_environment() -> usize {
 /// Most idle events kept per device for reuse.
 const EVENT_POOL_CAP: usize = 1024;
 
-/// An internal stream and the device it belongs to (boxed; `InternalStream` holds the
-/// box's address).
+/// An internal stream and the device it belongs to (boxed; an `InternalStream` of this
+/// device holds the box's address; see [`CudaDevice::internal`]).
 struct InternalEntry {
     stream: CUstream,
     ordinal: u32,
@@ -104,7 +104,8 @@ struct InternalEntry {
     scratch: std::sync::OnceLock<CUdeviceptr>,
 }
 
-/// An event and its device (boxed; `EventHandle` holds the box's address).
+/// An event and its device (boxed; an `EventHandle` of this device holds the box's
+/// address; see [`CudaDevice::event`]).
 struct EventEntry {
     event: CUevent,
     ordinal: u32,
@@ -128,6 +129,10 @@ static ENGINE_CONTEXTS: Mutex<Vec<Option<EngineContext>>> = Mutex::new(Vec::new(
 /// NVIDIA GPUs through the CUDA driver API.
 pub struct CudaDevice {
     api: Api,
+    /// This object's owner id ([`handle::next_owner_id`]), stamped on every
+    /// `InternalStream` and `EventHandle` it makes; handles with another owner are
+    /// refused before their raw value is used.
+    owner: u64,
     /// Primary contexts (retained): the application's streams and memory live here.
     contexts: Vec<usize>,
     /// Engine contexts, made on first use ([`ENGINE_CONTEXTS`]).
@@ -311,6 +316,7 @@ impl CudaDevice {
         let caller_primary_streams = (0..count).map(|_| Mutex::new(Vec::new())).collect();
         Ok(Arc::new(CudaDevice {
             api,
+            owner: handle::next_owner_id(),
             engine_contexts: (0..count).map(|_| std::sync::OnceLock::new()).collect(),
             contexts,
             memops,
@@ -525,17 +531,47 @@ impl CudaDevice {
         Ok(device as u32)
     }
 
-    fn internal(stream: InternalStream) -> &'static InternalEntry {
-        // SAFETY: InternalStream values come from `create_internal_stream` (handle::leak
-        // of an InternalEntry) and are reclaimed only by `destroy_internal_stream`, after
-        // which the engine never uses the handle.
-        unsafe { handle::borrow(stream.0) }
+    /// The entry behind an internal stream this device made, for as long as the handle
+    /// is borrowed.
+    ///
+    /// # Errors
+    /// `HIP_ERROR_INVALID_HANDLE` for a handle of another device object, or one made
+    /// with [`InternalStream::from_raw`].
+    fn internal<'a>(&self, stream: &'a InternalStream) -> Result<&'a InternalEntry, DeviceError> {
+        if stream.owner() != self.owner {
+            return Err(DeviceError::new(
+                DeviceError::HIP_ERROR_INVALID_HANDLE,
+                "internal stream not made by this device",
+            ));
+        }
+        // SAFETY: the handle's owner is this device's id, unique in the process and
+        // stamped only by this device's code, through the crate-private
+        // InternalStream::owned, in `create_internal_stream` on the address of a
+        // Box<InternalEntry> it has just leaked. An InternalStream is neither Clone nor
+        // Copy, and only `destroy_internal_stream`, which consumes it, reclaims the box:
+        // the box is live while the handle exists, so for all of 'a, the handle's borrow.
+        Ok(unsafe { handle::borrow(stream.raw()) })
     }
 
-    fn event(event: EventHandle) -> &'static EventEntry {
-        // SAFETY: EventHandle values come from `record_event` (handle::leak of an
-        // EventEntry) and are reclaimed only by `destroy_event`.
-        unsafe { handle::borrow(event.0) }
+    /// The entry behind an event this device recorded, for as long as the handle is
+    /// borrowed.
+    ///
+    /// # Errors
+    /// `HIP_ERROR_INVALID_HANDLE` for a handle of another device object, or one made
+    /// with [`EventHandle::from_raw`].
+    fn event<'a>(&self, event: &'a EventHandle) -> Result<&'a EventEntry, DeviceError> {
+        if event.owner() != self.owner {
+            return Err(DeviceError::new(
+                DeviceError::HIP_ERROR_INVALID_HANDLE,
+                "event not recorded by this device",
+            ));
+        }
+        // SAFETY: the handle's owner is this device's id, stamped only by this device's
+        // code, through the crate-private EventHandle::owned, in
+        // `record_event_in_context` on the address of a Box<EventEntry> it has just
+        // leaked. An EventHandle is neither Clone nor Copy, and only `destroy_event`,
+        // which consumes it, reclaims the box: the box is live for all of 'a.
+        Ok(unsafe { handle::borrow(event.raw()) })
     }
 
     /// Allocates device memory (`cuMemAlloc`) on `ordinal`.
@@ -757,7 +793,7 @@ impl CudaDevice {
             self.pool_or_destroy_event(event);
             return Err(error);
         }
-        Ok(EventHandle(handle::leak(event)))
+        Ok(EventHandle::owned(handle::leak(event), self.owner))
     }
 
     /// Keeps an idle event for reuse, or destroys it when the pool is full.
@@ -1031,24 +1067,29 @@ impl Device for CudaDevice {
             ordinal: device_ordinal,
             scratch: Default::default(),
         });
-        Ok(InternalStream(handle::leak(entry)))
+        Ok(InternalStream::owned(handle::leak(entry), self.owner))
     }
 
     fn destroy_internal_stream(&self, stream: InternalStream) {
-        // SAFETY: the handle is a leaked Box<InternalEntry> from create_internal_stream,
-        // destroyed once.
-        let entry = unsafe { handle::reclaim::<InternalEntry>(stream.0) };
+        if stream.owner() != self.owner {
+            log::debug!("ignored: destroy of an internal stream not made by this device");
+            return;
+        }
+        // SAFETY: the handle's owner is this device, so (see `internal`) its raw value is
+        // a Box<InternalEntry> leaked by create_internal_stream and live while the handle
+        // exists; we consume the one handle that names it, so it is reclaimed once.
+        let entry = unsafe { handle::reclaim::<InternalEntry>(stream.raw()) };
         let _ = self.in_engine_context(entry.ordinal, || self.destroy_entry(&entry));
     }
 
     unsafe fn copy_to_device_async(
         &self,
-        stream: InternalStream,
+        stream: &InternalStream,
         target: u64,
         source: *const u8,
         len_bytes: usize,
     ) -> Result<(), DeviceError> {
-        let entry = Self::internal(stream);
+        let entry = self.internal(stream)?;
         self.in_engine_context(entry.ordinal, || {
             // SAFETY: caller's contract (pinned source, valid device range); the engine
             // context is current and owns the stream.
@@ -1059,12 +1100,12 @@ impl Device for CudaDevice {
 
     unsafe fn copy_from_device_async(
         &self,
-        stream: InternalStream,
+        stream: &InternalStream,
         target: *mut u8,
         source: u64,
         len_bytes: usize,
     ) -> Result<(), DeviceError> {
-        let entry = Self::internal(stream);
+        let entry = self.internal(stream)?;
         self.in_engine_context(entry.ordinal, || {
             // SAFETY: caller's contract; the engine context is current and owns the stream.
             self.call(
@@ -1076,13 +1117,13 @@ impl Device for CudaDevice {
         })
     }
 
-    fn record_event(&self, stream: InternalStream) -> Result<EventHandle, DeviceError> {
-        let entry = Self::internal(stream);
+    fn record_event(&self, stream: &InternalStream) -> Result<EventHandle, DeviceError> {
+        let entry = self.internal(stream)?;
         self.in_engine_context(entry.ordinal, || self.record_event_in_context(entry))
     }
 
-    fn event_done(&self, event: EventHandle) -> Result<bool, DeviceError> {
-        let entry = Self::event(event);
+    fn event_done(&self, event: &EventHandle) -> Result<bool, DeviceError> {
+        let entry = self.event(event)?;
         self.in_engine_context(entry.ordinal, || {
             // SAFETY: a live event of ours.
             match unsafe { (self.api.cuEventQuery)(entry.event) } {
@@ -1094,13 +1135,19 @@ impl Device for CudaDevice {
     }
 
     fn destroy_event(&self, event: EventHandle) {
-        // SAFETY: a leaked Box<EventEntry> from record_event, released once.
-        let entry = unsafe { handle::reclaim::<EventEntry>(event.0) };
+        if event.owner() != self.owner {
+            log::debug!("ignored: destroy of an event not recorded by this device");
+            return;
+        }
+        // SAFETY: the handle's owner is this device, so (see `event`) its raw value is a
+        // Box<EventEntry> leaked by record_event_in_context and live while the handle
+        // exists; we consume the one handle that names it, so it is reclaimed once.
+        let entry = unsafe { handle::reclaim::<EventEntry>(event.raw()) };
         self.pool_or_destroy_event(entry);
     }
 
-    fn synchronize_internal(&self, stream: InternalStream) -> Result<(), DeviceError> {
-        let entry = Self::internal(stream);
+    fn synchronize_internal(&self, stream: &InternalStream) -> Result<(), DeviceError> {
+        let entry = self.internal(stream)?;
         self.in_engine_context(entry.ordinal, || {
             // SAFETY: our stream, of the engine context.
             let code = unsafe { (self.api.cuStreamSynchronize)(entry.stream) };
@@ -1110,11 +1157,11 @@ impl Device for CudaDevice {
 
     unsafe fn write_value32_internal(
         &self,
-        stream: InternalStream,
+        stream: &InternalStream,
         word_device_addr: u64,
         value: u32,
     ) -> Result<(), DeviceError> {
-        let entry = Self::internal(stream);
+        let entry = self.internal(stream)?;
         self.in_engine_context(entry.ordinal, || {
             // SAFETY: caller's contract: a live pinned word (portable, so mapped in the
             // engine context too).
