@@ -123,6 +123,25 @@ fn reads_and_writes_stage_through_the_arena() {
     driver.handle_deregister(handle);
 }
 
+/// Every staging copy's event is destroyed once waited for: reads and writes through the
+/// executors leave no event behind on the device.
+#[test]
+fn staging_copies_leave_no_events_behind() {
+    let _serial = serial();
+    let data = pattern(4 * MIB, 3);
+    let file = TempFile::new(&tmpfs_dir(), &data);
+    let client = file.open_rw();
+    let (driver, device) = driver_with(config(&[0, 1]));
+    let handle = driver.handle_register(client.as_raw_fd()).unwrap();
+    let buf = device.malloc_device(0, 4 * MIB).unwrap();
+    assert_eq!(driver.io_sync(Direction::Read, handle, buf, raw(4 * MIB, 0)), Ok(4 * MIB));
+    assert_eq!(device.live_events(), 0, "after a read");
+    assert_eq!(driver.io_sync(Direction::Write, handle, buf, raw(4 * MIB, 0)), Ok(4 * MIB));
+    assert_eq!(device.live_events(), 0, "after a write");
+    assert!(driver.engine().unwrap().stats().arena_chunks > 0, "the chunks were staged");
+    driver.handle_deregister(handle);
+}
+
 /// 8 threads keep far more chunks in flight than a 1 MiB arena per executor holds: the
 /// data stays right, the fallback pool is used, and never grows past its cap.
 #[test]

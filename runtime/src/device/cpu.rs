@@ -1302,6 +1302,12 @@ impl CpuDevice {
         self.shared.stats.snapshot()
     }
 
+    /// How many recorded events have not been destroyed yet (for tests: a user of the
+    /// device that forgets [`Device::destroy_event`] leaves them here).
+    pub fn live_events(&self) -> usize {
+        lock(&self.events).len()
+    }
+
     fn count_invalid_release(&self) {
         bump(&self.shared.stats.invalid_releases, 1);
     }

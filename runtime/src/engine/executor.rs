@@ -729,6 +729,7 @@ impl Executor {
             }
             if let Some((chunk, event, staging, share)) = staged.pop_front() {
                 let waited = self.wait_event(&event).await;
+                self.setup.device.destroy_event(event);
                 if let (Err(error), None) = (waited, &failure) {
                     failure = Some((Outcome::Library(OpError::HipDriverError), Some(error)));
                 }
