@@ -489,7 +489,7 @@ impl Driver {
 
     /// The engine, started on first use. A start that failed (no thread or address space
     /// left, say) is tried again by a later call, at most every
-    /// [`StartedOnUse::RETRY_INTERVAL`]: a passing shortage does not disable the driver
+    /// `StartedOnUse::RETRY_INTERVAL` (100 ms): a passing shortage does not disable the driver
     /// for the life of the process.
     ///
     /// # Errors

@@ -151,6 +151,33 @@ unsafe impl Sync for PinnedRegion {}
 /// [`InternalStream::from_raw`] belongs to no device: the GPU backends refuse it
 /// (`HIP_ERROR_INVALID_HANDLE`, or nothing done for a destroy), the `cpu` device looks
 /// its raw id up like any other.
+///
+/// Used, then destroyed once (this compiles; the two examples below, which differ from it
+/// only in the misuse, do not):
+/// ```
+/// use hipfile_runtime::device::{Device, InternalStream};
+/// fn once(device: &dyn Device, stream: InternalStream) {
+///     let _ = device.synchronize_internal(&stream);
+///     device.destroy_internal_stream(stream);
+/// }
+/// ```
+/// Destroying a handle twice does not compile:
+/// ```compile_fail
+/// use hipfile_runtime::device::{Device, InternalStream};
+/// fn twice(device: &dyn Device, stream: InternalStream) {
+///     device.destroy_internal_stream(stream);
+///     device.destroy_internal_stream(stream); // use of a moved value
+/// }
+/// ```
+/// nor does keeping a copy to use after the destroy:
+/// ```compile_fail
+/// use hipfile_runtime::device::{Device, InternalStream};
+/// fn use_after(device: &dyn Device, stream: InternalStream) {
+///     let copy = stream.clone(); // InternalStream is not Clone
+///     device.destroy_internal_stream(stream);
+///     let _ = device.synchronize_internal(&copy);
+/// }
+/// ```
 #[derive(Debug, PartialEq, Eq)]
 pub struct InternalStream {
     /// The backend's raw value (a stream id, or the address of the backend's entry).
@@ -185,6 +212,22 @@ impl InternalStream {
 /// An event recorded on an internal stream, polled for completion; owned like an
 /// [`InternalStream`]: [`Device::destroy_event`] consumes it, every other method
 /// borrows it, and a handle made with [`EventHandle::from_raw`] belongs to no device.
+///
+/// Destroying an event once compiles, twice does not:
+/// ```
+/// use hipfile_runtime::device::{Device, EventHandle};
+/// fn once(device: &dyn Device, event: EventHandle) {
+///     let _ = device.event_done(&event);
+///     device.destroy_event(event);
+/// }
+/// ```
+/// ```compile_fail
+/// use hipfile_runtime::device::{Device, EventHandle};
+/// fn twice(device: &dyn Device, event: EventHandle) {
+///     device.destroy_event(event);
+///     device.destroy_event(event); // use of a moved value
+/// }
+/// ```
 #[derive(Debug, PartialEq, Eq)]
 pub struct EventHandle {
     /// The backend's raw value (an event id, or the address of the backend's entry).
