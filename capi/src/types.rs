@@ -208,7 +208,7 @@ pub mod cpu_memory {
 }
 
 /// `HIPFILE_VERSION_{MAJOR,MINOR,PATCH}`.
-pub const VERSION: (c_uint, c_uint, c_uint) = (0, 2, 0);
+pub const VERSION: (c_uint, c_uint, c_uint) = hipfile_runtime::parameters::API_VERSION;
 
 // Sizes and alignments (hipfile-api.md §1.4).
 const_assert_eq!(size_of::<HipFileError>(), 8);

@@ -5,7 +5,9 @@ bindings): :func:`driver_open`, :func:`driver_close`, :func:`use_count`,
 :func:`handle_register`, :func:`handle_deregister`, :func:`buf_register`,
 :func:`buf_deregister`, :func:`read`, :func:`write`, :func:`stream_register`,
 :func:`stream_deregister`, :func:`read_async`, :func:`write_async`, the ``batch_io_*``
-calls; errors raise :class:`HipFileError` (``.code``, e.g. 5022) or ``OSError``.
+calls, ``get/set_parameter_size_t/bool/string`` (keys: :class:`SizeTConfigParameter`,
+:class:`BoolConfigParameter`, :class:`StringConfigParameter`), :func:`driver_get_properties`
+and the ``driver_set_*`` calls; errors raise :class:`HipFileError` (``.code``, e.g. 5022) or ``OSError``.
 
 High level: :class:`File`, :func:`empty` (cpu-device memory), :class:`Stream`,
 :mod:`hipfile.safetensors`.
@@ -33,13 +35,24 @@ from ._native import (
     device_count,
     device_kind,
     driver_close,
+    driver_get_properties,
     driver_open,
+    driver_set_max_cache_size,
+    driver_set_max_direct_io_size,
+    driver_set_max_pinned_mem_size,
+    driver_set_poll_mode,
     explain_path,
     get_op_error_string,
+    get_parameter_bool,
+    get_parameter_size_t,
+    get_parameter_string,
     handle_deregister,
     handle_register,
     read,
     read_async,
+    set_parameter_bool,
+    set_parameter_size_t,
+    set_parameter_string,
     stream_deregister,
     stream_register,
     stream_synchronize,
@@ -56,6 +69,48 @@ STREAM_FIXED_FILE_OFFSET = 2
 STREAM_FIXED_FILE_SIZE = 4
 STREAM_PAGE_ALIGNED_INPUTS = 8
 STREAM_FIXED_ALL = 7
+
+
+class SizeTConfigParameter(IntEnum):
+    """``hipFileSizeTConfigParameter_t`` (what each maps to: README, "Parameters")."""
+
+    PROFILE_STATS = 0
+    EXECUTION_MAX_IO_QUEUE_DEPTH = 1
+    EXECUTION_MAX_IO_THREADS = 2
+    EXECUTION_MIN_IO_THRESHOLD_SIZE_KB = 3
+    EXECUTION_MAX_REQUEST_PARALLELISM = 4
+    PROPERTIES_MAX_DIRECT_IO_SIZE_KB = 5
+    PROPERTIES_MAX_DEVICE_CACHE_SIZE_KB = 6
+    PROPERTIES_PER_BUFFER_CACHE_SIZE_KB = 7
+    PROPERTIES_MAX_DEVICE_PINNED_MEM_SIZE_KB = 8
+    PROPERTIES_IO_BATCHSIZE = 9
+    POLLTHRESHOLD_SIZE_KB = 10
+    PROPERTIES_BATCH_IO_TIMEOUT_MS = 11
+
+
+class BoolConfigParameter(IntEnum):
+    """``hipFileBoolConfigParameter_t``."""
+
+    PROPERTIES_USE_POLL_MODE = 0
+    PROPERTIES_ALLOW_COMPAT_MODE = 1
+    FORCE_COMPAT_MODE = 2
+    FS_MISC_API_CHECK_AGGRESSIVE = 3
+    EXECUTION_PARALLEL_IO = 4
+    PROFILE_NVTX = 5
+    PROPERTIES_ALLOW_SYSTEM_MEMORY = 6
+    USE_PCIP2PDMA = 7
+    PREFER_IO_URING = 8
+    FORCE_ODIRECT_MODE = 9
+    SKIP_TOPOLOGY_DETECTION = 10
+    STREAM_MEMOPS_BYPASS = 11
+
+
+class StringConfigParameter(IntEnum):
+    """``hipFileStringConfigParameter_t``."""
+
+    LOGGING_LEVEL = 0
+    ENV_LOGFILE_PATH = 1
+    LOG_DIR = 2
 
 
 class OpCode(IntEnum):
@@ -126,6 +181,11 @@ def batch_io_destroy(batch: Batch) -> None:
 
 
 __all__ = [
+    "BoolConfigParameter", "SizeTConfigParameter", "StringConfigParameter",
+    "driver_get_properties", "driver_set_max_cache_size", "driver_set_max_direct_io_size",
+    "driver_set_max_pinned_mem_size", "driver_set_poll_mode", "get_parameter_bool",
+    "get_parameter_size_t", "get_parameter_string", "set_parameter_bool",
+    "set_parameter_size_t", "set_parameter_string",
     "Batch", "DeviceBuffer", "File", "HipFileError", "IOEvent", "IOParams", "OpCode", "Status",
     "Stream", "StreamFuture", "batch_io_cancel", "batch_io_destroy", "batch_io_get_status",
     "batch_io_set_up", "batch_io_submit", "buf_deregister", "buf_register", "device_buffer",

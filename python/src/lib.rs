@@ -19,6 +19,7 @@ mod context;
 mod driver_api;
 mod errors;
 mod memory;
+mod params_api;
 mod streams;
 
 /// The extension module.
@@ -50,6 +51,17 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(streams::stream_synchronize, m)?)?;
     m.add_function(wrap_pyfunction!(async_api::read_async, m)?)?;
     m.add_function(wrap_pyfunction!(async_api::write_async, m)?)?;
+    m.add_function(wrap_pyfunction!(params_api::get_parameter_size_t, m)?)?;
+    m.add_function(wrap_pyfunction!(params_api::set_parameter_size_t, m)?)?;
+    m.add_function(wrap_pyfunction!(params_api::get_parameter_bool, m)?)?;
+    m.add_function(wrap_pyfunction!(params_api::set_parameter_bool, m)?)?;
+    m.add_function(wrap_pyfunction!(params_api::get_parameter_string, m)?)?;
+    m.add_function(wrap_pyfunction!(params_api::set_parameter_string, m)?)?;
+    m.add_function(wrap_pyfunction!(params_api::driver_get_properties, m)?)?;
+    m.add_function(wrap_pyfunction!(params_api::driver_set_poll_mode, m)?)?;
+    m.add_function(wrap_pyfunction!(params_api::driver_set_max_direct_io_size, m)?)?;
+    m.add_function(wrap_pyfunction!(params_api::driver_set_max_cache_size, m)?)?;
+    m.add_function(wrap_pyfunction!(params_api::driver_set_max_pinned_mem_size, m)?)?;
     m.add("VERSION", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

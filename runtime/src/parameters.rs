@@ -17,6 +17,10 @@ use crate::file::DirectPolicy;
 
 const KIB: usize = 1 << 10;
 
+/// `HIPFILE_VERSION_{MAJOR,MINOR,PATCH}`: the hipFile API version this library
+/// implements (`hipFileGetVersion`, the driver properties).
+pub const API_VERSION: (u32, u32, u32) = (0, 2, 0);
+
 /// Entries one batch may hold (hipFile's batch capacity, 1..=128).
 pub const MAX_BATCH_ENTRIES: u32 = hipfile_core::MAX_BATCH_ENTRIES as u32;
 
