@@ -14,6 +14,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use super::DeviceError;
+
 /// The next id for a device object that makes handles: unique in the process, never 0
 /// (the owner of handles made with `from_raw`).
 pub(crate) fn next_owner_id() -> u64 {
@@ -34,6 +36,32 @@ pub(crate) fn leak<T>(value: Box<T>) -> usize {
 pub(crate) unsafe fn borrow<'a, T>(handle: usize) -> &'a T {
     // SAFETY: per the contract, `handle` is the address of a live Box<T>.
     unsafe { &*(handle as *const T) }
+}
+
+/// The object behind a handle that the device object with owner id `device_owner` made:
+/// [`borrow`] after the owner check. The caller ties the reference to its borrow of the
+/// handle.
+///
+/// # Errors
+/// `HIP_ERROR_INVALID_HANDLE` (saying `what`) when `handle_owner` is not `device_owner`:
+/// a handle of another device object, or one made with `from_raw`.
+///
+/// # Safety
+/// The device stamps `device_owner` only on handles of a `Box<T>` it has just leaked
+/// (the module's argument), and reclaims a box only by consuming its one handle; the
+/// reference is not used after the caller's borrow of the handle ends.
+pub(crate) unsafe fn borrow_owned<'a, T>(
+    raw: usize,
+    handle_owner: u64,
+    device_owner: u64,
+    what: &'static str,
+) -> Result<&'a T, DeviceError> {
+    if handle_owner != device_owner {
+        return Err(DeviceError::new(DeviceError::HIP_ERROR_INVALID_HANDLE, what));
+    }
+    // SAFETY: the owner matches, so per the contract `raw` is a Box<T> this device leaked
+    // and has not reclaimed while its handle is borrowed.
+    Ok(unsafe { borrow(raw) })
 }
 
 /// Takes the object behind a handle's raw value back (the handle is dead afterwards).

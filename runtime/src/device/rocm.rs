@@ -245,19 +245,18 @@ impl RocmDevice {
     /// `HIP_ERROR_INVALID_HANDLE` for a handle of another device object, or one made
     /// with [`InternalStream::from_raw`].
     fn internal<'a>(&self, stream: &'a InternalStream) -> Result<&'a InternalEntry, DeviceError> {
-        if stream.owner() != self.owner {
-            return Err(DeviceError::new(
-                DeviceError::HIP_ERROR_INVALID_HANDLE,
+        // SAFETY: this device stamps its owner id only in `create_internal_stream`, on a
+        // Box<InternalEntry> it has just leaked, and reclaims one only in
+        // `destroy_internal_stream`, which consumes the handle; the reference lives for
+        // 'a, the borrow of the handle.
+        unsafe {
+            handle::borrow_owned(
+                stream.raw(),
+                stream.owner(),
+                self.owner,
                 "internal stream not made by this device",
-            ));
+            )
         }
-        // SAFETY: the handle's owner is this device's id, unique in the process and
-        // stamped only by this device's code, through the crate-private
-        // InternalStream::owned, in `create_internal_stream` on the address of a
-        // Box<InternalEntry> it has just leaked. An InternalStream is neither Clone nor
-        // Copy, and only `destroy_internal_stream`, which consumes it, reclaims the box:
-        // the box is live while the handle exists, so for all of 'a, the handle's borrow.
-        Ok(unsafe { handle::borrow(stream.raw()) })
     }
 
     /// The entry behind an event this device recorded, for as long as the handle is
@@ -267,18 +266,17 @@ impl RocmDevice {
     /// `HIP_ERROR_INVALID_HANDLE` for a handle of another device object, or one made
     /// with [`EventHandle::from_raw`].
     fn event<'a>(&self, event: &'a EventHandle) -> Result<&'a EventEntry, DeviceError> {
-        if event.owner() != self.owner {
-            return Err(DeviceError::new(
-                DeviceError::HIP_ERROR_INVALID_HANDLE,
+        // SAFETY: this device stamps its owner id only in `record_event`, on a
+        // Box<EventEntry> it has just leaked, and reclaims one only in `destroy_event`,
+        // which consumes the handle; the reference lives for 'a, the borrow of the handle.
+        unsafe {
+            handle::borrow_owned(
+                event.raw(),
+                event.owner(),
+                self.owner,
                 "event not recorded by this device",
-            ));
+            )
         }
-        // SAFETY: the handle's owner is this device's id, stamped only by this device's
-        // code, through the crate-private EventHandle::owned, in `record_event` on the
-        // address of a Box<EventEntry> it has just leaked. An EventHandle is neither
-        // Clone nor Copy, and only `destroy_event`, which consumes it, reclaims the box:
-        // the box is live for all of 'a.
-        Ok(unsafe { handle::borrow(event.raw()) })
     }
 
     /// Allocates device memory (`hipMalloc`) on `ordinal`.
