@@ -9,7 +9,6 @@
 
 mod async_support;
 
-use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -567,11 +566,7 @@ fn page_aligned_flag_with_aligned_inputs_goes_direct() {
         let want = file.contents();
         // Out of the page cache (writing the file and reading `want` cached it): a read of
         // a range the cache holds entirely takes the cache under the auto policy.
-        // SAFETY: plain syscalls on a live descriptor.
-        unsafe {
-            assert_eq!(libc::fdatasync(fd.as_raw_fd()), 0);
-            assert_eq!(libc::posix_fadvise(fd.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED), 0);
-        }
+        page_cache::drop_cached_pages(&fd);
         let p = params(size, offset, 4096);
         rig.read(handle, buffer, &p, stream);
         rig.sync(stream);

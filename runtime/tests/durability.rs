@@ -13,7 +13,6 @@
 mod async_support;
 
 use std::fs::OpenOptions;
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 
 use async_support::*;
@@ -52,15 +51,6 @@ fn read_fresh(path: &std::path::Path, offset: usize, len: usize, direct: bool) -
     bytes
 }
 
-/// Drops the file's cached pages (after `fdatasync`, so that none is dirty).
-fn drop_cached_pages(file: &std::fs::File) {
-    // SAFETY: plain syscalls on a live descriptor.
-    unsafe {
-        assert_eq!(libc::fdatasync(file.as_raw_fd()), 0, "fdatasync");
-        assert_eq!(libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED), 0);
-    }
-}
-
 /// The ranges each case writes: `(file offset, length)`; the first is page-aligned (the
 /// O_DIRECT path), the second is not (buffered).
 const RANGES: [(usize, usize); 2] = [(MIB, 2 * MIB), (4 * MIB + 123, 1000 * 1000 + 7)];
@@ -75,7 +65,7 @@ fn check_everywhere(file: &TempFile, client: &std::fs::File, data: &[u8], what: 
             &format!("{what}: O_DIRECT"),
         );
     }
-    drop_cached_pages(client);
+    page_cache::drop_cached_pages(client);
     for &(offset, len) in &RANGES {
         let want = &data[offset..offset + len];
         let back = read_fresh(&file.path, offset, len, false);

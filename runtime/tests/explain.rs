@@ -205,11 +205,7 @@ fn reads_of_cached_ranges_take_the_page_cache_unless_o_direct_is_forced() {
     assert_eq!(counters(forced).direct_read_bytes, total, "`on` took the page cache");
 
     // Dropped from the page cache: the auto handle's reads go to O_DIRECT again.
-    // SAFETY: plain syscalls on a live descriptor.
-    unsafe {
-        assert_eq!(libc::fdatasync(fd.as_raw_fd()), 0);
-        assert_eq!(libc::posix_fadvise(fd.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED), 0);
-    }
+    page_cache::drop_cached_pages(&fd);
     read_all(auto);
     assert_eq!(counters(auto).direct_read_bytes, total, "uncached ranges skipped O_DIRECT");
     let explanation = driver.explain_path(Some(auto), None).unwrap();

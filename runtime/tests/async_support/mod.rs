@@ -17,6 +17,13 @@
 //! never asserted on otherwise.
 #![allow(dead_code, reason = "shared by several test crates; each uses a subset")]
 
+#[allow(
+    clippy::duplicate_mod,
+    reason = "both support modules include it; a test crate may use both"
+)]
+#[path = "../common/page_cache.rs"]
+pub mod page_cache;
+
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};

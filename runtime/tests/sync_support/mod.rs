@@ -3,8 +3,14 @@
 //! files, test data, and device-memory access.
 #![allow(dead_code, reason = "each test file uses a different subset")]
 
+#[allow(
+    clippy::duplicate_mod,
+    reason = "both support modules include it; a test crate may use both"
+)]
+#[path = "../common/page_cache.rs"]
+pub mod page_cache;
+
 use std::fs::{File, OpenOptions};
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -89,13 +95,7 @@ impl TempFile {
     /// cached, and under the auto policy a read of a range the cache holds entirely takes
     /// the cache instead of O_DIRECT).
     pub fn uncache(&self) {
-        let file = self.open_rw();
-        // SAFETY: plain syscalls on a live descriptor.
-        unsafe {
-            assert_eq!(libc::fdatasync(file.as_raw_fd()), 0, "fdatasync");
-            let advice = libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
-            assert_eq!(advice, 0, "posix_fadvise");
-        }
+        page_cache::drop_cached_pages(&self.open_rw());
     }
 }
 
