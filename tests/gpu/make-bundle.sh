@@ -7,7 +7,8 @@ out=target/gpu-bundle
 rm -rf "$out"; mkdir -p "$out/tests"
 suites=(device_contract async_rows async_paused async_streams async_errors async_stress
         async_direct async_lifetime async_arm async_sweep async_soak
-        durability data_path_safety multi_device faults batch stats explain)
+        durability data_path_safety multi_device faults batch stats explain
+        start_anywhere sync_io write_short driver_rows engine)
 for suite in "${suites[@]}"; do
   exe=$(cargo test --release -p hipfile-runtime --test "$suite" --no-run --message-format=json 2>/dev/null \
         | grep -o '"executable":"[^"]*"' | tail -1 | cut -d'"' -f4)
