@@ -12,12 +12,10 @@
 //! --test async_soak` (a debug build may trip the 30 s hang guard of a stream sync).
 //! With `HIPFILE_DEVICE=cuda` it runs on the GPU (the GPU suite runs the short slice).
 
-mod async_support;
-
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use async_support::*;
 use hipfile_runtime::AsyncParams;
+use hipfile_test_support::rig::*;
 
 const STREAMS: usize = 4;
 const FILE_BYTES: usize = 4 * MIB;

@@ -13,18 +13,16 @@
 //! Every case runs under a [`Watchdog`]: a case that does not finish fails the test
 //! process with the driver's report of what is pending, instead of hanging the suite.
 
-mod async_support;
-
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use async_support::*;
 use hipfile_core::Direction;
 use hipfile_runtime::AsyncParams;
 use hipfile_runtime::config::Config;
 use hipfile_runtime::device::StreamHandle;
+use hipfile_test_support::rig::*;
 
 /// The stream counts of the sweep: around every power of two, and 24–33, where CUDA's
 /// 32 hardware queues start to be shared.

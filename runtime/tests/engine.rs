@@ -12,11 +12,11 @@ use std::sync::{Arc, Barrier, Mutex, MutexGuard};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use hipfile_core::{Direction, RawIo};
+use hipfile_core::Direction;
 
-mod sync_support;
 #[allow(unused_imports, reason = "not every helper is used by every file")]
-use sync_support::*;
+use hipfile_test_support::cpu_rig::*;
+use hipfile_test_support::raw;
 
 // ----------------------------------------------------------------------------------------
 // Helpers
@@ -26,14 +26,6 @@ use sync_support::*;
 fn serial() -> MutexGuard<'static, ()> {
     static LOCK: Mutex<()> = Mutex::new(());
     LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-fn raw(size_bytes: usize, file_offset_bytes: usize) -> RawIo {
-    RawIo {
-        size_bytes: size_bytes as u64,
-        file_offset_bytes: file_offset_bytes as i64,
-        buffer_offset_bytes: 0,
-    }
 }
 
 /// User plus system CPU time of the whole process.
@@ -106,7 +98,7 @@ fn reads_and_writes_stage_through_the_arena_and_leave_no_events_behind() {
     let (driver, device) = driver_with(config(&[0, 1]));
     let handle = driver.handle_register(client.as_raw_fd()).unwrap();
     let buf = device.malloc_device(0, 4 * MIB).unwrap();
-    assert_eq!(driver.io_sync(Direction::Read, handle, buf, raw(4 * MIB, 0)), Ok(4 * MIB));
+    assert_eq!(driver.io_sync(Direction::Read, handle, buf, raw(4 * MIB, 0, 0)), Ok(4 * MIB));
     assert!(device_bytes(buf, 4 * MIB) == data);
     assert_eq!(device.live_events(), 0, "after a read");
     let engine = driver.engine().unwrap();
@@ -119,7 +111,7 @@ fn reads_and_writes_stage_through_the_arena_and_leave_no_events_behind() {
     assert!(stats.arena_chunks >= (4 * MIB / CHUNK) as u64, "{stats:?}");
     assert_eq!(stats.fallback_chunks, 0, "{stats:?}");
     assert_eq!(stats.jobs, 2, "one job per executor: {stats:?}");
-    assert_eq!(driver.io_sync(Direction::Write, handle, buf, raw(2 * MIB, 0)), Ok(2 * MIB));
+    assert_eq!(driver.io_sync(Direction::Write, handle, buf, raw(2 * MIB, 0, 0)), Ok(2 * MIB));
     assert_eq!(device.live_events(), 0, "after a write");
     let after = engine.stats();
     assert!(after.arena_chunks >= stats.arena_chunks + (2 * MIB / CHUNK) as u64, "{after:?}");
@@ -161,7 +153,7 @@ fn tiny_arena_under_parallel_reads_falls_back_correctly_within_the_cap() {
                         .map(|round| {
                             // Rotate the ranges so every round reads different data.
                             let slot = (i + round) % THREADS;
-                            let read = raw(PER_THREAD, slot * PER_THREAD);
+                            let read = raw(PER_THREAD, slot * PER_THREAD, 0);
                             let result = driver.io_sync(Direction::Read, handle, buf, read);
                             let good = device_bytes(buf, PER_THREAD)
                                 == data[slot * PER_THREAD..(slot + 1) * PER_THREAD];
@@ -196,8 +188,8 @@ fn idle_executors_and_stream_workers_park() {
     let (driver, device) = driver_with(config(&[0, 1]));
     let handle = driver.handle_register(client.as_raw_fd()).unwrap();
     let buf = device.malloc_device(0, 2 * MIB).unwrap();
-    assert_eq!(driver.io_sync(Direction::Read, handle, buf, raw(2 * MIB, 0)), Ok(2 * MIB));
-    assert_eq!(driver.io_sync(Direction::Write, handle, buf, raw(2 * MIB, 0)), Ok(2 * MIB));
+    assert_eq!(driver.io_sync(Direction::Read, handle, buf, raw(2 * MIB, 0, 0)), Ok(2 * MIB));
+    assert_eq!(driver.io_sync(Direction::Write, handle, buf, raw(2 * MIB, 0, 0)), Ok(2 * MIB));
     thread::sleep(Duration::from_millis(50));
     let before = process_cpu_time();
     thread::sleep(Duration::from_millis(300));
@@ -223,7 +215,7 @@ fn dropping_a_driver_joins_its_threads() {
     let (driver, device) = driver_with(config(&[0, 1]));
     let handle = driver.handle_register(client.as_raw_fd()).unwrap();
     let buf = device.malloc_device(0, 2 * MIB).unwrap();
-    assert_eq!(driver.io_sync(Direction::Read, handle, buf, raw(2 * MIB, 0)), Ok(2 * MIB));
+    assert_eq!(driver.io_sync(Direction::Read, handle, buf, raw(2 * MIB, 0, 0)), Ok(2 * MIB));
     assert!(threads_named("hipfile-io-") >= 2, "one thread per executor at least");
     assert!(threads_named("hfcpu-s") >= 2, "one internal stream per executor");
     // Still registered and open: the drop has to clean that up too.
@@ -258,7 +250,7 @@ fn poll_probe_is_not_fooled_by_a_sparse_first_file() {
         return;
     }
     let buf = device.malloc_device(0, MIB).unwrap();
-    assert_eq!(driver.io_sync(Direction::Read, handle, buf, raw(MIB, MIB)), Ok(MIB));
+    assert_eq!(driver.io_sync(Direction::Read, handle, buf, raw(MIB, MIB, 0)), Ok(MIB));
     assert!(device_bytes(buf, MIB) == data);
     let stats = driver.engine().unwrap().stats();
     assert_eq!(stats.sync_retry_chunks, 0, "io_uring refused the reads: {stats:?}");

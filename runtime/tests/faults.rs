@@ -10,17 +10,15 @@
 //! must succeed with every byte right. The tests run one at a time (the plan is
 //! process-wide).
 
-mod async_support;
-
 use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use async_support::*;
 use hipfile_core::{Direction, OpError, RawIo};
 use hipfile_runtime::error::IoError;
 use hipfile_runtime::fault::{self, Fault, Plan, Rule, Site};
 use hipfile_runtime::{AsyncParams, HandleId};
+use hipfile_test_support::rig::*;
 
 fn serial() -> MutexGuard<'static, ()> {
     static LOCK: Mutex<()> = Mutex::new(());

@@ -13,9 +13,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use hipfile_core::{Direction, RawIo};
 
-mod sync_support;
 #[allow(unused_imports, reason = "not every helper is used by every file")]
-use sync_support::*;
+use hipfile_test_support::cpu_rig::*;
 
 /// How many large allocations the recorder keeps (more are counted, not kept).
 const RECORDED_CAPACITY: usize = 256;

@@ -7,14 +7,12 @@
 //! lowered limit cannot be taken back; the parent kills a child that has not finished in
 //! 60 s and fails the case as a hang.
 
-mod async_support;
-
 use std::os::fd::AsRawFd;
 use std::time::Duration;
 
-use async_support::*;
 use hipfile_core::{Direction, RawIo};
 use hipfile_runtime::config::Config;
+use hipfile_test_support::rig::*;
 
 const CHILD_VARIABLE: &str = "HIPFILE_START_ANYWHERE_CHILD";
 const CHILD_LIMIT: Duration = Duration::from_secs(60);

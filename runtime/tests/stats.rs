@@ -6,15 +6,13 @@
 //! One test drives the I/O (the counters are per process, and the tests of a binary run
 //! at once); runs on the selected backend.
 
-mod async_support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_support::*;
 use hipfile_core::{Direction, RawIo};
 use hipfile_runtime::batch::{Batch, BatchEntry};
 use hipfile_runtime::stats::{self, Api, ClassSnapshot, StatsSnapshot};
+use hipfile_test_support::rig::*;
 
 fn delta(after: &ClassSnapshot, before: &ClassSnapshot) -> (u64, u64, u64) {
     (after.ops - before.ops, after.bytes - before.bytes, after.errors - before.errors)

@@ -4,13 +4,11 @@
 //! offset exactly as a full disk refuses them (EFBIG instead of ENOSPC), in a child
 //! process, since a limit cannot be raised again.
 
-mod async_support;
-
 use std::os::fd::AsRawFd;
 use std::time::Duration;
 
-use async_support::*;
 use hipfile_core::{Direction, RawIo};
+use hipfile_test_support::rig::*;
 
 const CHILD_VARIABLE: &str = "HIPFILE_WRITE_SHORT_CHILD";
 const LIMIT_BYTES: usize = 6 * MIB;

@@ -5,10 +5,10 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=target/gpu-bundle
 rm -rf "$out"; mkdir -p "$out/tests"
-suites=(device_contract async_rows async_paused async_streams async_errors async_stress
-        async_direct async_lifetime async_arm async_sweep async_soak
-        durability data_path_safety multi_device faults batch stats explain
-        start_anywhere sync_io write_short driver_rows engine)
+# The integration test crates of hipfile-runtime (runtime/tests: one per area, plus the
+# ones that need a process of their own).
+suites=(device_contract async_api sync_api async_sweep async_soak faults stats
+        start_anywhere write_short engine)
 for suite in "${suites[@]}"; do
   exe=$(cargo test --release -p hipfile-runtime --test "$suite" --no-run --message-format=json 2>/dev/null \
         | grep -o '"executable":"[^"]*"' | tail -1 | cut -d'"' -f4)

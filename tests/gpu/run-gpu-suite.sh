@@ -6,7 +6,7 @@
 # then copy the repository (with target/gpu-bundle) over and run
 #   tests/gpu/run-gpu-suite.sh [bundle-dir]
 # To split the suite over several calls: HIPFILE_GPU_C=0 skips the C programs, and
-# HIPFILE_GPU_SUITES="async_sweep durability" runs only those test binaries ("python": the
+# HIPFILE_GPU_SUITES="async_sweep faults" runs only those test binaries ("python": the
 # Python package's suite, run when the bundle has the wheel).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)

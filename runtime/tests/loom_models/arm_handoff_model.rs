@@ -13,7 +13,7 @@ mod sync {
     pub(crate) use loom::sync::{Arc, Condvar, Mutex, MutexGuard};
 }
 
-#[path = "../src/arm_handoff.rs"]
+#[path = "../../src/arm_handoff.rs"]
 #[allow(dead_code)]
 mod handoff;
 

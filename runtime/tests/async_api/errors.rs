@@ -4,14 +4,12 @@
 //! stream reaches the op, handles, buffers, streams and the driver going away while ops
 //! are queued, and device errors at submission.
 
-mod async_support;
-
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use async_support::*;
 use hipfile_core::{Direction, OpError};
 use hipfile_runtime::device::DeviceError;
+use hipfile_test_support::rig::*;
 
 #[test]
 fn short_read_at_end_of_file_publishes_the_short_count() {

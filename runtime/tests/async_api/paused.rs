@@ -3,16 +3,14 @@
 //! matrix), `*bytes_p` staying 0 until the stream reaches the op, and prefetch of
 //! FIXED-all reads with its write hazard (DESIGN.md "Stream-ordering protocol" step 4).
 
-mod async_support;
-
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use async_support::*;
 use hipfile_core::{Direction, OpError};
 use hipfile_runtime::device::StreamHandle;
 use hipfile_runtime::{AsyncParams, HandleId};
+use hipfile_test_support::rig::*;
 
 const SIZE: usize = MIB;
 

@@ -12,16 +12,14 @@
 //!
 //! Offsets and sizes are unaligned for reads and writes (except on PAGE_ALIGNED streams).
 
-mod async_support;
-
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use async_support::*;
 use hipfile_core::{Direction, OpError};
 use hipfile_runtime::HandleId;
 use hipfile_runtime::device::StreamHandle;
+use hipfile_test_support::rig::*;
 
 const STREAMS: usize = 16;
 const THREADS: usize = 4;

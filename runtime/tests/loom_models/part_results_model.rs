@@ -9,7 +9,7 @@ mod sync {
     pub(crate) use loom::sync::Mutex;
 }
 
-#[path = "../src/engine/part_results.rs"]
+#[path = "../../src/engine/part_results.rs"]
 mod part_results;
 
 use loom::sync::Arc;

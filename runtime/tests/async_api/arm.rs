@@ -4,11 +4,9 @@
 //! waits. One test per process (this file), so that the only `hipfile-arm` thread is
 //! this test's.
 
-mod async_support;
-
 use std::time::{Duration, Instant};
 
-use async_support::*;
+use hipfile_test_support::rig::*;
 
 /// CPU time (user + system) of the process's `hipfile-arm` threads, in clock ticks.
 fn arm_thread_ticks() -> Option<u64> {

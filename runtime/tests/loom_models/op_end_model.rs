@@ -14,7 +14,7 @@ mod sync {
     pub(crate) use loom::sync::atomic;
 }
 
-#[path = "../src/op_end.rs"]
+#[path = "../../src/op_end.rs"]
 mod op_end;
 
 use loom::sync::Arc;

@@ -1,14 +1,8 @@
-//! Helpers shared by the synchronous-I/O test files (`driver_rows`, `sync_io`, `engine`):
-//! a small engine configuration, one driver per test over its own `cpu` device, temporary
-//! files, test data, and device-memory access.
-#![allow(dead_code, reason = "each test file uses a different subset")]
+//! Helpers of the synchronous-I/O tests (`sync`, `engine`, ...): a small engine
+//! configuration, one driver per test over its own `cpu` device, temporary files, test
+//! data, and device-memory access.
 
-#[allow(
-    clippy::duplicate_mod,
-    reason = "both support modules include it; a test crate may use both"
-)]
-#[path = "../common/page_cache.rs"]
-pub mod page_cache;
+pub use crate::page_cache;
 
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
@@ -23,12 +17,17 @@ use hipfile_runtime::device::StreamHandle;
 use hipfile_runtime::device::cpu::{CpuDevice, StreamGate};
 use hipfile_runtime::file::DirectPolicy;
 
+/// One KiB.
 pub const KIB: usize = 1 << 10;
+/// One MiB.
 pub const MIB: usize = 1 << 20;
+/// The staging chunk of [`config`]: requests above it split into chunks.
 pub const CHUNK: usize = 256 * KIB;
 /// Hang guard for anything that should finish.
 pub const HANG_GUARD: Duration = Duration::from_secs(20);
 
+/// A small engine on `cpus` (one executor each): 256 KiB chunks, 8 MiB of staging per
+/// executor, a 4 MiB pinned fallback cap, the `auto` O_DIRECT policy.
 pub fn config(cpus: &[usize]) -> Config {
     let config = Config {
         device: DeviceSelection::Cpu,
@@ -48,29 +47,35 @@ pub fn config(cpus: &[usize]) -> Config {
     config
 }
 
+/// A driver over a `cpu` device of its own (one device), not yet opened.
 pub fn driver_with(config: Config) -> (Arc<Driver>, Arc<CpuDevice>) {
     let device = CpuDevice::new(1);
     (Driver::new(config, device.clone()), device)
 }
 
+/// [`driver_with`] the [`config`] of CPUs 0 and 1.
 pub fn driver() -> (Arc<Driver>, Arc<CpuDevice>) {
     driver_with(config(&[0, 1]))
 }
 
+/// A directory on a disk file system (O_DIRECT works there).
 pub fn ext4_dir() -> PathBuf {
     std::env::temp_dir()
 }
 
+/// A tmpfs directory (no O_DIRECT: the engine takes the buffered path).
 pub fn tmpfs_dir() -> PathBuf {
     PathBuf::from("/dev/shm")
 }
 
 /// A file with a unique name, removed on drop.
 pub struct TempFile {
+    /// Where it is.
     pub path: PathBuf,
 }
 
 impl TempFile {
+    /// Creates the file in `dir` with `contents`.
     pub fn new(dir: &Path, contents: &[u8]) -> TempFile {
         static NEXT: AtomicUsize = AtomicUsize::new(0);
         let unique = NEXT.fetch_add(1, Ordering::Relaxed);
@@ -79,14 +84,17 @@ impl TempFile {
         TempFile { path }
     }
 
+    /// Opens it for reading and writing.
     pub fn open_rw(&self) -> File {
         self.open_with(OpenOptions::new().read(true).write(true))
     }
 
+    /// Opens it with `options`.
     pub fn open_with(&self, options: &mut OpenOptions) -> File {
         options.open(&self.path).expect("open test file")
     }
 
+    /// What the file holds now.
     pub fn contents(&self) -> Vec<u8> {
         std::fs::read(&self.path).expect("read test file")
     }

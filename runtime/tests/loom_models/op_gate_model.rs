@@ -11,7 +11,7 @@ mod sync {
     pub(crate) use loom::sync::{Mutex, MutexGuard};
 }
 
-#[path = "../src/op_gate.rs"]
+#[path = "../../src/op_gate.rs"]
 mod op_gate;
 
 use loom::sync::atomic::{AtomicUsize, Ordering};

@@ -20,13 +20,13 @@ use std::sync::Barrier;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use hipfile_core::{Direction, OpError, RawIo};
+use hipfile_core::{Direction, OpError};
 use hipfile_runtime::device::DeviceError;
 use hipfile_runtime::{Error, HandleId, IoError};
 
-mod sync_support;
 #[allow(unused_imports, reason = "not every helper is used by every file")]
-use sync_support::*;
+use hipfile_test_support::cpu_rig::*;
+use hipfile_test_support::raw;
 
 // ----------------------------------------------------------------------------------------
 // Helpers
@@ -34,10 +34,6 @@ use sync_support::*;
 
 fn err(code: OpError) -> Error {
     Error::new(code)
-}
-
-fn raw(size_bytes: usize, file_offset_bytes: i64, buffer_offset_bytes: i64) -> RawIo {
-    RawIo { size_bytes: size_bytes as u64, file_offset_bytes, buffer_offset_bytes }
 }
 
 // ----------------------------------------------------------------------------------------

@@ -1,7 +1,6 @@
 //! Dropping a file's pages from the page cache, for tests of the O_DIRECT path: a file
 //! the test wrote (or read) is cached, and under the `auto` policy a read of a range the
-//! cache holds entirely takes the cache instead of O_DIRECT. Included by both support
-//! modules (`sync_support`, `async_support`).
+//! cache holds entirely takes the cache instead of O_DIRECT.
 
 use std::os::fd::AsRawFd;
 

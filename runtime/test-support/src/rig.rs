@@ -1,4 +1,4 @@
-//! Helpers shared by the async integration tests (`async_*.rs`): a driver over a fresh
+//! A driver over a fresh
 //! device with a small engine, temporary files, device-memory access, hang guards.
 //!
 //! The backend is the one `HIPFILE_DEVICE` selects: `cpu` (the default) or `cuda` (on an
@@ -15,14 +15,8 @@
 //!
 //! Every blocking wait here has a 30 s watchdog: a test fails instead of hanging. Time is
 //! never asserted on otherwise.
-#![allow(dead_code, reason = "shared by several test crates; each uses a subset")]
 
-#[allow(
-    clippy::duplicate_mod,
-    reason = "both support modules include it; a test crate may use both"
-)]
-#[path = "../common/page_cache.rs"]
-pub mod page_cache;
+pub use crate::page_cache;
 
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
@@ -123,6 +117,12 @@ pub struct Rig {
     /// pinned memory synchronizes a CUDA device, which never finishes while a test holds
     /// a stream.
     staging: OnceLock<Pinned>,
+}
+
+impl Default for Rig {
+    fn default() -> Rig {
+        Rig::new()
+    }
 }
 
 impl Rig {
@@ -673,7 +673,7 @@ pub struct Rng(pub u64);
 
 impl Rng {
     /// The next 64 random bits.
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -683,7 +683,7 @@ impl Rng {
 
     /// Uniform in `0..n`.
     pub fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
+        (self.next_u64() % n as u64) as usize
     }
 
     /// Log-uniform in 1..=max.

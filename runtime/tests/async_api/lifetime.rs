@@ -6,13 +6,11 @@
 //! Panics on the engine's executor threads (named `hipfile-io-*`) do not fail a test by
 //! themselves, so a panic hook counts them.
 
-mod async_support;
-
 use std::sync::Once;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use async_support::*;
+use hipfile_test_support::rig::*;
 
 /// Panics seen on executor threads, and the first message.
 static EXECUTOR_PANICS: AtomicUsize = AtomicUsize::new(0);

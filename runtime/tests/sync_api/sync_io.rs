@@ -12,26 +12,18 @@ use std::path::Path;
 use std::sync::Arc;
 use std::thread;
 
-use hipfile_core::{Direction, OpError, RawIo, max_io_bytes};
+use hipfile_core::{Direction, OpError, max_io_bytes};
 use hipfile_runtime::api::{DeviceSpan, HipFile, RegisteredDeviceBuffer, RegisteredFile};
 use hipfile_runtime::file::{DirectPolicy, FileCounters};
 use hipfile_runtime::{Driver, Error, HandleId, IoError};
 
-mod sync_support;
 #[allow(unused_imports, reason = "not every helper is used by every file")]
-use sync_support::*;
+use hipfile_test_support::cpu_rig::*;
+use hipfile_test_support::raw;
 
 // ----------------------------------------------------------------------------------------
 // Helpers
 // ----------------------------------------------------------------------------------------
-
-fn raw(size_bytes: usize, file_offset_bytes: usize, buffer_offset_bytes: usize) -> RawIo {
-    RawIo {
-        size_bytes: size_bytes as u64,
-        file_offset_bytes: file_offset_bytes as i64,
-        buffer_offset_bytes: buffer_offset_bytes as i64,
-    }
-}
 
 /// The handle's O_DIRECT offset alignment, `None` (with a note) when the file got no
 /// O_DIRECT descriptor, in which case direct-path assertions are skipped.

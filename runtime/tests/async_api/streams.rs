@@ -3,15 +3,13 @@
 //! streams into one buffer (DESIGN.md "Decided behaviour": correct data, always),
 //! registration while ops are in flight, and large ops fanned out over executors.
 
-mod async_support;
-
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
-use async_support::*;
 use hipfile_core::Direction;
 use hipfile_runtime::device::StreamHandle;
 use hipfile_runtime::{AsyncArgs, AsyncParams, HandleId};
+use hipfile_test_support::rig::*;
 
 /// The A9 op count: hipFile's 127 on `cpu`; 40 on a GPU backend, where an enqueue
 /// blocks once about 55 of our ops wait behind a held stream (the submitting thread holds

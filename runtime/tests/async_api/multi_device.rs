@@ -5,14 +5,12 @@
 //! writing from buffers of every device. The `cpu` device exposes 4
 //! devices here (CI); on a GPU machine the same test runs on every GPU it has.
 
-mod async_support;
-
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 
-use async_support::*;
 use hipfile_core::{Direction, OpError, RawIo};
 use hipfile_runtime::AsyncParams;
+use hipfile_test_support::rig::*;
 
 /// Bytes each device loads (its shard of the file) and then writes back elsewhere.
 fn shard_bytes() -> usize {

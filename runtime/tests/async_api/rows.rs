@@ -7,16 +7,14 @@
 //! As in hipFile's `test/system/async.cpp`: file, buffer and I/O size are 1 MiB and the
 //! buffer is registered, unless a test says otherwise.
 
-mod async_support;
-
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use async_support::*;
 use hipfile_core::{Direction, OpError};
 use hipfile_runtime::device::StreamHandle;
 use hipfile_runtime::{AsyncArgs, AsyncParams, HandleId};
+use hipfile_test_support::rig::*;
 
 const SIZE: usize = MIB;
 

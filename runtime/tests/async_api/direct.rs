@@ -8,10 +8,8 @@
 //! buffered I/O!"), so the client's next `fsync` fails with EIO — and, rarely, the page
 //! cache keeps stale bytes over data the O_DIRECT write put on disk.
 
-mod async_support;
-
-use async_support::*;
 use hipfile_runtime::file::DirectPolicy;
+use hipfile_test_support::rig::*;
 
 /// Writes `size` bytes at `offset` `rounds` times from two alternating sources, checking
 /// the data after each round, and returns the client's `fsync` result.

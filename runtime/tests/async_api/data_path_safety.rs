@@ -6,21 +6,12 @@
 //! - canaries around every transfer: random unaligned reads and writes, sync and async,
 //!   never touch a byte outside their range, in device memory or in the file.
 
-mod async_support;
-
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd};
 
-use async_support::*;
-use hipfile_core::{Direction, OpError, RawIo};
+use hipfile_core::{Direction, OpError};
 use hipfile_runtime::error::IoError;
-
-fn raw(size: usize, file_offset: usize, buffer_offset: usize) -> RawIo {
-    RawIo {
-        size_bytes: size as u64,
-        file_offset_bytes: file_offset as i64,
-        buffer_offset_bytes: buffer_offset as i64,
-    }
-}
+use hipfile_test_support::raw;
+use hipfile_test_support::rig::*;
 
 #[test]
 fn a_stale_handle_never_reaches_a_file_that_reuses_its_descriptor_number() {

@@ -10,13 +10,11 @@
 //! Each case writes through both engine paths: O_DIRECT (page-aligned range on ext4) and
 //! buffered (unaligned range), checked by the file's counters.
 
-mod async_support;
-
 use std::fs::OpenOptions;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 
-use async_support::*;
 use hipfile_core::{Direction, RawIo};
+use hipfile_test_support::rig::*;
 
 const FILE_BYTES: usize = 8 * MIB;
 

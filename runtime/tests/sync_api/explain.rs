@@ -1,8 +1,6 @@
 //! "Why this path" (`Driver::explain_path`) and the one-time log lines when I/O leaves
 //! O_DIRECT: each choice is named with its cause, on the cpu device.
 
-mod sync_support;
-
 use std::os::fd::AsRawFd;
 use std::sync::{Mutex, OnceLock};
 
@@ -11,7 +9,7 @@ use hipfile_runtime::HandleId;
 use hipfile_runtime::config::Config;
 use hipfile_runtime::explain::PathExplanation;
 use hipfile_runtime::file::DirectPolicy;
-use sync_support::*;
+use hipfile_test_support::cpu_rig::*;
 
 /// Every log record of the process (this binary installs this logger once).
 fn records() -> &'static Mutex<Vec<(log::Level, String)>> {

@@ -6,20 +6,17 @@
 //! machine); the cases that hold entries in flight gate the cpu device's internal
 //! streams and skip elsewhere.
 
-mod async_support;
-mod sync_support;
-
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use async_support::*;
 use hipfile_core::{BatchEvent, BatchStatus, Direction, OpError};
 use hipfile_runtime::HandleId;
 use hipfile_runtime::batch::{Batch, BatchEntry};
 use hipfile_runtime::device::cpu::CpuDevice;
 use hipfile_runtime::device::cpu::StreamGate;
+use hipfile_test_support::rig::*;
 
 fn entry(
     direction: Direction,
@@ -68,7 +65,7 @@ fn hold_engine_copies(
         (0..8).map(|i| entry(Direction::Read, handle, buffer, 0, 0, 4096, i)).collect();
     warm.submit(&entries).unwrap();
     assert_eq!(collect(&warm, 8).len(), 8);
-    let gates = sync_support::gate_streams(cpu);
+    let gates = hipfile_test_support::cpu_rig::gate_streams(cpu);
     assert!(!gates.is_empty(), "the engine's streams exist after a read");
     gates
 }

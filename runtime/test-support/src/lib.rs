@@ -1,0 +1,37 @@
+//! Support shared by `hipfile-runtime`'s integration tests, as a library crate so that
+//! every test crate uses what it needs and nothing is compiled as dead code per crate.
+//!
+//! - [`rig`]: a driver over the backend `HIPFILE_DEVICE` selects (`cpu` by default,
+//!   `cuda` on an NVIDIA machine), stream and memory helpers, hang guards, children.
+//! - [`cpu_rig`]: drivers over a `cpu` device of their own, for the synchronous-I/O tests
+//!   that reach into the device (gates, host-visible device memory).
+//! - [`page_cache`]: dropping a file's cached pages, for tests of the O_DIRECT path.
+//! - [`raw`]: the one way tests spell a request's size and offsets.
+
+pub mod cpu_rig;
+pub mod page_cache;
+pub mod rig;
+
+use hipfile_core::RawIo;
+
+/// A request's size and offsets, as `hipFileRead`/`hipFileWrite` take them. The offsets
+/// are any integer that fits `hoff_t` (`i64`): negative ones are the invalid inputs some
+/// tests need, `usize` ones the offsets most tests compute.
+///
+/// # Panics
+/// When an offset does not fit in `i64`.
+pub fn raw(
+    size_bytes: usize,
+    file_offset_bytes: impl TryInto<i64>,
+    buffer_offset_bytes: impl TryInto<i64>,
+) -> RawIo {
+    RawIo {
+        size_bytes: size_bytes as u64,
+        file_offset_bytes: file_offset_bytes
+            .try_into()
+            .unwrap_or_else(|_| panic!("offset beyond i64")),
+        buffer_offset_bytes: buffer_offset_bytes
+            .try_into()
+            .unwrap_or_else(|_| panic!("offset beyond i64")),
+    }
+}
