@@ -180,6 +180,11 @@ impl RunArgs {
         self.mode.contains(&Mode::Batch)
     }
 
+    /// Whether `--mode` asks for the multi-GPU shard load.
+    pub fn is_shards(&self) -> bool {
+        self.mode.contains(&Mode::Shards)
+    }
+
     /// Whether `--mode` asks for the stream-count sweep.
     pub fn is_sweep(&self) -> bool {
         self.mode.contains(&Mode::Sweep)
@@ -258,6 +263,10 @@ pub enum Mode {
     /// async and sync paths and cuFile (sync with 8 threads, and its batch API); given
     /// alone. Ops per case: `--iterations`.
     Batch,
+    /// Several GPUs: every device loads its own shard file (`--file-size` each, default
+    /// 4G; 64M on the cpu device, where `HIPFILE_CPU_DEVICES` sets the device count) at
+    /// once, against one device alone and the pinned-copy ceiling; given alone.
+    Shards,
 }
 
 impl Mode {
@@ -270,6 +279,7 @@ impl Mode {
             Mode::Randwrite => "RANDWRITE",
             Mode::Sweep => "SWEEP",
             Mode::Batch => "BATCH",
+            Mode::Shards => "SHARDS",
         }
     }
 

@@ -18,6 +18,7 @@ mod mem;
 mod pattern;
 mod report;
 mod runner;
+mod shards;
 mod stats_view;
 mod svg;
 mod sweep;
@@ -45,7 +46,7 @@ fn main() -> ExitCode {
     // cuFile reads its environment when it loads: set it while the process has one thread.
     let cufile_json = match (&cli.command, cli.run.device) {
         (None, Some(DeviceArg::Cpu)) | (Some(_), _) => None,
-        (None, _) if cli.run.is_sweep() => None,
+        (None, _) if cli.run.is_sweep() || cli.run.is_shards() => None,
         (None, _) => cufile::prepare_environment(),
     };
     let result = match &cli.command {

@@ -21,8 +21,14 @@ pub struct DeviceBuf {
 impl DeviceBuf {
     /// Allocates `len` bytes on device 0.
     pub fn alloc(device: &Arc<dyn UserDevice>, len: usize) -> Result<DeviceBuf> {
-        let addr =
-            device.alloc_device(0, len).ctx(format!("allocating {len} bytes of device memory"))?;
+        DeviceBuf::alloc_on(device, 0, len)
+    }
+
+    /// Allocates `len` bytes on device `ordinal`.
+    pub fn alloc_on(device: &Arc<dyn UserDevice>, ordinal: u32, len: usize) -> Result<DeviceBuf> {
+        let addr = device
+            .alloc_device(ordinal, len)
+            .ctx(format!("allocating {len} bytes of memory on device {ordinal}"))?;
         Ok(DeviceBuf { device: Arc::clone(device), addr, len })
     }
 }
@@ -115,9 +121,18 @@ pub struct StreamSet {
 impl StreamSet {
     /// Creates `count` streams on device 0.
     pub fn create(device: &Arc<dyn UserDevice>, count: usize) -> Result<StreamSet> {
+        StreamSet::create_on(device, 0, count)
+    }
+
+    /// Creates `count` streams on device `ordinal`.
+    pub fn create_on(
+        device: &Arc<dyn UserDevice>,
+        ordinal: u32,
+        count: usize,
+    ) -> Result<StreamSet> {
         let mut set = StreamSet { device: Arc::clone(device), driver: None, handles: Vec::new() };
         for _ in 0..count {
-            set.handles.push(device.create_user_stream(0).ctx("creating a stream")?);
+            set.handles.push(device.create_user_stream(ordinal).ctx("creating a stream")?);
         }
         Ok(set)
     }

@@ -15,7 +15,7 @@ use crate::error::{Result, fail};
 use crate::latency::{self, LatencyReport};
 use crate::report::{self, Case, Row};
 use crate::workload::{self, Xfer, plan};
-use crate::{baselines, cufile, svg, sweep, sys};
+use crate::{baselines, cufile, shards, svg, sweep, sys};
 
 const MIB: u64 = 1 << 20;
 const PAGE: u64 = 4096;
@@ -479,6 +479,10 @@ fn describe_runs(args: &RunArgs, b: &Bench) {
 pub fn main(args: &RunArgs) -> Result<bool> {
     if args.is_sweep() {
         return sweep::main(args);
+    }
+    if args.is_shards() {
+        check_args(args)?;
+        return shards::main(args);
     }
     let started = std::time::Instant::now();
     check_args(args)?;

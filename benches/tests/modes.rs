@@ -1,7 +1,9 @@
-//! `hipfile-bench --mode sweep` through the built binary, on the cpu device: a small
-//! sweep passes (and lands in the JSON report), and a case that hangs on purpose
-//! (`--sweep-selftest-hang`) is reported as HANG, with the driver's pending report,
-//! within its time limit.
+//! `hipfile-bench`'s modes through the built binary, on the cpu device:
+//! - `--mode sweep`: a small sweep passes (and lands in the JSON report), and a case that
+//!   hangs on purpose (`--sweep-selftest-hang`) is reported as HANG, with the driver's
+//!   pending report, within its time limit;
+//! - `--mode shards`: four devices (`HIPFILE_CPU_DEVICES=4`) each load their own shard at
+//!   once, every byte verified, with the report's rows and ratios.
 
 use std::io::Read;
 use std::process::{Command, Output, Stdio};
@@ -13,11 +15,17 @@ const RUN_LIMIT: Duration = Duration::from_secs(300);
 /// Runs `hipfile-bench` on the cpu device with `args`; kills it and panics after
 /// [`RUN_LIMIT`] (the test itself must never hang). Returns its output and wall time.
 fn bench(args: &[&str]) -> (Output, Duration) {
+    bench_with(args, &[])
+}
+
+/// [`bench`] with extra environment variables.
+fn bench_with(args: &[&str], vars: &[(&str, &str)]) -> (Output, Duration) {
     let started = Instant::now();
     let mut child = Command::new(env!("CARGO_BIN_EXE_hipfile-bench"))
         .args(["--device", "cpu"])
         .args(args)
         .env("HIPFILE_DEVICE", "cpu")
+        .envs(vars.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -119,4 +127,37 @@ fn a_hanging_case_is_reported_as_hang_within_its_timeout() {
     assert!(stdout.contains("submitted 1, reached 0"), "{stdout}");
     // Two cases of 2 s each, plus the report's grace and the kill: far below a minute.
     assert!(elapsed < Duration::from_secs(60), "took {elapsed:?}");
+}
+
+#[test]
+fn four_devices_load_their_shards_at_once() {
+    let (output, _) = bench_with(
+        &[
+            "--mode",
+            "shards",
+            "--file-size",
+            "8M",
+            "--io-size",
+            "1M",
+            "--streams",
+            "2",
+            "--reps",
+            "1",
+            "--cold",
+        ],
+        &[("HIPFILE_CPU_DEVICES", "4")],
+    );
+    let (stdout, stderr) = (text(&output.stdout), text(&output.stderr));
+    assert!(output.status.success(), "shards failed:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("(4 device(s))"), "{stdout}");
+    for row in ["ONE (device 0 alone)", "ALL (every device at once)", "COPY_ALL"] {
+        assert!(stdout.contains(row), "missing row {row}:\n{stdout}");
+    }
+    for device in 0..4 {
+        assert!(stdout.contains(&format!("COPY_ONE (device {device} alone)")), "{stdout}");
+    }
+    assert!(!stdout.contains("FAILED") && !stdout.contains("WRONG"), "{stdout}");
+    for cache in ["hot: ALL", "cold: ALL"] {
+        assert!(stdout.contains(cache), "missing summary {cache}:\n{stdout}");
+    }
 }
