@@ -151,6 +151,10 @@ pub struct RunArgs {
     #[arg(long, value_delimiter = ',', default_value = "32,128",
           value_parser = clap::value_parser!(u32).range(1..=128))]
     pub batch_entries: Vec<u32>,
+    /// `--mode sweep`: spread each case's streams over every device (stream `s` on
+    /// device `s mod N`, each device with its own buffer); default: all on device 0.
+    #[arg(long)]
+    pub spread_devices: bool,
     /// `--mode sweep`, internal: run one case in this process (`read:24:mixed:4M:4`).
     #[arg(long, hide = true, value_name = "CASE")]
     pub sweep_case: Option<String>,

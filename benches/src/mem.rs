@@ -137,6 +137,21 @@ impl StreamSet {
         Ok(set)
     }
 
+    /// Creates `count` streams spread over `devices` devices: stream `i` on device
+    /// `i mod devices`.
+    pub fn create_spread(
+        device: &Arc<dyn UserDevice>,
+        count: usize,
+        devices: u32,
+    ) -> Result<StreamSet> {
+        let mut set = StreamSet { device: Arc::clone(device), driver: None, handles: Vec::new() };
+        for i in 0..count {
+            let ordinal = (i % devices.max(1) as usize) as u32;
+            set.handles.push(device.create_user_stream(ordinal).ctx("creating a stream")?);
+        }
+        Ok(set)
+    }
+
     /// Registers every stream with the driver (`hipFileStreamRegister(stream, flags)`).
     pub fn register(&mut self, driver: &Arc<Driver>, flags: u32) -> Result<()> {
         self.register_each(driver, |_| flags)

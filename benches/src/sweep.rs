@@ -354,6 +354,9 @@ impl Launcher {
         if args.sweep_selftest_hang {
             common.push("--sweep-selftest-hang".into());
         }
+        if args.spread_devices {
+            common.push("--spread-devices".into());
+        }
         Ok(Launcher { program, common, timeout: Duration::from_secs(args.case_timeout) })
     }
 

@@ -148,7 +148,7 @@ pub fn run(args: &RunArgs, text: &str) -> Result<bool> {
     };
     let env = open_env(args.device, args.threads, args.direct, &runner::file_dir(path))?;
     let watchdog = Watchdog::start(&env.driver);
-    let outcome = run_case(&env, path, size, &spec, args.sweep_selftest_hang);
+    let outcome = run_case(&env, path, size, &spec, args);
     drop(watchdog);
     let result = match outcome {
         Ok(seconds) => CaseResult { status: "PASS".into(), seconds: Some(seconds), detail: None },
@@ -164,27 +164,39 @@ pub fn run(args: &RunArgs, text: &str) -> Result<bool> {
     Ok(result.status == "PASS")
 }
 
-/// The case's streams and buffers. Fields drop in declaration order: the streams first
-/// (they synchronize), then the memory they used.
+/// The case's streams and buffers: one device buffer per device the streams are spread
+/// over (`--spread-devices`: stream `s` on device `s mod N`; else every stream on device
+/// 0). Fields drop in declaration order: the streams first (they synchronize), then the
+/// memory they used.
 struct Rig {
     streams: StreamSet,
     host: Pinned,
-    dev: DeviceBuf,
+    devs: Vec<DeviceBuf>,
 }
 
 impl Rig {
-    fn new(env: &Env, spec: &CaseSpec) -> Result<Rig> {
+    fn new(env: &Env, spec: &CaseSpec, spread: bool) -> Result<Rig> {
         let len = usize::try_from(spec.bytes()).ctx("case size")?;
-        let dev = DeviceBuf::alloc(&env.device, len)?;
-        env.driver.buf_register(dev.addr, spec.bytes(), 0).ctx("buf_register")?;
+        let devices = if spread { env.device.device_count().max(1) } else { 1 };
+        let mut devs = Vec::new();
+        for ordinal in 0..devices {
+            let dev = DeviceBuf::alloc_on(&env.device, ordinal, len)?;
+            env.driver.buf_register(dev.addr, spec.bytes(), 0).ctx("buf_register")?;
+            devs.push(dev);
+        }
         let host = Pinned::alloc(&env.device, len)?;
-        let mut streams = StreamSet::create(&env.device, spec.streams)?;
+        let mut streams = StreamSet::create_spread(&env.device, spec.streams, devices)?;
         streams.register_each(&env.driver, |s| spec.flags.of(s))?;
-        Ok(Rig { streams, host, dev })
+        Ok(Rig { streams, host, devs })
     }
 
     fn len(&self) -> usize {
-        self.dev.len
+        self.host.len()
+    }
+
+    /// The device buffer stream `s` moves data to or from (on that stream's device).
+    fn dev_of(&self, s: usize) -> &DeviceBuf {
+        &self.devs[s % self.devs.len()]
     }
 }
 
@@ -195,7 +207,7 @@ fn run_case(
     path: &Path,
     size: u64,
     spec: &CaseSpec,
-    hang: bool,
+    args: &RunArgs,
 ) -> std::result::Result<f64, RunError> {
     if spec.bytes() > size {
         return Err(RunError::Failed(format!("the case needs {} bytes of the file", spec.bytes())));
@@ -207,7 +219,7 @@ fn run_case(
         .handle_register(file.io.as_raw_fd())
         .ctx("handle_register")
         .map_err(failed("setup"))?;
-    let mut rig = Rig::new(env, spec).map_err(failed("setup"))?;
+    let mut rig = Rig::new(env, spec, args.spread_devices).map_err(failed("setup"))?;
     let plan = spec.plan();
     let params: Vec<Vec<Arc<AsyncParams>>> = (0..spec.streams)
         .map(|s| {
@@ -218,14 +230,15 @@ fn run_case(
         .collect();
     prepare(env, &file, &mut rig, spec)?;
     // Held (never opened) until the process is killed: the case hangs on purpose.
-    let _gates = if hang { pause_all(&env.device, &rig.streams)? } else { Vec::new() };
+    let _gates =
+        if args.sweep_selftest_hang { pause_all(&env.device, &rig.streams)? } else { Vec::new() };
     let timer = Timer::start();
     for (s, i) in round_robin(&plan) {
         env.driver
             .submit_async(
                 direction(spec.read),
                 handle,
-                rig.dev.addr,
+                rig.dev_of(s).addr,
                 &params[s][i],
                 rig.streams.handles[s],
             )
@@ -249,7 +262,10 @@ fn prepare(
 ) -> std::result::Result<(), RunError> {
     let len = rig.len();
     if spec.read {
-        return memset(&env.device, rig.dev.addr, POISON, len).map_err(failed("poison"));
+        for dev in &rig.devs {
+            memset(&env.device, dev.addr, POISON, len).map_err(failed("poison"))?;
+        }
+        return Ok(());
     }
     let host = &mut rig.host.bytes_mut()[..len];
     for (s, ops) in spec.plan().iter().enumerate() {
@@ -258,7 +274,9 @@ fn prepare(
             pattern::fill(&mut host[at..at + op.len], op.offset, FILE_SEED);
         }
     }
-    upload(&env.device, rig.dev.addr, &rig.host, len).map_err(failed("upload"))?;
+    for dev in &rig.devs {
+        upload(&env.device, dev.addr, &rig.host, len).map_err(failed("upload"))?;
+    }
     let host = &mut rig.host.bytes_mut()[..len];
     host.fill(POISON);
     pwrite_full(file.plain.as_raw_fd(), host, 0)
@@ -286,12 +304,25 @@ fn op_of(spec: &CaseSpec, offset: u64) -> String {
     format!("stream {} op {}", slot % spec.streams, slot / spec.streams)
 }
 
-/// Reads: every op's bytes in the device buffer against the file's pattern.
+/// Reads: every op's bytes in its stream's device buffer against the file's pattern.
 fn check_device(env: &Env, rig: &mut Rig, spec: &CaseSpec) -> std::result::Result<(), RunError> {
     let len = rig.len();
-    download(&env.device, &mut rig.host, rig.dev.addr, len).map_err(failed("download"))?;
-    let host = &rig.host.bytes()[..len];
-    for (s, ops) in spec.plan().iter().enumerate() {
+    for d in 0..rig.devs.len() {
+        let addr = rig.devs[d].addr;
+        download(&env.device, &mut rig.host, addr, len).map_err(failed("download"))?;
+        check_ops_of_device(&rig.host.bytes()[..len], spec, d, rig.devs.len())?;
+    }
+    Ok(())
+}
+
+/// The ops of the streams on device `d` (of `devices`), in `host` (that device's buffer).
+fn check_ops_of_device(
+    host: &[u8],
+    spec: &CaseSpec,
+    d: usize,
+    devices: usize,
+) -> std::result::Result<(), RunError> {
+    for (s, ops) in spec.plan().iter().enumerate().filter(|(s, _)| s % devices == d) {
         for (i, op) in ops.iter().enumerate() {
             let at = spec.buffer_offset(s, i) as usize;
             pattern::verify(&host[at..at + op.len], op.offset, FILE_SEED).map_err(|bad| {

@@ -2,6 +2,8 @@
 //! - `--mode sweep`: a small sweep passes (and lands in the JSON report), and a case that
 //!   hangs on purpose (`--sweep-selftest-hang`) is reported as HANG, with the driver's
 //!   pending report, within its time limit;
+//! - `--mode sweep --spread-devices`: the streams of each case spread over four devices
+//!   (`HIPFILE_CPU_DEVICES=4`), every byte verified;
 //! - `--mode shards`: four devices (`HIPFILE_CPU_DEVICES=4`) each load their own shard at
 //!   once, every byte verified, with the report's rows and ratios.
 
@@ -160,4 +162,27 @@ fn four_devices_load_their_shards_at_once() {
     for cache in ["hot: ALL", "cold: ALL"] {
         assert!(stdout.contains(cache), "missing summary {cache}:\n{stdout}");
     }
+}
+
+#[test]
+fn a_sweep_spread_over_four_devices_passes() {
+    let (output, _) = bench_with(
+        &[
+            "--mode",
+            "sweep",
+            "--spread-devices",
+            "--streams",
+            "3,8",
+            "--io-size",
+            "64K",
+            "--sweep-flags",
+            "mixed",
+            "--ops-per-stream",
+            "2",
+        ],
+        &[("HIPFILE_CPU_DEVICES", "4")],
+    );
+    let (stdout, stderr) = (text(&output.stdout), text(&output.stderr));
+    assert!(output.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(stdout.contains("sweep: 4 cases, 4 PASS, 0 HANG, 0 FAIL, 0 WRONG"), "{stdout}");
 }
