@@ -13,6 +13,7 @@ mod caller_thread;
 mod executor;
 mod part_results;
 mod parts;
+mod queue;
 mod staging;
 
 /// The primitives [`part_results`] is written against (loom's in its model test).
@@ -32,6 +33,7 @@ use crate::file::{FileHandle, OpGuard};
 pub(crate) use executor::spare_cores_for_spinning;
 pub(crate) use parts::PartJoiner;
 use parts::{combine, split_into_parts};
+pub use queue::JOB_QUEUE_CAPACITY;
 pub(crate) use staging::FallbackPool;
 
 /// Executor threads are named with this prefix and their index.
@@ -41,9 +43,6 @@ pub const EXECUTOR_THREAD_PREFIX: &str = "hipfile-io-";
 pub(crate) fn on_executor_thread() -> bool {
     std::thread::current().name().is_some_and(|name| name.starts_with(EXECUTOR_THREAD_PREFIX))
 }
-
-/// Capacity of each executor's job channel: senders block (backpressure) beyond it.
-pub const JOB_QUEUE_CAPACITY: usize = 1024;
 
 /// How a job ended, as the engine hands it to the job's `done` callback.
 pub(crate) struct JobEnd<'a> {
@@ -177,14 +176,8 @@ pub struct EngineStatsSnapshot {
     pub blocking_jobs: u64,
 }
 
-enum Request {
-    Io(IoJob),
-    /// Drop cached descriptors of files whose handles are gone.
-    Prune,
-}
-
 struct ExecutorLink {
-    sender: flume::Sender<Request>,
+    sender: queue::JobSender,
     thread: Option<ExecutorThread>,
 }
 
@@ -270,7 +263,7 @@ impl Engine {
         };
         let mut starting = Vec::with_capacity(config.executor_cpus.len());
         for (index, &cpu) in config.executor_cpus.iter().enumerate() {
-            let (sender, receiver) = flume::bounded(JOB_QUEUE_CAPACITY);
+            let (sender, receiver) = queue::job_queue();
             if io_uring.is_err() {
                 starting.push((index, sender, None));
                 continue;
@@ -316,7 +309,7 @@ impl Engine {
                 }
                 drop(sender);
             }
-            let (sender, receiver) = flume::bounded(JOB_QUEUE_CAPACITY);
+            let (sender, receiver) = queue::job_queue();
             let setup = blocking::BlockingSetup {
                 index,
                 device: Arc::clone(&device),
@@ -418,33 +411,19 @@ impl Engine {
         self.split(file_offset_bytes, len_bytes)
     }
 
-    /// Posts a job to executor `index % executor_count`. Blocks only when that executor's
-    /// queue holds [`JOB_QUEUE_CAPACITY`] jobs.
+    /// Posts a job to executor `index % executor_count`. A foreign thread blocks while
+    /// that executor's channel holds [`JOB_QUEUE_CAPACITY`] requests; an executor never
+    /// blocks (a deferred prefetch started by a finished op goes to the target's
+    /// overflow list: see [`queue`]).
     pub(crate) fn post(&self, index: usize, job: IoJob) {
         let link = &self.executors[index % self.executors.len()];
-        // A send fails only when the executor is gone (it panicked): dropping the job
-        // then runs its completion with hipFileInternalError, so nothing waits forever.
-        match link.sender.try_send(Request::Io(job)) {
-            Ok(()) | Err(flume::TrySendError::Disconnected(_)) => {}
-            // An executor posting (a deferred prefetch started by a finished op) must not
-            // block on a full queue it may itself have to drain: hand the send to a thread.
-            Err(flume::TrySendError::Full(request)) if on_executor_thread() => {
-                let sender = link.sender.clone();
-                let spawned = std::thread::Builder::new()
-                    .name("hipfile-post".into())
-                    .spawn(move || drop(sender.send(request)));
-                drop(spawned);
-            }
-            Err(flume::TrySendError::Full(request)) => {
-                let _ = link.sender.send(request);
-            }
-        }
+        link.sender.post(job, on_executor_thread());
     }
 
     /// Asks every executor to close descriptors of files whose handles are gone.
     pub(crate) fn prune_files(&self) {
         for link in &self.executors {
-            let _ = link.sender.try_send(Request::Prune);
+            link.sender.prune();
         }
     }
 

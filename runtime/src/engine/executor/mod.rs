@@ -26,8 +26,9 @@ use hipfile_core::{
     BufferSpan, DioAlignment, Direction, OpError, Outcome, PlanConfig, RawIo, StreamFlags, validate,
 };
 
+use super::queue::{JobReceiver, Received};
 use super::staging::{Arena, FallbackChunk, FallbackPool, StagingBudget};
-use super::{EngineStats, IoJob, Request};
+use super::{EngineStats, IoJob};
 use crate::device::{Device, DeviceError, InternalStream};
 use crate::fault::{Fault, Site};
 use crate::file::FileHandle;
@@ -47,7 +48,7 @@ pub(super) struct Setup {
     pub page_bytes: u64,
     /// Spin before parking ([`spare_cores_for_spinning`]).
     pub spin: bool,
-    pub receiver: flume::Receiver<Request>,
+    pub receiver: JobReceiver,
     /// Told once the executor runs (its io_uring and arena are set up).
     pub ready: flume::Sender<()>,
 }
@@ -119,9 +120,9 @@ impl Executor {
     async fn run(self: Rc<Self>) {
         self.open_utility_file().await;
         let _ = self.setup.ready.send(());
-        while let Ok(request) = self.setup.receiver.recv_async().await {
+        while let Some(request) = self.setup.receiver.recv_async().await {
             match request {
-                Request::Io(job) => {
+                Received::Io(job) => {
                     let me = Rc::clone(&self);
                     me.active_jobs.set(me.active_jobs.get() + 1);
                     glommio::spawn_local(async move {
@@ -130,7 +131,7 @@ impl Executor {
                     })
                     .detach();
                 }
-                Request::Prune => self.prune_files(),
+                Received::Prune => self.prune_files(),
             }
         }
         while self.active_jobs.get() > 0 || self.detached_copies.get() > 0 {
