@@ -40,9 +40,14 @@ impl Executor {
         .detach();
     }
     /// A copy was enqueued on `stream` but its event could not be recorded: wait for the
-    /// stream (blocking this executor; an error path) so that the copy no longer uses
-    /// `staging` before it is freed. If even that fails, `staging` is leaked rather than
-    /// freed under a copy that may still run.
+    /// stream so that the copy no longer uses `staging` before it is freed. If even that
+    /// fails, `staging` is leaked rather than freed under a copy that may still run.
+    ///
+    /// The one wait left on the reactor, on purpose: an error path of a failing device
+    /// (recording an event failed), and the stream is the executor's own internal one,
+    /// which only ever holds this executor's staging copies (never behind an application
+    /// stream), so the wait ends when those copies do. Moving it off the reactor would
+    /// send the stream, owned by this thread, to another one, for no gain.
     pub(super) fn settle_unrecorded_copy<T>(&self, stream: &InternalStream, staging: T) {
         if self.setup.device.synchronize_internal(stream).is_err() {
             std::mem::forget(staging);

@@ -9,7 +9,7 @@ use std::sync::{Arc, Weak};
 
 use glommio::io::{DmaFile, OpenOptions};
 
-use super::{Executor, glommio_errno, uring_refuses};
+use super::{Executor, glommio_errno, off_reactor, uring_refuses};
 use crate::file::FileHandle;
 use crate::sys;
 
@@ -75,14 +75,17 @@ impl Executor {
     /// EOPNOTSUPP. Before the first open on a device we let glommio probe a non-empty
     /// anonymous file in the same directory instead. If that cannot be created, reads
     /// that io_uring refuses are redone with blocking I/O (correct, slower).
-    async fn probe_device_once(&self, file: &FileHandle) {
+    async fn probe_device_once(&self, file: &Arc<FileHandle>) {
         let device_id = file.device_id();
         if !self.probed_devices.borrow_mut().insert(device_id) {
             return;
         }
         // Always probe a file we know has data: the user's file may be empty, start with
         // a hole, or be growing under a parallel write, and each of those fools the probe.
-        if let Some(probe) = NonEmptyTmpFile::beside(file.buffered_fd()) {
+        // Made off the reactor: it writes a block to the file system.
+        let owner = Arc::clone(file);
+        let probe = off_reactor(move || NonEmptyTmpFile::beside(owner.buffered_fd())).await;
+        if let Some(probe) = probe {
             let _ = OpenOptions::new().read(true).dma_open(proc_fd_path(probe.fd())).await;
         }
     }

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use glommio::io::DmaFile;
-use glommio::{LocalExecutorBuilder, Placement};
+use glommio::{LocalExecutorBuilder, Placement, PoolPlacement};
 use hipfile_core::{
     BufferSpan, DioAlignment, Direction, OpError, Outcome, PlanConfig, RawIo, StreamFlags, validate,
 };
@@ -72,6 +72,9 @@ pub(super) fn spawn(setup: Setup) -> glommio::Result<glommio::ExecutorJoinHandle
     builder
         .name(&format!("{}{}", super::EXECUTOR_THREAD_PREFIX, setup.index))
         .io_memory(setup.arena_bytes)
+        // The thread of `off_reactor`: unbound, so that it never waits for the core of
+        // an executor spinning before it parks (glommio's default binds it there).
+        .blocking_thread_pool_placement(PoolPlacement::Unbound(1))
         .spawn(move || async move { Executor::new(setup).run().await })
 }
 
@@ -142,6 +145,8 @@ impl Executor {
 
     fn teardown(&self) {
         for (ordinal, stream) in self.streams.borrow_mut().drain() {
+            // Blocks, at shutdown only: every job has ended, and the internal stream
+            // holds nothing but their last copies.
             let _ = self.setup.device.synchronize_internal(&stream);
             // Every job has finished (checked by `run`), so no job still holds the stream.
             match Rc::try_unwrap(stream) {
@@ -315,6 +320,16 @@ pub(super) fn os_outcome(error: &io::Error) -> Outcome {
     Outcome::OsError(os_errno(error))
 }
 
+/// Runs a blocking file call (`pread`/`pwrite` where io_uring cannot serve a chunk,
+/// creating the poll probe's file) on the executor's blocking thread (glommio's pool:
+/// one unbound thread per executor, see [`spawn`]), so that the reactor goes on serving
+/// every other job meanwhile. `work` must own the memory it reads or writes (moved in and
+/// handed back), never borrow it: if the awaiting task were dropped, the call would
+/// still run to its end.
+async fn off_reactor<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> T {
+    glommio::executor().spawn_blocking(work).await
+}
+
 /// An injected fault (crate::fault) before a chunk's io_uring read or write: the errno
 /// it fails with, or a delay; short and interrupted transfers are left to the
 /// `pread`/`pwrite` sites.
@@ -326,5 +341,41 @@ async fn injected_chunk_fault(site: Site) -> Result<(), i32> {
             Ok(())
         }
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A blocking call made through [`off_reactor`] runs on another thread while the
+    /// executor's other tasks go on (with the pool placement [`spawn`] uses).
+    #[test]
+    fn a_blocking_call_off_the_reactor_leaves_the_reactor_running() {
+        let spawned = LocalExecutorBuilder::new(Placement::Unbound)
+            .blocking_thread_pool_placement(PoolPlacement::Unbound(1))
+            .spawn(|| async {
+                let ticks = Rc::new(Cell::new(0u32));
+                let counter = Rc::clone(&ticks);
+                glommio::spawn_local(async move {
+                    loop {
+                        glommio::timer::sleep(Duration::from_millis(1)).await;
+                        counter.set(counter.get() + 1);
+                    }
+                })
+                .detach();
+                let reactor = std::thread::current().id();
+                let elsewhere = off_reactor(move || {
+                    std::thread::sleep(Duration::from_millis(100));
+                    std::thread::current().id() != reactor
+                })
+                .await;
+                (ticks.get(), elsewhere)
+            });
+        // Without io_uring (a seccomp profile) glommio cannot start: nothing to check.
+        let Ok(executor) = spawned else { return };
+        let (ticks, elsewhere) = executor.join().expect("executor");
+        assert!(elsewhere, "the blocking call ran on the reactor's thread");
+        assert!(ticks >= 5, "the reactor ran {ticks} timer ticks during a 100 ms blocking call");
     }
 }

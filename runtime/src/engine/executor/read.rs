@@ -11,7 +11,9 @@ use hipfile_core::{Chunk, ChunkMode, Direction, OpError, Outcome};
 
 use super::copies::InFlightCopy;
 use super::files::OpenFiles;
-use super::{Executor, JobRange, glommio_errno, injected_chunk_fault, os_errno, uring_refuses};
+use super::{
+    Executor, JobRange, glommio_errno, injected_chunk_fault, off_reactor, os_errno, uring_refuses,
+};
 use crate::device::{DeviceError, InternalStream};
 use crate::engine::EngineStats;
 use crate::engine::staging::{FallbackChunk, StagingShare};
@@ -159,7 +161,7 @@ impl Executor {
     async fn read_chunk(
         &self,
         files: &OpenFiles,
-        file: &FileHandle,
+        file: &Arc<FileHandle>,
         chunk: Chunk,
     ) -> Result<Staging, i32> {
         let len = chunk.len_bytes as usize;
@@ -172,7 +174,7 @@ impl Executor {
             };
             injected_chunk_fault(Site::ChunkRead).await?;
             match dma.read_at_aligned(chunk.file_offset_bytes, len).await {
-                Ok(result) => return self.complete_short_read(files, file, chunk, result).await,
+                Ok(result) => return self.complete_short_read(file, chunk, result).await,
                 Err(error) => {
                     let errno = glommio_errno(error);
                     if !uring_refuses(errno) {
@@ -185,19 +187,26 @@ impl Executor {
         EngineStats::add(&self.setup.stats.sync_retry_chunks, 1);
         crate::stats::count_sync_retry_chunk();
         let staging = self.take_fallback().await.map_err(|_| libc::ENOMEM)?;
-        let fd = file.buffered_fd();
-        // SAFETY: the fallback chunk is `chunk_bytes` long, >= len, and exclusively ours.
-        let target = unsafe { std::slice::from_raw_parts_mut(staging.as_mut_ptr(), len) };
-        let got = pread_full(fd, target, chunk.file_offset_bytes).map_err(|e| os_errno(&e))?;
+        let (file, offset) = (Arc::clone(file), chunk.file_offset_bytes);
+        let (staging, got) = off_reactor(move || {
+            // SAFETY: the fallback chunk is `chunk_bytes` long, >= len, and exclusively
+            // ours (moved into this call, which hands it back).
+            let target = unsafe { std::slice::from_raw_parts_mut(staging.as_mut_ptr(), len) };
+            let got = pread_full(file.buffered_fd(), target, offset);
+            (staging, got)
+        })
+        .await;
+        let got = got.map_err(|e| os_errno(&e))?;
         Ok(Staging::Fallback(staging.with_valid_len(got)))
     }
 
     /// io_uring may return fewer bytes than asked before EOF (rare for files); finish the
-    /// chunk with a blocking read of the rest into fallback staging in that case.
+    /// chunk with a blocking read of the rest into fallback staging in that case, off the
+    /// reactor. (The size check is a `statx` of an open file, answered from its inode
+    /// without waiting for the disk, as `plan`'s page-cache query is.)
     async fn complete_short_read(
         &self,
-        _files: &OpenFiles,
-        file: &FileHandle,
+        file: &Arc<FileHandle>,
         chunk: Chunk,
         result: ReadResult,
     ) -> Result<Staging, i32> {
@@ -213,12 +222,18 @@ impl Executor {
         let len = chunk.len_bytes as usize;
         // SAFETY: the fallback chunk holds `chunk_bytes` >= len bytes and is ours alone;
         // `result` holds `got` readable bytes.
-        let target = unsafe {
-            sys::copy_bytes(staging.as_mut_ptr(), result.as_ptr(), got);
-            std::slice::from_raw_parts_mut(staging.as_mut_ptr().add(got), len - got)
-        };
-        let rest = pread_full(file.buffered_fd(), target, chunk.file_offset_bytes + got as u64)
-            .map_err(|e| os_errno(&e))?;
+        unsafe { sys::copy_bytes(staging.as_mut_ptr(), result.as_ptr(), got) };
+        drop(result);
+        let (file, offset) = (Arc::clone(file), chunk.file_offset_bytes + got as u64);
+        let (staging, rest) = off_reactor(move || {
+            // SAFETY: as above; the chunk is moved into this call, which hands it back.
+            let target =
+                unsafe { std::slice::from_raw_parts_mut(staging.as_mut_ptr().add(got), len - got) };
+            let rest = pread_full(file.buffered_fd(), target, offset);
+            (staging, rest)
+        })
+        .await;
+        let rest = rest.map_err(|e| os_errno(&e))?;
         Ok(Staging::Fallback(staging.with_valid_len(got + rest)))
     }
 

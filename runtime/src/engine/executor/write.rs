@@ -11,7 +11,9 @@ use hipfile_core::{Chunk, ChunkMode, Direction, OpError, Outcome};
 
 use super::copies::InFlightCopy;
 use super::files::OpenFiles;
-use super::{Executor, JobRange, glommio_errno, injected_chunk_fault, os_errno, uring_refuses};
+use super::{
+    Executor, JobRange, glommio_errno, injected_chunk_fault, off_reactor, os_errno, uring_refuses,
+};
 use crate::device::{DeviceError, EventHandle, InternalStream};
 use crate::engine::EngineStats;
 use crate::engine::staging::{FallbackChunk, StagingShare};
@@ -193,26 +195,28 @@ impl Executor {
     async fn write_chunk(
         &self,
         files: &OpenFiles,
-        file: &FileHandle,
+        file: &Arc<FileHandle>,
         chunk: Chunk,
         staging: WriteStaging,
     ) -> Result<usize, i32> {
         let len = chunk.len_bytes as usize;
-        let buffer = Rc::new(match staging {
-            WriteStaging::Arena(buffer) => buffer,
-            WriteStaging::Fallback(mut buffer, memory) => {
-                // SAFETY: the copy into `memory` completed (its event was waited for);
-                // both hold at least `len` bytes and do not overlap.
-                unsafe {
-                    sys::copy_bytes(buffer.as_bytes_mut().as_mut_ptr(), memory.as_mut_ptr(), len)
-                };
-                buffer
-            }
-        });
-        let mut written = 0;
-        if !files.uring_refused.get()
-            && let Some(buffered) = &files.buffered
+        let (mut buffer, mut memory) = match staging {
+            WriteStaging::Arena(buffer) => (buffer, None),
+            WriteStaging::Fallback(buffer, memory) => (buffer, Some(memory)),
+        };
+        let uring = files.buffered.as_ref().filter(|_| !files.uring_refused.get());
+        if uring.is_some()
+            && let Some(memory) = memory.take()
         {
+            // SAFETY: the copy into `memory` completed (its event was waited for); both
+            // hold at least `len` bytes and do not overlap.
+            unsafe {
+                sys::copy_bytes(buffer.as_bytes_mut().as_mut_ptr(), memory.as_mut_ptr(), len)
+            };
+        }
+        let buffer = Rc::new(buffer);
+        let mut written = 0;
+        if let Some(buffered) = uring {
             let dma = match (chunk.mode, &files.direct) {
                 (ChunkMode::Direct, Some(direct)) => direct,
                 _ => buffered,
@@ -233,9 +237,37 @@ impl Executor {
         }
         EngineStats::add(&self.setup.stats.sync_retry_chunks, 1);
         crate::stats::count_sync_retry_chunk();
-        let rest = &buffer.as_bytes()[written..len];
-        let offset = chunk.file_offset_bytes + written as u64;
-        Ok(written + pwrite_full(file.buffered_fd(), rest, offset).map_err(|e| os_errno(&e))?)
+        // The rest goes through `pwrite` off the reactor, from pinned memory the call owns
+        // (a DMA buffer cannot leave this thread): the fallback chunk the device copied
+        // into, or one the rest is copied into.
+        let memory = match memory {
+            Some(memory) => memory,
+            None => {
+                let rest = self.take_fallback().await.map_err(|_| libc::ENOMEM)?;
+                // SAFETY: both hold at least `len` bytes and do not overlap; the fallback
+                // chunk is ours.
+                unsafe {
+                    sys::copy_bytes(
+                        rest.as_mut_ptr().add(written),
+                        buffer.as_bytes()[written..].as_ptr(),
+                        len - written,
+                    )
+                };
+                rest
+            }
+        };
+        drop(buffer);
+        let (file, offset) = (Arc::clone(file), chunk.file_offset_bytes + written as u64);
+        let rest = off_reactor(move || {
+            // SAFETY: bytes `written..len` of the chunk are in `memory`, which is moved
+            // into this call and dropped at its end.
+            let rest = unsafe {
+                std::slice::from_raw_parts(memory.as_mut_ptr().add(written), len - written)
+            };
+            pwrite_full(file.buffered_fd(), rest, offset)
+        })
+        .await;
+        Ok(written + rest.map_err(|e| os_errno(&e))?)
     }
 }
 
