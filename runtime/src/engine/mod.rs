@@ -3,10 +3,12 @@
 //!
 //! Foreign threads (callers, device callback threads) hand jobs over through a bounded
 //! `flume` channel per executor; the executor awaits it (`recv_async`), so an idle
-//! executor parks in io_uring and burns no CPU. Every job is a byte range of one file
-//! and one device buffer; the executor plans it in chunks (`hipfile_core::PlanConfig`),
-//! reads or writes each chunk through io_uring (O_DIRECT where aligned), and moves it
-//! across PCIe on its internal stream, with disk and copies overlapped.
+//! executor parks in io_uring and burns no CPU. A full channel blocks foreign senders;
+//! executors' own posts go to an overflow list instead ([`queue`]). Every job is a byte
+//! range of one file and one device buffer; the executor plans it in chunks
+//! (`hipfile_core::PlanConfig`), reads or writes each chunk through io_uring (O_DIRECT
+//! where aligned), and moves it across PCIe on its internal stream, with disk and copies
+//! overlapped.
 
 mod blocking;
 mod caller_thread;
