@@ -15,8 +15,9 @@ use std::time::Duration;
 
 use hipfile_core::{ChunkMode, Direction, OpError};
 
+use super::queue::{JobReceiver, Received};
 use super::staging::{FallbackChunk, FallbackPool};
-use super::{EngineStats, IoJob, Outcome, Request, executor};
+use super::{EngineStats, IoJob, Outcome, executor};
 use crate::device::{Device, DeviceError, InternalStream};
 
 /// How often waiting prefetches are looked at while no job arrives.
@@ -31,7 +32,7 @@ pub(super) struct BlockingSetup {
     pub fallback: Arc<FallbackPool>,
     pub stats: Arc<EngineStats>,
     pub chunk_bytes: usize,
-    pub receiver: flume::Receiver<Request>,
+    pub receiver: JobReceiver,
 }
 
 /// Starts the thread (named like the executors, so the device layer treats it as one).
@@ -51,21 +52,14 @@ impl BlockingExecutor {
         let mut gated: Vec<IoJob> = Vec::new();
         loop {
             self.start_reached(&mut gated);
-            let request = if gated.is_empty() {
-                self.setup.receiver.recv().map_err(|_| ())
-            } else {
-                match self.setup.receiver.recv_timeout(GATE_POLL) {
-                    Ok(request) => Ok(request),
-                    Err(flume::RecvTimeoutError::Timeout) => continue,
-                    Err(flume::RecvTimeoutError::Disconnected) => Err(()),
-                }
-            };
-            match request {
-                Err(()) => break,
-                Ok(Request::Io(job)) if job.arm_gate.is_some() => gated.push(job),
-                Ok(Request::Io(job)) => self.run_job(job),
+            let timeout = if gated.is_empty() { None } else { Some(GATE_POLL) };
+            match self.setup.receiver.recv_timeout(timeout) {
+                Err(true) => break,
+                Err(false) => continue,
+                Ok(Received::Io(job)) if job.arm_gate.is_some() => gated.push(job),
+                Ok(Received::Io(job)) => self.run_job(job),
                 // Nothing cached: every job uses the handle's own descriptor.
-                Ok(Request::Prune) => {}
+                Ok(Received::Prune) => {}
             }
         }
         // Jobs still waiting for their stream end with hipFileInternalError when dropped

@@ -3,14 +3,19 @@
 //!
 //! Foreign threads (callers, device callback threads) hand jobs over through a bounded
 //! `flume` channel per executor; the executor awaits it (`recv_async`), so an idle
-//! executor parks in io_uring and burns no CPU. Every job is a byte range of one file
-//! and one device buffer; the executor plans it in chunks (`hipfile_core::PlanConfig`),
-//! reads or writes each chunk through io_uring (O_DIRECT where aligned), and moves it
-//! across PCIe on its internal stream, with disk and copies overlapped.
+//! executor parks in io_uring and burns no CPU. A full channel blocks foreign senders;
+//! executors' own posts go to an overflow list instead ([`queue`]). Every job is a byte
+//! range of one file and one device buffer; the executor plans it in chunks
+//! (`hipfile_core::PlanConfig`), reads or writes each chunk through io_uring (O_DIRECT
+//! where aligned), and moves it across PCIe on its internal stream, with disk and copies
+//! overlapped.
 
 mod blocking;
+mod caller_thread;
 mod executor;
 mod part_results;
+mod parts;
+mod queue;
 mod staging;
 
 /// The primitives [`part_results`] is written against (loom's in its model test).
@@ -21,15 +26,16 @@ mod sync {
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use std::os::fd::RawFd;
-
-use hipfile_core::{ChunkMode, Direction, OpError, Outcome};
+use hipfile_core::{Direction, OpError, Outcome};
 
 use crate::config::Config;
 use crate::device::{Device, DeviceError, InternalStream};
 use crate::file::{FileHandle, OpGuard};
 
 pub(crate) use executor::spare_cores_for_spinning;
+pub(crate) use parts::PartJoiner;
+use parts::{combine, split_into_parts};
+pub use queue::JOB_QUEUE_CAPACITY;
 pub(crate) use staging::FallbackPool;
 
 /// Executor threads are named with this prefix and their index.
@@ -39,9 +45,6 @@ pub const EXECUTOR_THREAD_PREFIX: &str = "hipfile-io-";
 pub(crate) fn on_executor_thread() -> bool {
     std::thread::current().name().is_some_and(|name| name.starts_with(EXECUTOR_THREAD_PREFIX))
 }
-
-/// Capacity of each executor's job channel: senders block (backpressure) beyond it.
-pub const JOB_QUEUE_CAPACITY: usize = 1024;
 
 /// How a job ended, as the engine hands it to the job's `done` callback.
 pub(crate) struct JobEnd<'a> {
@@ -175,14 +178,8 @@ pub struct EngineStatsSnapshot {
     pub blocking_jobs: u64,
 }
 
-enum Request {
-    Io(IoJob),
-    /// Drop cached descriptors of files whose handles are gone.
-    Prune,
-}
-
 struct ExecutorLink {
-    sender: flume::Sender<Request>,
+    sender: queue::JobSender,
     thread: Option<ExecutorThread>,
 }
 
@@ -268,7 +265,7 @@ impl Engine {
         };
         let mut starting = Vec::with_capacity(config.executor_cpus.len());
         for (index, &cpu) in config.executor_cpus.iter().enumerate() {
-            let (sender, receiver) = flume::bounded(JOB_QUEUE_CAPACITY);
+            let (sender, receiver) = queue::job_queue();
             if io_uring.is_err() {
                 starting.push((index, sender, None));
                 continue;
@@ -314,7 +311,7 @@ impl Engine {
                 }
                 drop(sender);
             }
-            let (sender, receiver) = flume::bounded(JOB_QUEUE_CAPACITY);
+            let (sender, receiver) = queue::job_queue();
             let setup = blocking::BlockingSetup {
                 index,
                 device: Arc::clone(&device),
@@ -416,33 +413,19 @@ impl Engine {
         self.split(file_offset_bytes, len_bytes)
     }
 
-    /// Posts a job to executor `index % executor_count`. Blocks only when that executor's
-    /// queue holds [`JOB_QUEUE_CAPACITY`] jobs.
+    /// Posts a job to executor `index % executor_count`. A foreign thread blocks while
+    /// that executor's channel holds [`JOB_QUEUE_CAPACITY`] requests; an executor never
+    /// blocks (a deferred prefetch started by a finished op goes to the target's
+    /// overflow list: see [`queue`]).
     pub(crate) fn post(&self, index: usize, job: IoJob) {
         let link = &self.executors[index % self.executors.len()];
-        // A send fails only when the executor is gone (it panicked): dropping the job
-        // then runs its completion with hipFileInternalError, so nothing waits forever.
-        match link.sender.try_send(Request::Io(job)) {
-            Ok(()) | Err(flume::TrySendError::Disconnected(_)) => {}
-            // An executor posting (a deferred prefetch started by a finished op) must not
-            // block on a full queue it may itself have to drain: hand the send to a thread.
-            Err(flume::TrySendError::Full(request)) if on_executor_thread() => {
-                let sender = link.sender.clone();
-                let spawned = std::thread::Builder::new()
-                    .name("hipfile-post".into())
-                    .spawn(move || drop(sender.send(request)));
-                drop(spawned);
-            }
-            Err(flume::TrySendError::Full(request)) => {
-                let _ = link.sender.send(request);
-            }
-        }
+        link.sender.post(job, on_executor_thread());
     }
 
     /// Asks every executor to close descriptors of files whose handles are gone.
     pub(crate) fn prune_files(&self) {
         for link in &self.executors {
-            let _ = link.sender.try_send(Request::Prune);
+            link.sender.prune();
         }
     }
 
@@ -492,104 +475,6 @@ impl Engine {
         combine(request.direction, &parts, &results)
     }
 
-    /// A request of at most one chunk, moved on the calling thread: `pread`/`pwrite`
-    /// with a pinned fallback chunk and one device copy ([`Device::copy_now`]). An
-    /// executor would do the same work for it, one chunk with nothing to overlap, and
-    /// the two hand-offs between threads cost more than the work for small requests
-    /// (4 KiB on the H200: ~75 µs through an executor, against ~10 µs for `pread` + copy).
-    /// `None` when the request is larger, the device cannot copy on the caller's thread,
-    /// no fallback chunk is free, or the copy fails (as inside a stream callback, where
-    /// CUDA forbids synchronizing; nothing was written then, and a read may be read
-    /// again): the executors take the request then, and report real device errors.
-    fn run_on_caller_thread(
-        &self,
-        request: &SyncRequest,
-    ) -> Option<(Outcome, Option<DeviceError>)> {
-        let len = usize::try_from(request.len_bytes).ok()?;
-        if len == 0 || len > self.chunk_bytes || !self.device.copies_on_caller_thread() {
-            return None;
-        }
-        let Ok(guard) = request.file.begin_op() else {
-            return Some((Outcome::Library(OpError::HandleNotRegistered), None));
-        };
-        let chunk = self.fallback.try_take().ok()??;
-        let (fd, mode) = self.caller_thread_descriptor(request);
-        let host = chunk.as_mut_ptr();
-        // Read once: an op submitted meanwhile never waits on this copy (its release
-        // depends only on engine copies, which always take the safe path), so a stall of
-        // a direct copy behind it would end when it is released.
-        let ops_may_hold_streams = self.async_ops_alive() > 0;
-        let copy = |direction, len_bytes| {
-            crate::fault::device_fault(crate::fault::Site::DeviceCopy)?;
-            // SAFETY: `host` is a pinned fallback chunk of chunk_bytes >= len_bytes, ours
-            // until dropped below; the device range lies in the validated request.
-            unsafe {
-                self.device.copy_now(
-                    request.device_ordinal,
-                    direction,
-                    request.device_addr,
-                    host,
-                    len_bytes,
-                    ops_may_hold_streams,
-                )
-            }
-        };
-        let moved = match request.direction {
-            Direction::Read => {
-                // SAFETY: the chunk is ours and holds chunk_bytes >= len bytes.
-                let target = unsafe { std::slice::from_raw_parts_mut(host, len) };
-                match crate::file::pread_full(fd, target, request.file_offset_bytes) {
-                    Ok(got) if got > 0 && copy(Direction::Read, got).is_err() => return None,
-                    result => result,
-                }
-            }
-            Direction::Write => {
-                copy(Direction::Write, len).ok()?;
-                // SAFETY: the copy filled `len` bytes of the chunk.
-                let source = unsafe { std::slice::from_raw_parts(host, len) };
-                crate::file::pwrite_full(fd, source, request.file_offset_bytes)
-            }
-        };
-        drop(chunk);
-        drop(guard);
-        EngineStats::add(&self.stats.caller_thread_requests, 1);
-        crate::stats::count_caller_thread_request();
-        if ops_may_hold_streams {
-            EngineStats::add(&self.stats.caller_thread_requests_beside_ops, 1);
-        }
-        Some(match moved {
-            Ok(bytes) => {
-                request.file.record_bytes(request.direction, mode, bytes as u64);
-                (Outcome::Bytes(bytes as u64), None)
-            }
-            Err(error) => (executor::os_outcome(&error), None),
-        })
-    }
-
-    /// The descriptor a caller-thread request uses: O_DIRECT when the file has one and
-    /// the whole request is aligned as the executors' plan would require (offsets to the
-    /// page and the file's DIO alignment, the length to the DIO alignment) and, for a
-    /// read, the page cache does not hold the whole range
-    /// ([`FileHandle::read_hits_page_cache`]); else the buffered one.
-    fn caller_thread_descriptor(&self, request: &SyncRequest) -> (RawFd, ChunkMode) {
-        let file = &request.file;
-        if let (Some(fd), Some(dio)) = (file.direct_fd(), file.dio_alignment()) {
-            let offset_align = dio.offset_bytes.max(self.page_bytes);
-            // Fallback chunks are page-aligned pinned memory.
-            let aligned = request.file_offset_bytes.is_multiple_of(offset_align)
-                && request.len_bytes.is_multiple_of(dio.offset_bytes)
-                && dio.memory_bytes <= self.page_bytes;
-            if !aligned {
-                file.note_unaligned_request(request.file_offset_bytes, request.len_bytes);
-            } else if request.direction == Direction::Write
-                || !file.read_hits_page_cache(request.file_offset_bytes, request.len_bytes)
-            {
-                return (fd, ChunkMode::Direct);
-            }
-        }
-        (file.buffered_fd(), ChunkMode::Buffered)
-    }
-
     /// Splits `[file_offset, file_offset + len)` into up to `request_parallelism`
     /// parts (offsets relative to the request) whose inner boundaries fall on multiples
     /// of the chunk size in the *file*, so each part keeps O_DIRECT alignment.
@@ -597,42 +482,6 @@ impl Engine {
         let parallel = self.request_parallelism.min(self.executors.len());
         split_into_parts(file_offset_bytes, len_bytes, self.chunk_bytes as u64, parallel)
     }
-}
-
-/// Splits `len_bytes` at `file_offset_bytes` into at most `parallel` parts of whole
-/// chunks (`chunk_bytes`-aligned in the file), as even as chunks allow: the first parts
-/// get one chunk more than the rest. Returns `(offset in the request, length)` pairs in
-/// order; one empty part for an empty request.
-///
-/// A 16 MiB request on 14 executors becomes 2 parts of 2 chunks and 12 of 1, so every
-/// executor takes a share (not 8 parts of 2 MiB, as rounding one part size up to whole
-/// chunks would give).
-fn split_into_parts(
-    file_offset_bytes: u64,
-    len_bytes: u64,
-    chunk_bytes: u64,
-    parallel: usize,
-) -> Vec<(u64, u64)> {
-    if len_bytes == 0 {
-        return vec![(0, 0)];
-    }
-    let file_end = file_offset_bytes + len_bytes;
-    let first_chunk = file_offset_bytes / chunk_bytes;
-    let chunks = file_end.div_ceil(chunk_bytes) - first_chunk;
-    let parts = chunks.min(parallel.max(1) as u64);
-    let (base, extra) = (chunks / parts, chunks % parts);
-    // Offset in the request of the boundary after `index` chunks.
-    let boundary = |index: u64| {
-        ((first_chunk + index) * chunk_bytes).clamp(file_offset_bytes, file_end) - file_offset_bytes
-    };
-    let mut result = Vec::with_capacity(parts as usize);
-    let mut chunk_index = 0;
-    for part in 0..parts {
-        let start = boundary(chunk_index);
-        chunk_index += base + u64::from(part < extra);
-        result.push((start, boundary(chunk_index) - start));
-    }
-    result
 }
 
 /// A synchronous request for [`Engine::run_sync`].
@@ -644,68 +493,6 @@ pub(crate) struct SyncRequest {
     pub len_bytes: u64,
     pub device_ordinal: u32,
     pub executor_hint: usize,
-}
-
-/// The result of a request split into `parts` (offset, length) from the results of its
-/// parts in part order: the bytes up to the first short part; the first failure, except
-/// that a write whose earlier parts wrote bytes reports them (as `pwrite` does when the
-/// disk fills: a short count, the error only when nothing was written).
-pub(crate) fn combine(
-    direction: Direction,
-    parts: &[(u64, u64)],
-    results: &[(usize, Outcome, Option<DeviceError>)],
-) -> (Outcome, Option<DeviceError>) {
-    let mut total = 0;
-    for (&(_, len), &(_, outcome, device_error)) in parts.iter().zip(results) {
-        match outcome {
-            Outcome::Bytes(n) => {
-                total += n;
-                if n < len {
-                    return (Outcome::Bytes(total), None);
-                }
-            }
-            Outcome::OsError(_) if direction == Direction::Write && total > 0 => {
-                return (Outcome::Bytes(total), None);
-            }
-            failure => return (failure, device_error),
-        }
-    }
-    if results.len() < parts.len() {
-        return (Outcome::Library(OpError::InternalError), None);
-    }
-    (Outcome::Bytes(total), None)
-}
-
-/// One part's result.
-pub(crate) type PartResult = (Outcome, Option<DeviceError>);
-
-/// Joins the results of a request split over several executors ([`Engine::parts`]).
-pub(crate) struct PartJoiner {
-    direction: Direction,
-    parts: Vec<(u64, u64)>,
-    results: part_results::PartResults<PartResult>,
-}
-
-impl PartJoiner {
-    /// A joiner for a request split into `parts`.
-    pub(crate) fn new(direction: Direction, parts: Vec<(u64, u64)>) -> PartJoiner {
-        let results = part_results::PartResults::new(parts.len());
-        PartJoiner { direction, parts, results }
-    }
-
-    /// Records part `index`; returns the combined result ([`combine`]) to the part that
-    /// was the last.
-    pub(crate) fn part_done(
-        &self,
-        index: usize,
-        outcome: Outcome,
-        device_error: Option<DeviceError>,
-    ) -> Option<PartResult> {
-        let all = self.results.record(index, (outcome, device_error))?;
-        let in_order: Vec<(usize, Outcome, Option<DeviceError>)> =
-            all.into_iter().enumerate().map(|(index, (o, e))| (index, o, e)).collect();
-        Some(combine(self.direction, &self.parts, &in_order))
-    }
 }
 
 impl Drop for Engine {
@@ -741,82 +528,5 @@ fn raise_memlock_limit(config: &Config) {
              lower HIPFILE_STAGING_MB / HIPFILE_THREADS."
         ),
         Err(error) => log::warn!("cannot read RLIMIT_MEMLOCK: {error}"),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use proptest::prelude::*;
-
-    use super::*;
-
-    const MIB: u64 = 1 << 20;
-
-    #[test]
-    fn a_16_mib_request_uses_every_executor_up_to_its_chunk_count() {
-        let sizes = |parts: Vec<(u64, u64)>| -> Vec<u64> {
-            parts.iter().map(|&(_, len)| len / MIB).collect()
-        };
-        let split = |parallel| sizes(split_into_parts(0, 16 * MIB, MIB, parallel));
-        assert_eq!(split(16), vec![1; 16]);
-        assert_eq!(split(14), [vec![2, 2], vec![1; 12]].concat());
-        assert_eq!(split(12), [vec![2; 4], vec![1; 8]].concat());
-        assert_eq!(split(8), vec![2; 8]);
-        assert_eq!(split(32), vec![1; 16], "never more parts than chunks");
-        assert_eq!(split(1), vec![16]);
-    }
-
-    #[test]
-    fn unaligned_requests_split_at_chunk_boundaries_of_the_file() {
-        // 3.5 chunks starting half a chunk in: pieces 0.5 | 1 | 1 | 1 chunks.
-        let parts = split_into_parts(MIB / 2, 7 * MIB / 2, MIB, 2);
-        assert_eq!(parts, vec![(0, 3 * MIB / 2), (3 * MIB / 2, 2 * MIB)]);
-        assert_eq!(split_into_parts(100, 10, MIB, 8), vec![(0, 10)], "inside one chunk");
-        assert_eq!(split_into_parts(0, 0, MIB, 8), vec![(0, 0)]);
-    }
-
-    proptest! {
-        #[test]
-        fn parts_tile_the_request_in_whole_chunks(
-            offset in 0u64..(1 << 40),
-            len in 1u64..(1 << 30),
-            chunk_shift in 12u32..24,
-            parallel in 0usize..64,
-        ) {
-            let chunk = 1u64 << chunk_shift;
-            let parts = split_into_parts(offset, len, chunk, parallel);
-            prop_assert!(!parts.is_empty() && parts.len() <= parallel.max(1));
-            let mut next = 0;
-            let mut chunk_counts = Vec::new();
-            for &(start, part_len) in &parts {
-                prop_assert_eq!(start, next, "parts are contiguous, in order");
-                prop_assert!(part_len > 0);
-                let end = start + part_len;
-                if end < len {
-                    prop_assert_eq!((offset + end) % chunk, 0, "inner boundaries are chunk-aligned");
-                }
-                let first = (offset + start) / chunk;
-                chunk_counts.push((offset + end).div_ceil(chunk) - first);
-                next = end;
-            }
-            prop_assert_eq!(next, len, "parts cover the request");
-            let (min, max) = (chunk_counts.iter().min(), chunk_counts.iter().max());
-            prop_assert!(max.unwrap() - min.unwrap() <= 1, "balanced: {:?}", chunk_counts);
-        }
-    }
-
-    #[test]
-    fn combine_stops_at_the_first_short_part() {
-        let parts = [(0, 10), (10, 10), (20, 10)];
-        let results = [(0, Outcome::Bytes(10)), (1, Outcome::Bytes(4)), (2, Outcome::Bytes(10))]
-            .map(|(i, o)| (i, o, None));
-        assert_eq!(combine(Direction::Read, &parts, &results).0, Outcome::Bytes(14));
-    }
-
-    #[test]
-    fn combine_reports_the_first_failure() {
-        let parts = [(0, 10), (10, 10)];
-        let results = [(0, Outcome::OsError(5), None), (1, Outcome::OsError(28), None)];
-        assert_eq!(combine(Direction::Read, &parts, &results).0, Outcome::OsError(5));
     }
 }

@@ -55,7 +55,7 @@ fn buffered_only_unaligned_writes_leave_fsync_clean() {
     write_rounds(&rig, 64 * KIB - 1, 8192, 8).expect("fsync after buffered writes");
 }
 
-/// BUG (runtime/src/engine/executor.rs `plan` + `write_range`): the planner cuts O_DIRECT
+/// BUG (runtime/src/engine/executor/ `plan` + `write_range`): the planner cuts O_DIRECT
 /// chunks at the file's DIO offset alignment (512 on this disk), so the last O_DIRECT
 /// chunk and the buffered tail share a 4 KiB page, and `write_range` runs them
 /// concurrently. The O_DIRECT write then cannot invalidate the page the buffered write

@@ -1,0 +1,182 @@
+//! Splitting a request into chunk-aligned parts over several executors, and joining
+//! the parts' results into the request's.
+
+use hipfile_core::{Direction, OpError, Outcome};
+
+use super::part_results;
+use crate::device::DeviceError;
+
+/// Splits `len_bytes` at `file_offset_bytes` into at most `parallel` parts of whole
+/// chunks (`chunk_bytes`-aligned in the file), as even as chunks allow: the first parts
+/// get one chunk more than the rest. Returns `(offset in the request, length)` pairs in
+/// order; one empty part for an empty request.
+///
+/// A 16 MiB request on 14 executors becomes 2 parts of 2 chunks and 12 of 1, so every
+/// executor takes a share (not 8 parts of 2 MiB, as rounding one part size up to whole
+/// chunks would give).
+pub(super) fn split_into_parts(
+    file_offset_bytes: u64,
+    len_bytes: u64,
+    chunk_bytes: u64,
+    parallel: usize,
+) -> Vec<(u64, u64)> {
+    if len_bytes == 0 {
+        return vec![(0, 0)];
+    }
+    let file_end = file_offset_bytes + len_bytes;
+    let first_chunk = file_offset_bytes / chunk_bytes;
+    let chunks = file_end.div_ceil(chunk_bytes) - first_chunk;
+    let parts = chunks.min(parallel.max(1) as u64);
+    let (base, extra) = (chunks / parts, chunks % parts);
+    // Offset in the request of the boundary after `index` chunks.
+    let boundary = |index: u64| {
+        ((first_chunk + index) * chunk_bytes).clamp(file_offset_bytes, file_end) - file_offset_bytes
+    };
+    let mut result = Vec::with_capacity(parts as usize);
+    let mut chunk_index = 0;
+    for part in 0..parts {
+        let start = boundary(chunk_index);
+        chunk_index += base + u64::from(part < extra);
+        result.push((start, boundary(chunk_index) - start));
+    }
+    result
+}
+
+/// The result of a request split into `parts` (offset, length) from the results of its
+/// parts in part order: the bytes up to the first short part; the first failure, except
+/// that a write whose earlier parts wrote bytes reports them (as `pwrite` does when the
+/// disk fills: a short count, the error only when nothing was written).
+pub(crate) fn combine(
+    direction: Direction,
+    parts: &[(u64, u64)],
+    results: &[(usize, Outcome, Option<DeviceError>)],
+) -> (Outcome, Option<DeviceError>) {
+    let mut total = 0;
+    for (&(_, len), &(_, outcome, device_error)) in parts.iter().zip(results) {
+        match outcome {
+            Outcome::Bytes(n) => {
+                total += n;
+                if n < len {
+                    return (Outcome::Bytes(total), None);
+                }
+            }
+            Outcome::OsError(_) if direction == Direction::Write && total > 0 => {
+                return (Outcome::Bytes(total), None);
+            }
+            failure => return (failure, device_error),
+        }
+    }
+    if results.len() < parts.len() {
+        return (Outcome::Library(OpError::InternalError), None);
+    }
+    (Outcome::Bytes(total), None)
+}
+
+/// One part's result.
+pub(crate) type PartResult = (Outcome, Option<DeviceError>);
+
+/// Joins the results of a request split over several executors ([`Engine::parts`]).
+pub(crate) struct PartJoiner {
+    direction: Direction,
+    parts: Vec<(u64, u64)>,
+    results: part_results::PartResults<PartResult>,
+}
+
+impl PartJoiner {
+    /// A joiner for a request split into `parts`.
+    pub(crate) fn new(direction: Direction, parts: Vec<(u64, u64)>) -> PartJoiner {
+        let results = part_results::PartResults::new(parts.len());
+        PartJoiner { direction, parts, results }
+    }
+
+    /// Records part `index`; returns the combined result ([`combine`]) to the part that
+    /// was the last.
+    pub(crate) fn part_done(
+        &self,
+        index: usize,
+        outcome: Outcome,
+        device_error: Option<DeviceError>,
+    ) -> Option<PartResult> {
+        let all = self.results.record(index, (outcome, device_error))?;
+        let in_order: Vec<(usize, Outcome, Option<DeviceError>)> =
+            all.into_iter().enumerate().map(|(index, (o, e))| (index, o, e)).collect();
+        Some(combine(self.direction, &self.parts, &in_order))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn a_16_mib_request_uses_every_executor_up_to_its_chunk_count() {
+        let sizes = |parts: Vec<(u64, u64)>| -> Vec<u64> {
+            parts.iter().map(|&(_, len)| len / MIB).collect()
+        };
+        let split = |parallel| sizes(split_into_parts(0, 16 * MIB, MIB, parallel));
+        assert_eq!(split(16), vec![1; 16]);
+        assert_eq!(split(14), [vec![2, 2], vec![1; 12]].concat());
+        assert_eq!(split(12), [vec![2; 4], vec![1; 8]].concat());
+        assert_eq!(split(8), vec![2; 8]);
+        assert_eq!(split(32), vec![1; 16], "never more parts than chunks");
+        assert_eq!(split(1), vec![16]);
+    }
+
+    #[test]
+    fn unaligned_requests_split_at_chunk_boundaries_of_the_file() {
+        // 3.5 chunks starting half a chunk in: pieces 0.5 | 1 | 1 | 1 chunks.
+        let parts = split_into_parts(MIB / 2, 7 * MIB / 2, MIB, 2);
+        assert_eq!(parts, vec![(0, 3 * MIB / 2), (3 * MIB / 2, 2 * MIB)]);
+        assert_eq!(split_into_parts(100, 10, MIB, 8), vec![(0, 10)], "inside one chunk");
+        assert_eq!(split_into_parts(0, 0, MIB, 8), vec![(0, 0)]);
+    }
+
+    proptest! {
+        #[test]
+        fn parts_tile_the_request_in_whole_chunks(
+            offset in 0u64..(1 << 40),
+            len in 1u64..(1 << 30),
+            chunk_shift in 12u32..24,
+            parallel in 0usize..64,
+        ) {
+            let chunk = 1u64 << chunk_shift;
+            let parts = split_into_parts(offset, len, chunk, parallel);
+            prop_assert!(!parts.is_empty() && parts.len() <= parallel.max(1));
+            let mut next = 0;
+            let mut chunk_counts = Vec::new();
+            for &(start, part_len) in &parts {
+                prop_assert_eq!(start, next, "parts are contiguous, in order");
+                prop_assert!(part_len > 0);
+                let end = start + part_len;
+                if end < len {
+                    prop_assert_eq!((offset + end) % chunk, 0, "inner boundaries are chunk-aligned");
+                }
+                let first = (offset + start) / chunk;
+                chunk_counts.push((offset + end).div_ceil(chunk) - first);
+                next = end;
+            }
+            prop_assert_eq!(next, len, "parts cover the request");
+            let (min, max) = (chunk_counts.iter().min(), chunk_counts.iter().max());
+            prop_assert!(max.unwrap() - min.unwrap() <= 1, "balanced: {:?}", chunk_counts);
+        }
+    }
+
+    #[test]
+    fn combine_stops_at_the_first_short_part() {
+        let parts = [(0, 10), (10, 10), (20, 10)];
+        let results = [(0, Outcome::Bytes(10)), (1, Outcome::Bytes(4)), (2, Outcome::Bytes(10))]
+            .map(|(i, o)| (i, o, None));
+        assert_eq!(combine(Direction::Read, &parts, &results).0, Outcome::Bytes(14));
+    }
+
+    #[test]
+    fn combine_reports_the_first_failure() {
+        let parts = [(0, 10), (10, 10)];
+        let results = [(0, Outcome::OsError(5), None), (1, Outcome::OsError(28), None)];
+        assert_eq!(combine(Direction::Read, &parts, &results).0, Outcome::OsError(5));
+    }
+}
