@@ -30,7 +30,7 @@
 //!
 //! The NULL stream (`StreamHandle(0)`) is created on first use, on device 0; it behaves as
 //! an ordinary stream (per-thread default stream semantics: it does not synchronize with
-//! other streams). Its [`Device::stream_device`] is the calling thread's current device.
+//! other streams). Its [`DeviceInfo::stream_device`] is the calling thread's current device.
 //!
 //! Stream and event handles come from one process-wide counter: unique, never 0, never
 //! reused. User streams and internal streams share that namespace and are the same kind
@@ -57,8 +57,9 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use super::{
-    Device, DeviceError, DeviceKind, EventHandle, HostFn, InternalStream, MemoryType, PinnedRegion,
-    PointerInfo, StreamHandle,
+    DeviceCopies, DeviceError, DeviceEvents, DeviceInfo, DeviceKind, EventHandle, HostFn,
+    HostMemory, InternalStream, MemoryType, PinnedRegion, PointerInfo, StreamHandle,
+    StreamMemoryOps,
 };
 
 /// Alignment of every allocation the device makes.
@@ -361,7 +362,7 @@ pub struct CpuDeviceStats {
     /// `unregister_host`, `destroy_internal_stream`, `destroy_event`) that named nothing
     /// known: a double free or a wrong handle in the caller.
     pub invalid_releases: u64,
-    /// [`Device::copy_now`] calls, and those told that async ops may hold application
+    /// [`DeviceCopies::copy_now`] calls, and those told that async ops may hold application
     /// streams (the CUDA backend bounces short copies then).
     pub caller_copies: u64,
     /// See [`CpuDeviceStats::caller_copies`].
@@ -945,7 +946,7 @@ pub struct CpuDevice {
     /// Workers of destroyed streams, still draining (joined at drop).
     retired: Mutex<Vec<JoinHandle<()>>>,
     events: Mutex<HashMap<usize, EventEntry>>,
-    /// Streams for [`Device::copy_now`] on callers' threads, per device, reused.
+    /// Streams for [`DeviceCopies::copy_now`] on callers' threads, per device, reused.
     caller_streams: Mutex<Vec<(u32, usize)>>,
 }
 
@@ -977,7 +978,7 @@ impl CpuDevice {
         })
     }
 
-    /// Makes [`Device::supports_stream_memops`] report `supported` (the operations keep
+    /// Makes [`DeviceInfo::supports_stream_memops`] report `supported` (the operations keep
     /// working): lets tests run the library's fallback for GPUs without stream memory
     /// operations.
     pub fn report_stream_memops(&self, supported: bool) {
@@ -1041,7 +1042,7 @@ impl CpuDevice {
     }
 
     /// Frees pinned host memory from [`CpuDevice::malloc_host`] or
-    /// [`Device::alloc_pinned`] (the same as `free_pinned`, but reports errors).
+    /// [`HostMemory::alloc_pinned`] (the same as `free_pinned`, but reports errors).
     ///
     /// # Errors
     /// `HIP_ERROR_INVALID_VALUE` if `region` is not the start of such an allocation.
@@ -1303,7 +1304,7 @@ impl CpuDevice {
     }
 
     /// How many recorded events have not been destroyed yet (for tests: a user of the
-    /// device that forgets [`Device::destroy_event`] leaves them here).
+    /// device that forgets [`DeviceEvents::destroy_event`] leaves them here).
     pub fn live_events(&self) -> usize {
         lock(&self.events).len()
     }
@@ -1335,18 +1336,7 @@ impl Drop for CpuDevice {
     }
 }
 
-impl Device for CpuDevice {
-    unsafe fn store_word_host(&self, word_host_ptr: *mut u32, value: u32) {
-        // SAFETY: the caller guarantees a live, aligned pinned word; on this device the
-        // host address is the device address. An untracked word falls back to a plain
-        // atomic store (waiters then see it within their polling interval).
-        if unsafe { self.store_word(word_host_ptr as u64, value) }.is_err() {
-            // SAFETY: as above: live and aligned.
-            let word = unsafe { AtomicU32::from_ptr(word_host_ptr) };
-            word.store(value, Ordering::Release);
-        }
-    }
-
+impl DeviceInfo for CpuDevice {
     fn kind(&self) -> DeviceKind {
         DeviceKind::Cpu
     }
@@ -1382,6 +1372,23 @@ impl Device for CpuDevice {
         Ok(entry.shared.device_ordinal)
     }
 
+    fn supports_stream_memops(&self, device_ordinal: u32) -> bool {
+        device_ordinal < self.device_count && self.memops_reported.load(Ordering::SeqCst)
+    }
+}
+
+impl HostMemory for CpuDevice {
+    unsafe fn store_word_host(&self, word_host_ptr: *mut u32, value: u32) {
+        // SAFETY: the caller guarantees a live, aligned pinned word; on this device the
+        // host address is the device address. An untracked word falls back to a plain
+        // atomic store (waiters then see it within their polling interval).
+        if unsafe { self.store_word(word_host_ptr as u64, value) }.is_err() {
+            // SAFETY: as above: live and aligned.
+            let word = unsafe { AtomicU32::from_ptr(word_host_ptr) };
+            word.store(value, Ordering::Release);
+        }
+    }
+
     fn alloc_pinned(&self, len_bytes: usize) -> Result<PinnedRegion, DeviceError> {
         self.malloc_host(len_bytes)
     }
@@ -1410,7 +1417,9 @@ impl Device for CpuDevice {
             self.count_invalid_release();
         }
     }
+}
 
+impl DeviceCopies for CpuDevice {
     fn create_internal_stream(&self, device_ordinal: u32) -> Result<InternalStream, DeviceError> {
         self.create_stream(device_ordinal).map(|stream| InternalStream::from_raw(stream.0))
     }
@@ -1441,21 +1450,6 @@ impl Device for CpuDevice {
     ) -> Result<(), DeviceError> {
         let target = target as usize as u64;
         self.enqueue_copy(stream.raw(), target, source, len_bytes, CopyRule::DeviceToHost)
-    }
-
-    fn record_event(&self, stream: &InternalStream) -> Result<EventHandle, DeviceError> {
-        self.record_event_on(StreamHandle(stream.raw()))
-    }
-
-    fn event_done(&self, event: &EventHandle) -> Result<bool, DeviceError> {
-        let (stream, ticket) = self.event(event)?;
-        stream.is_done(ticket)
-    }
-
-    fn destroy_event(&self, event: EventHandle) {
-        if lock(&self.events).remove(&event.raw()).is_none() {
-            self.count_invalid_release();
-        }
     }
 
     fn synchronize_internal(&self, stream: &InternalStream) -> Result<(), DeviceError> {
@@ -1514,7 +1508,26 @@ impl Device for CpuDevice {
         // SAFETY: same contract as `stream_write_value32`.
         unsafe { self.stream_write_value32(StreamHandle(stream.raw()), word_device_addr, value) }
     }
+}
 
+impl DeviceEvents for CpuDevice {
+    fn record_event(&self, stream: &InternalStream) -> Result<EventHandle, DeviceError> {
+        self.record_event_on(StreamHandle(stream.raw()))
+    }
+
+    fn event_done(&self, event: &EventHandle) -> Result<bool, DeviceError> {
+        let (stream, ticket) = self.event(event)?;
+        stream.is_done(ticket)
+    }
+
+    fn destroy_event(&self, event: EventHandle) {
+        if lock(&self.events).remove(&event.raw()).is_none() {
+            self.count_invalid_release();
+        }
+    }
+}
+
+impl StreamMemoryOps for CpuDevice {
     unsafe fn launch_host_func(
         &self,
         stream: StreamHandle,
@@ -1545,10 +1558,6 @@ impl Device for CpuDevice {
         let check = |map: &AllocationMap| check_word(map, word_device_addr);
         let command = Command::WriteValue { word_addr: word_device_addr, value };
         self.enqueue_checked(stream.0, check, command).map(drop)
-    }
-
-    fn supports_stream_memops(&self, device_ordinal: u32) -> bool {
-        device_ordinal < self.device_count && self.memops_reported.load(Ordering::SeqCst)
     }
 
     fn synchronize_stream(&self, stream: StreamHandle) -> Result<(), DeviceError> {

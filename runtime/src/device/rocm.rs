@@ -9,7 +9,7 @@
 //! release word is waited on with `hipStreamWaitValue32` (`hipStreamWaitValueGte`) and
 //! written with `hipStreamWriteValue32`, where the device reports
 //! `hipDeviceAttributeCanUseStreamWaitValue` (otherwise
-//! [`Device::supports_stream_memops`] is `false` and the runtime uses its blocking
+//! [`DeviceInfo::supports_stream_memops`] is `false` and the runtime uses its blocking
 //! fallback). Host functions are enqueued with `hipStreamAddCallback`, which every HIP
 //! 5.x exports (`hipLaunchHostFunc` is missing from Debian 12's HIP 5.2).
 //!
@@ -47,8 +47,9 @@ use hip_sys::hiprt::{
 };
 
 use super::{
-    Device, DeviceError, DeviceKind, EventHandle, HostFn, InternalStream, MemoryType, PinnedRegion,
-    PointerInfo, StreamHandle, handle,
+    DeviceCopies, DeviceError, DeviceEvents, DeviceInfo, DeviceKind, EventHandle, HostFn,
+    HostMemory, InternalStream, MemoryType, PinnedRegion, PointerInfo, StreamHandle,
+    StreamMemoryOps, handle,
 };
 
 // HIP entry points that `libamdhip64` exports (HIP 4.2+) but the `hip-sys` bindings lack.
@@ -398,7 +399,7 @@ impl RocmDevice {
     }
 }
 
-impl Device for RocmDevice {
+impl DeviceInfo for RocmDevice {
     fn kind(&self) -> DeviceKind {
         DeviceKind::Rocm
     }
@@ -473,6 +474,12 @@ impl Device for RocmDevice {
         Ok(device as u32)
     }
 
+    fn supports_stream_memops(&self, device_ordinal: u32) -> bool {
+        self.memops.get(device_ordinal as usize).copied().unwrap_or(false)
+    }
+}
+
+impl HostMemory for RocmDevice {
     fn alloc_pinned(&self, len_bytes: usize) -> Result<PinnedRegion, DeviceError> {
         self.make_current(0)?;
         let mut host: *mut c_void = std::ptr::null_mut();
@@ -520,7 +527,9 @@ impl Device for RocmDevice {
         // SAFETY: the caller guarantees it was registered and is idle.
         unsafe { hipHostUnregister(host_ptr.cast()) };
     }
+}
 
+impl DeviceCopies for RocmDevice {
     fn create_internal_stream(&self, device_ordinal: u32) -> Result<InternalStream, DeviceError> {
         // The greatest priority HIP offers: ROCm keeps its hardware queues in one pool per
         // priority, so the engine's copy streams do not share a queue with the
@@ -596,6 +605,30 @@ impl Device for RocmDevice {
         )
     }
 
+    fn synchronize_internal(&self, stream: &InternalStream) -> Result<(), DeviceError> {
+        let entry = self.internal(stream)?;
+        self.make_current(entry.ordinal)?;
+        // SAFETY: our stream.
+        call(unsafe { hipStreamSynchronize(entry.stream) }, "hipStreamSynchronize")
+    }
+
+    unsafe fn write_value32_internal(
+        &self,
+        stream: &InternalStream,
+        word_device_addr: u64,
+        value: u32,
+    ) -> Result<(), DeviceError> {
+        let entry = self.internal(stream)?;
+        self.make_current(entry.ordinal)?;
+        // SAFETY: caller's contract: a live pinned word.
+        call(
+            unsafe { hipStreamWriteValue32(entry.stream, device_ptr(word_device_addr), value, 0) },
+            "hipStreamWriteValue32",
+        )
+    }
+}
+
+impl DeviceEvents for RocmDevice {
     fn record_event(&self, stream: &InternalStream) -> Result<EventHandle, DeviceError> {
         let entry = self.internal(stream)?;
         self.make_current(entry.ordinal)?;
@@ -653,29 +686,9 @@ impl Device for RocmDevice {
             unsafe { hipEventDestroy(entry.event) };
         }
     }
+}
 
-    fn synchronize_internal(&self, stream: &InternalStream) -> Result<(), DeviceError> {
-        let entry = self.internal(stream)?;
-        self.make_current(entry.ordinal)?;
-        // SAFETY: our stream.
-        call(unsafe { hipStreamSynchronize(entry.stream) }, "hipStreamSynchronize")
-    }
-
-    unsafe fn write_value32_internal(
-        &self,
-        stream: &InternalStream,
-        word_device_addr: u64,
-        value: u32,
-    ) -> Result<(), DeviceError> {
-        let entry = self.internal(stream)?;
-        self.make_current(entry.ordinal)?;
-        // SAFETY: caller's contract: a live pinned word.
-        call(
-            unsafe { hipStreamWriteValue32(entry.stream, device_ptr(word_device_addr), value, 0) },
-            "hipStreamWriteValue32",
-        )
-    }
-
+impl StreamMemoryOps for RocmDevice {
     unsafe fn launch_host_func(
         &self,
         stream: StreamHandle,
@@ -728,10 +741,6 @@ impl Device for RocmDevice {
             },
             "hipStreamWriteValue32",
         )
-    }
-
-    fn supports_stream_memops(&self, device_ordinal: u32) -> bool {
-        self.memops.get(device_ordinal as usize).copied().unwrap_or(false)
     }
 
     fn synchronize_stream(&self, stream: StreamHandle) -> Result<(), DeviceError> {

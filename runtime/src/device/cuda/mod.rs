@@ -35,15 +35,16 @@ use hipfile_core::Direction;
 use sys::*;
 
 use super::{
-    Device, DeviceError, DeviceKind, EventHandle, HostFn, InternalStream, MemoryType, PinnedRegion,
-    PointerInfo, StreamHandle, WriteThenWaitError, handle,
+    DeviceCopies, DeviceError, DeviceEvents, DeviceInfo, DeviceKind, EventHandle, HostFn,
+    HostMemory, InternalStream, MemoryType, PinnedRegion, PointerInfo, StreamHandle,
+    StreamMemoryOps, WriteThenWaitError, handle,
 };
 
 /// The largest device scratch of an engine stream: a host → device copy through it longer
 /// than this moves in scratch-sized pieces (in stream order, so one scratch serves them).
 const MAX_SCRATCH_BYTES: usize = 1 << 20;
 
-/// Where [`Device::copy_now`] runs a caller-thread copy (`HIPFILE_CUDA_CALLER_COPY`).
+/// Where [`DeviceCopies::copy_now`] runs a caller-thread copy (`HIPFILE_CUDA_CALLER_COPY`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CallerCopy {
     /// The default. While no async op of the process may hold an application stream, on
@@ -143,7 +144,7 @@ pub struct CudaDevice {
         reason = "EventHandle values are the boxes' addresses, which must not move"
     )]
     event_pools: Vec<Mutex<Vec<Box<EventEntry>>>>,
-    /// Per device: non-blocking streams of the engine context for [`Device::copy_now`] on
+    /// Per device: non-blocking streams of the engine context for [`DeviceCopies::copy_now`] on
     /// callers' threads, reused; like the event pools, kept for the process.
     caller_streams: Vec<Mutex<Vec<InternalEntry>>>,
     /// The same, streams of the primary context ([`CallerCopy::Auto`]).
@@ -160,7 +161,7 @@ pub struct CudaDevice {
     /// threads: 300 k/s bounced against 98 k/s direct); copies of 16 KiB and less did
     /// not run at all while every hardware queue of the application was held.
     min_copy_bytes: usize,
-    /// Where [`Device::copy_now`] runs.
+    /// Where [`DeviceCopies::copy_now`] runs.
     caller_copy: CallerCopy,
     /// Pinned host memory is allocated and registered in the engine context
     /// (`HIPFILE_CUDA_STAGING_CONTEXT=engine`, diagnostic) instead of the primary one.
@@ -607,14 +608,14 @@ impl CudaDevice {
         Ok(StreamHandle(stream as usize))
     }
 
-    /// [`Device::copy_now`] with a context of device `ordinal` current (the engine
+    /// [`DeviceCopies::copy_now`] with a context of device `ordinal` current (the engine
     /// context, or the primary one): a stream of `pool` (made in the current context when
     /// the pool is empty), the copy (host → device through the stream's scratch when
     /// `bounce`), a synchronize.
     ///
     /// # Safety
-    /// As [`Device::copy_now`]; `pool`'s streams belong to the current context.
-    #[allow(clippy::too_many_arguments, reason = "the copy's fields, as Device::copy_now")]
+    /// As [`DeviceCopies::copy_now`]; `pool`'s streams belong to the current context.
+    #[allow(clippy::too_many_arguments, reason = "the copy's fields, as DeviceCopies::copy_now")]
     unsafe fn copy_now_in_context(
         &self,
         pool: &Mutex<Vec<InternalEntry>>,
@@ -924,7 +925,7 @@ fn retain_primary(api: &Api, ordinal: c_int) -> Result<(CUcontext, bool), String
     Ok((context, supports))
 }
 
-impl Device for CudaDevice {
+impl DeviceInfo for CudaDevice {
     fn kind(&self) -> DeviceKind {
         DeviceKind::Cuda
     }
@@ -992,6 +993,25 @@ impl Device for CudaDevice {
         self.ordinal_of_context(context)
     }
 
+    fn hardware_queue_setting(&self) -> Option<String> {
+        let isolation: Vec<&str> = (0..self.contexts.len() as u32)
+            .map(|ordinal| {
+                if self.engine_isolated(ordinal) { "own context" } else { "SHARED primary context" }
+            })
+            .collect();
+        Some(format!(
+            "{}; engine copies per device: {}",
+            self.hardware_queues.describe(),
+            isolation.join(", ")
+        ))
+    }
+
+    fn supports_stream_memops(&self, device_ordinal: u32) -> bool {
+        self.memops.get(device_ordinal as usize).copied().unwrap_or(false)
+    }
+}
+
+impl HostMemory for CudaDevice {
     fn alloc_pinned(&self, len_bytes: usize) -> Result<PinnedRegion, DeviceError> {
         // Portable and device-mapped: the engine context copies from it and the
         // application's streams wait on words in it.
@@ -1052,7 +1072,9 @@ impl Device for CudaDevice {
             self.call(code, "cuMemHostUnregister")
         });
     }
+}
 
+impl DeviceCopies for CudaDevice {
     fn create_internal_stream(&self, device_ordinal: u32) -> Result<InternalStream, DeviceError> {
         let stream = self.in_engine_context(device_ordinal, || {
             let mut stream: CUstream = std::ptr::null_mut();
@@ -1115,35 +1137,6 @@ impl Device for CudaDevice {
         })
     }
 
-    fn record_event(&self, stream: &InternalStream) -> Result<EventHandle, DeviceError> {
-        let entry = self.internal(stream)?;
-        self.in_engine_context(entry.ordinal, || self.record_event_in_context(entry))
-    }
-
-    fn event_done(&self, event: &EventHandle) -> Result<bool, DeviceError> {
-        let entry = self.event(event)?;
-        self.in_engine_context(entry.ordinal, || {
-            // SAFETY: a live event of ours.
-            match unsafe { (self.api.cuEventQuery)(entry.event) } {
-                CUDA_SUCCESS => Ok(true),
-                CUDA_ERROR_NOT_READY => Ok(false),
-                code => Err(self.error(code, "cuEventQuery")),
-            }
-        })
-    }
-
-    fn destroy_event(&self, event: EventHandle) {
-        if event.owner() != self.owner {
-            log::debug!("ignored: destroy of an event not recorded by this device");
-            return;
-        }
-        // SAFETY: the handle's owner is this device, so (see `event`) its raw value is a
-        // Box<EventEntry> leaked by record_event_in_context and live while the handle
-        // exists; we consume the one handle that names it, so it is reclaimed once.
-        let entry = unsafe { handle::reclaim::<EventEntry>(event.raw()) };
-        self.pool_or_destroy_event(entry);
-    }
-
     fn synchronize_internal(&self, stream: &InternalStream) -> Result<(), DeviceError> {
         let entry = self.internal(stream)?;
         self.in_engine_context(entry.ordinal, || {
@@ -1176,6 +1169,94 @@ impl Device for CudaDevice {
             )
         })
     }
+
+    fn copies_on_caller_thread(&self) -> bool {
+        true
+    }
+
+    unsafe fn copy_now(
+        &self,
+        device_ordinal: u32,
+        direction: Direction,
+        device_addr: u64,
+        host: *mut u8,
+        len_bytes: usize,
+        ops_may_hold_streams: bool,
+    ) -> Result<(), DeviceError> {
+        let primary = *self
+            .contexts
+            .get(device_ordinal as usize)
+            .ok_or(DeviceError::new(DeviceError::HIP_ERROR_INVALID_DEVICE, "no such device"))?;
+        if !ops_may_hold_streams && self.caller_copy == CallerCopy::Auto {
+            // No op of ours may hold a stream: the primary context, as the application's
+            // own copies (CallerCopy::Auto says why).
+            // SAFETY: a primary context we retained; the caller's contract for the copy.
+            return unsafe {
+                self.with_pushed(primary, || {
+                    self.copy_now_in_context(
+                        &self.caller_primary_streams[device_ordinal as usize],
+                        device_ordinal,
+                        direction,
+                        device_addr,
+                        host,
+                        len_bytes,
+                        false,
+                    )
+                })
+            };
+        }
+        // In the engine context (pushed on a caller's thread, popped after): the copy runs
+        // on a stream of ours that no application stream shares a hardware queue with,
+        // through the scratch, so a sync read never waits behind a stream the caller holds.
+        self.in_engine_context(device_ordinal, || {
+            // SAFETY: the caller's contract; the engine context is current.
+            unsafe {
+                self.copy_now_in_context(
+                    &self.caller_streams[device_ordinal as usize],
+                    device_ordinal,
+                    direction,
+                    device_addr,
+                    host,
+                    len_bytes,
+                    true,
+                )
+            }
+        })
+    }
+}
+
+impl DeviceEvents for CudaDevice {
+    fn record_event(&self, stream: &InternalStream) -> Result<EventHandle, DeviceError> {
+        let entry = self.internal(stream)?;
+        self.in_engine_context(entry.ordinal, || self.record_event_in_context(entry))
+    }
+
+    fn event_done(&self, event: &EventHandle) -> Result<bool, DeviceError> {
+        let entry = self.event(event)?;
+        self.in_engine_context(entry.ordinal, || {
+            // SAFETY: a live event of ours.
+            match unsafe { (self.api.cuEventQuery)(entry.event) } {
+                CUDA_SUCCESS => Ok(true),
+                CUDA_ERROR_NOT_READY => Ok(false),
+                code => Err(self.error(code, "cuEventQuery")),
+            }
+        })
+    }
+
+    fn destroy_event(&self, event: EventHandle) {
+        if event.owner() != self.owner {
+            log::debug!("ignored: destroy of an event not recorded by this device");
+            return;
+        }
+        // SAFETY: the handle's owner is this device, so (see `event`) its raw value is a
+        // Box<EventEntry> leaked by record_event_in_context and live while the handle
+        // exists; we consume the one handle that names it, so it is reclaimed once.
+        let entry = unsafe { handle::reclaim::<EventEntry>(event.raw()) };
+        self.pool_or_destroy_event(entry);
+    }
+}
+
+impl StreamMemoryOps for CudaDevice {
     unsafe fn launch_host_func(
         &self,
         stream: StreamHandle,
@@ -1278,77 +1359,6 @@ impl Device for CudaDevice {
                 wait_value,
             )
         }
-    }
-
-    fn copies_on_caller_thread(&self) -> bool {
-        true
-    }
-
-    unsafe fn copy_now(
-        &self,
-        device_ordinal: u32,
-        direction: Direction,
-        device_addr: u64,
-        host: *mut u8,
-        len_bytes: usize,
-        ops_may_hold_streams: bool,
-    ) -> Result<(), DeviceError> {
-        let primary = *self
-            .contexts
-            .get(device_ordinal as usize)
-            .ok_or(DeviceError::new(DeviceError::HIP_ERROR_INVALID_DEVICE, "no such device"))?;
-        if !ops_may_hold_streams && self.caller_copy == CallerCopy::Auto {
-            // No op of ours may hold a stream: the primary context, as the application's
-            // own copies (CallerCopy::Auto says why).
-            // SAFETY: a primary context we retained; the caller's contract for the copy.
-            return unsafe {
-                self.with_pushed(primary, || {
-                    self.copy_now_in_context(
-                        &self.caller_primary_streams[device_ordinal as usize],
-                        device_ordinal,
-                        direction,
-                        device_addr,
-                        host,
-                        len_bytes,
-                        false,
-                    )
-                })
-            };
-        }
-        // In the engine context (pushed on a caller's thread, popped after): the copy runs
-        // on a stream of ours that no application stream shares a hardware queue with,
-        // through the scratch, so a sync read never waits behind a stream the caller holds.
-        self.in_engine_context(device_ordinal, || {
-            // SAFETY: the caller's contract; the engine context is current.
-            unsafe {
-                self.copy_now_in_context(
-                    &self.caller_streams[device_ordinal as usize],
-                    device_ordinal,
-                    direction,
-                    device_addr,
-                    host,
-                    len_bytes,
-                    true,
-                )
-            }
-        })
-    }
-
-    fn hardware_queue_setting(&self) -> Option<String> {
-        let isolation: Vec<&str> = (0..self.contexts.len() as u32)
-            .map(|ordinal| {
-                if self.engine_isolated(ordinal) { "own context" } else { "SHARED primary context" }
-            })
-            .collect();
-        Some(format!(
-            "{}; engine copies per device: {}",
-            self.hardware_queues.describe(),
-            isolation.join(", ")
-        ))
-    }
-
-    fn supports_stream_memops(&self, device_ordinal: u32) -> bool {
-        self.memops.get(device_ordinal as usize).copied().unwrap_or(false)
     }
 
     fn synchronize_stream(&self, stream: StreamHandle) -> Result<(), DeviceError> {
