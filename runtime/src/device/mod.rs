@@ -8,6 +8,7 @@
 
 pub mod cpu;
 pub mod cuda;
+mod gpu;
 mod handle;
 #[cfg(feature = "rocm")]
 pub mod rocm;

@@ -31,7 +31,7 @@
 
 use std::cell::Cell;
 use std::ffi::{CStr, c_int, c_uint, c_void};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use hip_sys::hiprt::{
     hipDeviceAttribute_t, hipDeviceGetAttribute, hipDeviceGetStreamPriorityRange, hipError_t,
@@ -46,10 +46,11 @@ use hip_sys::hiprt::{
     hipStreamWriteValue32,
 };
 
+use super::gpu::OwnedHandles;
 use super::{
     DeviceCopies, DeviceError, DeviceEvents, DeviceInfo, DeviceKind, EventHandle, HostFn,
     HostMemory, InternalStream, MemoryType, PinnedRegion, PointerInfo, StreamHandle,
-    StreamMemoryOps, handle,
+    StreamMemoryOps,
 };
 
 // HIP entry points that `libamdhip64` exports (HIP 4.2+) but the `hip-sys` bindings lack.
@@ -84,9 +85,6 @@ const MEMORY_TYPE_ARRAY: c_uint = 2;
 const MEMORY_TYPE_UNIFIED: c_uint = 3;
 const MEMORY_TYPE_MANAGED: c_uint = 4;
 
-/// Most idle events kept per device for reuse.
-const EVENT_POOL_CAP: usize = 1024;
-
 /// An internal stream and the device it belongs to (boxed; an `InternalStream` of this
 /// device holds the box's address; see [`RocmDevice::internal`]).
 struct InternalEntry {
@@ -110,21 +108,29 @@ struct HostCall {
 /// AMD GPUs through the HIP runtime.
 pub struct RocmDevice {
     count: u32,
-    /// This object's owner id ([`handle::next_owner_id`]), stamped on every
-    /// `InternalStream` and `EventHandle` it makes; handles with another owner are
-    /// refused before their raw value is used.
-    owner: u64,
+    /// The boxes behind this object's `InternalStream` and `EventHandle` values (owner
+    /// checked) and the idle events per device.
+    handles: OwnedHandles<InternalEntry, EventEntry>,
     memops: Vec<bool>,
-    #[allow(
-        clippy::vec_box,
-        reason = "EventHandle values are the boxes' addresses, which must not move"
-    )]
-    event_pools: Vec<Mutex<Vec<Box<EventEntry>>>>,
 }
 
 impl std::fmt::Debug for RocmDevice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RocmDevice").field("devices", &self.count).finish()
+    }
+}
+
+impl Drop for RocmDevice {
+    /// Destroys the pooled events (idle; events still behind a handle are the holder's).
+    /// HIP has no context to check: a device stays usable until the process exits.
+    fn drop(&mut self) {
+        for (ordinal, events) in self.handles.drain_event_pools() {
+            let _ = self.make_current(ordinal);
+            for entry in events {
+                // SAFETY: an idle pooled event of ours, no handle names it; destroyed once.
+                unsafe { hipEventDestroy(entry.event) };
+            }
+        }
     }
 }
 
@@ -215,12 +221,10 @@ impl RocmDevice {
                 code == hipError_t::hipSuccess && value != 0
             })
             .collect();
-        let event_pools = (0..count).map(|_| Mutex::new(Vec::new())).collect();
         Ok(Arc::new(RocmDevice {
             count: count as u32,
-            owner: handle::next_owner_id(),
+            handles: OwnedHandles::new(count as usize),
             memops,
-            event_pools,
         }))
     }
 
@@ -239,45 +243,14 @@ impl RocmDevice {
         Ok(())
     }
 
-    /// The entry behind an internal stream this device made, for as long as the handle
-    /// is borrowed.
-    ///
-    /// # Errors
-    /// `HIP_ERROR_INVALID_HANDLE` for a handle of another device object, or one made
-    /// with [`InternalStream::from_raw`].
-    fn internal<'a>(&self, stream: &'a InternalStream) -> Result<&'a InternalEntry, DeviceError> {
-        // SAFETY: this device stamps its owner id only in `create_internal_stream`, on a
-        // Box<InternalEntry> it has just leaked, and reclaims one only in
-        // `destroy_internal_stream`, which consumes the handle; the reference lives for
-        // 'a, the borrow of the handle.
-        unsafe {
-            handle::borrow_owned(
-                stream.raw(),
-                stream.owner(),
-                self.owner,
-                "internal stream not made by this device",
-            )
-        }
-    }
-
-    /// The entry behind an event this device recorded, for as long as the handle is
-    /// borrowed.
-    ///
-    /// # Errors
-    /// `HIP_ERROR_INVALID_HANDLE` for a handle of another device object, or one made
-    /// with [`EventHandle::from_raw`].
-    fn event<'a>(&self, event: &'a EventHandle) -> Result<&'a EventEntry, DeviceError> {
-        // SAFETY: this device stamps its owner id only in `record_event`, on a
-        // Box<EventEntry> it has just leaked, and reclaims one only in `destroy_event`,
-        // which consumes the handle; the reference lives for 'a, the borrow of the handle.
-        unsafe {
-            handle::borrow_owned(
-                event.raw(),
-                event.owner(),
-                self.owner,
-                "event not recorded by this device",
-            )
-        }
+    /// Keeps an idle event for reuse, or destroys it when the pool is full.
+    fn pool_or_destroy_event(&self, entry: Box<EventEntry>) {
+        let Some(entry) = self.handles.pool_event(entry.ordinal, entry) else {
+            return;
+        };
+        let _ = self.make_current(entry.ordinal);
+        // SAFETY: our event, destroyed once (HIP defers the release if it is pending).
+        unsafe { hipEventDestroy(entry.event) };
     }
 
     /// Allocates device memory (`hipMalloc`) on `ordinal`.
@@ -545,19 +518,13 @@ impl DeviceCopies for RocmDevice {
         let code =
             unsafe { hipStreamCreateWithPriority(&mut stream, hipStreamNonBlocking, priority) };
         call(code, "hipStreamCreateWithPriority")?;
-        let entry = Box::new(InternalEntry { stream, ordinal: device_ordinal });
-        Ok(InternalStream::owned(handle::leak(entry), self.owner))
+        Ok(self.handles.stream_handle(InternalEntry { stream, ordinal: device_ordinal }))
     }
 
     fn destroy_internal_stream(&self, stream: InternalStream) {
-        if stream.owner() != self.owner {
-            log::debug!("ignored: destroy of an internal stream not made by this device");
+        let Some(entry) = self.handles.take_stream(stream) else {
             return;
-        }
-        // SAFETY: the handle's owner is this device, so (see `internal`) its raw value is
-        // a Box<InternalEntry> leaked by create_internal_stream and live while the handle
-        // exists; we consume the one handle that names it, so it is reclaimed once.
-        let entry = unsafe { handle::reclaim::<InternalEntry>(stream.raw()) };
+        };
         let _ = self.make_current(entry.ordinal);
         // SAFETY: our own stream.
         unsafe { hipStreamDestroy(entry.stream) };
@@ -570,7 +537,7 @@ impl DeviceCopies for RocmDevice {
         source: *const u8,
         len_bytes: usize,
     ) -> Result<(), DeviceError> {
-        let entry = self.internal(stream)?;
+        let entry = self.handles.stream(stream)?;
         self.make_current(entry.ordinal)?;
         // SAFETY: caller's contract (pinned source, valid device range); HIP only reads
         // through `source`.
@@ -594,7 +561,7 @@ impl DeviceCopies for RocmDevice {
         source: u64,
         len_bytes: usize,
     ) -> Result<(), DeviceError> {
-        let entry = self.internal(stream)?;
+        let entry = self.handles.stream(stream)?;
         self.make_current(entry.ordinal)?;
         // SAFETY: caller's contract.
         call(
@@ -606,7 +573,7 @@ impl DeviceCopies for RocmDevice {
     }
 
     fn synchronize_internal(&self, stream: &InternalStream) -> Result<(), DeviceError> {
-        let entry = self.internal(stream)?;
+        let entry = self.handles.stream(stream)?;
         self.make_current(entry.ordinal)?;
         // SAFETY: our stream.
         call(unsafe { hipStreamSynchronize(entry.stream) }, "hipStreamSynchronize")
@@ -618,7 +585,7 @@ impl DeviceCopies for RocmDevice {
         word_device_addr: u64,
         value: u32,
     ) -> Result<(), DeviceError> {
-        let entry = self.internal(stream)?;
+        let entry = self.handles.stream(stream)?;
         self.make_current(entry.ordinal)?;
         // SAFETY: caller's contract: a live pinned word.
         call(
@@ -630,13 +597,9 @@ impl DeviceCopies for RocmDevice {
 
 impl DeviceEvents for RocmDevice {
     fn record_event(&self, stream: &InternalStream) -> Result<EventHandle, DeviceError> {
-        let entry = self.internal(stream)?;
+        let entry = self.handles.stream(stream)?;
         self.make_current(entry.ordinal)?;
-        let pooled = self.event_pools[entry.ordinal as usize]
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .pop();
-        let event = match pooled {
+        let event = match self.handles.pooled_event(entry.ordinal) {
             Some(event) => event,
             None => {
                 let mut event: hipEvent_t = std::ptr::null_mut();
@@ -649,14 +612,14 @@ impl DeviceEvents for RocmDevice {
         // SAFETY: event and stream belong to the same (current) device.
         let code = unsafe { hipEventRecord(event.event, entry.stream) };
         if let Err(error) = call(code, "hipEventRecord") {
-            self.destroy_event(EventHandle::owned(handle::leak(event), self.owner));
+            self.pool_or_destroy_event(event);
             return Err(error);
         }
-        Ok(EventHandle::owned(handle::leak(event), self.owner))
+        Ok(self.handles.event_handle(event))
     }
 
     fn event_done(&self, event: &EventHandle) -> Result<bool, DeviceError> {
-        let entry = self.event(event)?;
+        let entry = self.handles.event(event)?;
         self.make_current(entry.ordinal)?;
         // SAFETY: a live event of ours.
         match unsafe { hipEventQuery(entry.event) } {
@@ -667,23 +630,8 @@ impl DeviceEvents for RocmDevice {
     }
 
     fn destroy_event(&self, event: EventHandle) {
-        if event.owner() != self.owner {
-            log::debug!("ignored: destroy of an event not recorded by this device");
-            return;
-        }
-        // SAFETY: the handle's owner is this device, so (see `event`) its raw value is a
-        // Box<EventEntry> leaked by record_event and live while the handle exists; we
-        // consume the one handle that names it, so it is reclaimed once.
-        let entry = unsafe { handle::reclaim::<EventEntry>(event.raw()) };
-        let mut pool =
-            self.event_pools[entry.ordinal as usize].lock().unwrap_or_else(|p| p.into_inner());
-        if pool.len() < EVENT_POOL_CAP {
-            pool.push(entry);
-        } else {
-            drop(pool);
-            let _ = self.make_current(entry.ordinal);
-            // SAFETY: our event, destroyed once (HIP defers the release if it is pending).
-            unsafe { hipEventDestroy(entry.event) };
+        if let Some(entry) = self.handles.take_event(event) {
+            self.pool_or_destroy_event(entry);
         }
     }
 }

@@ -34,10 +34,11 @@ use hipfile_core::Direction;
 
 use sys::*;
 
+use super::gpu::OwnedHandles;
 use super::{
     DeviceCopies, DeviceError, DeviceEvents, DeviceInfo, DeviceKind, EventHandle, HostFn,
     HostMemory, InternalStream, MemoryType, PinnedRegion, PointerInfo, StreamHandle,
-    StreamMemoryOps, WriteThenWaitError, handle,
+    StreamMemoryOps, WriteThenWaitError,
 };
 
 /// The largest device scratch of an engine stream: a host → device copy through it longer
@@ -92,9 +93,6 @@ fn min_copy_bytes_from_environment() -> usize {
     }
 }
 
-/// Most idle events kept per device for reuse.
-const EVENT_POOL_CAP: usize = 1024;
-
 /// An internal stream and the device it belongs to (boxed; an `InternalStream` of this
 /// device holds the box's address; see [`CudaDevice::internal`]).
 struct InternalEntry {
@@ -130,20 +128,14 @@ static ENGINE_CONTEXTS: Mutex<Vec<Option<EngineContext>>> = Mutex::new(Vec::new(
 /// NVIDIA GPUs through the CUDA driver API.
 pub struct CudaDevice {
     api: Api,
-    /// This object's owner id ([`handle::next_owner_id`]), stamped on every
-    /// `InternalStream` and `EventHandle` it makes; handles with another owner are
-    /// refused before their raw value is used.
-    owner: u64,
+    /// The boxes behind this object's `InternalStream` and `EventHandle` values (owner
+    /// checked) and the idle events per device (made in the engine context).
+    handles: OwnedHandles<InternalEntry, EventEntry>,
     /// Primary contexts (retained): the application's streams and memory live here.
     contexts: Vec<usize>,
     /// Engine contexts, made on first use ([`ENGINE_CONTEXTS`]).
     engine_contexts: Vec<std::sync::OnceLock<EngineContext>>,
     memops: Vec<bool>,
-    #[allow(
-        clippy::vec_box,
-        reason = "EventHandle values are the boxes' addresses, which must not move"
-    )]
-    event_pools: Vec<Mutex<Vec<Box<EventEntry>>>>,
     /// Per device: non-blocking streams of the engine context for [`DeviceCopies::copy_now`] on
     /// callers' threads, reused; like the event pools, kept for the process.
     caller_streams: Vec<Mutex<Vec<InternalEntry>>>,
@@ -230,7 +222,9 @@ impl std::fmt::Debug for CudaDevice {
 
 impl Drop for CudaDevice {
     /// Frees the caller-thread streams and their scratches (idle: a copy holds its entry
-    /// only during a call, and no call outlives the device).
+    /// only during a call, and no call outlives the device), then destroys the pooled
+    /// events in the engine context they were created in (engine contexts live for the
+    /// process, so it is alive; events still behind a handle are the holder's).
     fn drop(&mut self) {
         for (ordinal, pool) in self.caller_streams.iter().enumerate() {
             let entries = std::mem::take(&mut *pool.lock().unwrap_or_else(|p| p.into_inner()));
@@ -246,6 +240,21 @@ impl Drop for CudaDevice {
                     self.with_pushed(self.contexts[ordinal], || self.destroy_entry(&entry))
                 };
             }
+        }
+        for (ordinal, events) in self.handles.drain_event_pools() {
+            // The context the events were made in (`record_event_in_context`); never made
+            // (no event then either) means nothing to destroy, and none is made now.
+            if self.engine_contexts[ordinal as usize].get().is_none() {
+                continue;
+            }
+            let _ = self.in_engine_context(ordinal, || {
+                for entry in &events {
+                    // SAFETY: an idle pooled event of ours, no handle names it; destroyed once.
+                    let code = unsafe { (self.api.cuEventDestroy)(entry.event) };
+                    let _ = self.call(code, "cuEventDestroy");
+                }
+                Ok(())
+            });
         }
     }
 }
@@ -312,16 +321,14 @@ impl CudaDevice {
             contexts.push(context as usize);
             memops.push(supports);
         }
-        let event_pools = (0..count).map(|_| Mutex::new(Vec::new())).collect();
         let caller_streams = (0..count).map(|_| Mutex::new(Vec::new())).collect();
         let caller_primary_streams = (0..count).map(|_| Mutex::new(Vec::new())).collect();
         Ok(Arc::new(CudaDevice {
             api,
-            owner: handle::next_owner_id(),
+            handles: OwnedHandles::new(count as usize),
             engine_contexts: (0..count).map(|_| std::sync::OnceLock::new()).collect(),
             contexts,
             memops,
-            event_pools,
             caller_streams,
             caller_primary_streams,
             hardware_queues,
@@ -532,47 +539,6 @@ impl CudaDevice {
         Ok(device as u32)
     }
 
-    /// The entry behind an internal stream this device made, for as long as the handle
-    /// is borrowed.
-    ///
-    /// # Errors
-    /// `HIP_ERROR_INVALID_HANDLE` for a handle of another device object, or one made
-    /// with [`InternalStream::from_raw`].
-    fn internal<'a>(&self, stream: &'a InternalStream) -> Result<&'a InternalEntry, DeviceError> {
-        // SAFETY: this device stamps its owner id only in `create_internal_stream`, on a
-        // Box<InternalEntry> it has just leaked, and reclaims one only in
-        // `destroy_internal_stream`, which consumes the handle; the reference lives for
-        // 'a, the borrow of the handle.
-        unsafe {
-            handle::borrow_owned(
-                stream.raw(),
-                stream.owner(),
-                self.owner,
-                "internal stream not made by this device",
-            )
-        }
-    }
-
-    /// The entry behind an event this device recorded, for as long as the handle is
-    /// borrowed.
-    ///
-    /// # Errors
-    /// `HIP_ERROR_INVALID_HANDLE` for a handle of another device object, or one made
-    /// with [`EventHandle::from_raw`].
-    fn event<'a>(&self, event: &'a EventHandle) -> Result<&'a EventEntry, DeviceError> {
-        // SAFETY: this device stamps its owner id only in `record_event_in_context`, on a
-        // Box<EventEntry> it has just leaked, and reclaims one only in `destroy_event`,
-        // which consumes the handle; the reference lives for 'a, the borrow of the handle.
-        unsafe {
-            handle::borrow_owned(
-                event.raw(),
-                event.owner(),
-                self.owner,
-                "event not recorded by this device",
-            )
-        }
-    }
-
     /// Allocates device memory (`cuMemAlloc`) on `ordinal`.
     ///
     /// # Errors
@@ -772,11 +738,7 @@ impl CudaDevice {
 
     /// Records a pooled (or new) event on `entry`'s stream; the engine context is current.
     fn record_event_in_context(&self, entry: &InternalEntry) -> Result<EventHandle, DeviceError> {
-        let pooled = self.event_pools[entry.ordinal as usize]
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .pop();
-        let event = match pooled {
+        let event = match self.handles.pooled_event(entry.ordinal) {
             Some(event) => event,
             None => {
                 let mut event: CUevent = std::ptr::null_mut();
@@ -792,18 +754,14 @@ impl CudaDevice {
             self.pool_or_destroy_event(event);
             return Err(error);
         }
-        Ok(EventHandle::owned(handle::leak(event), self.owner))
+        Ok(self.handles.event_handle(event))
     }
 
     /// Keeps an idle event for reuse, or destroys it when the pool is full.
     fn pool_or_destroy_event(&self, entry: Box<EventEntry>) {
-        let mut pool =
-            self.event_pools[entry.ordinal as usize].lock().unwrap_or_else(|p| p.into_inner());
-        if pool.len() < EVENT_POOL_CAP {
-            pool.push(entry);
+        let Some(entry) = self.handles.pool_event(entry.ordinal, entry) else {
             return;
-        }
-        drop(pool);
+        };
         let _ = self.in_engine_context(entry.ordinal, || {
             // SAFETY: our event, destroyed once (CUDA defers the release if it is pending).
             self.call(unsafe { (self.api.cuEventDestroy)(entry.event) }, "cuEventDestroy")
@@ -1082,23 +1040,14 @@ impl DeviceCopies for CudaDevice {
             let code = unsafe { (self.api.cuStreamCreate)(&mut stream, CU_STREAM_NON_BLOCKING) };
             self.call(code, "cuStreamCreate").map(|()| stream)
         })?;
-        let entry = Box::new(InternalEntry {
-            stream,
-            ordinal: device_ordinal,
-            scratch: Default::default(),
-        });
-        Ok(InternalStream::owned(handle::leak(entry), self.owner))
+        let entry = InternalEntry { stream, ordinal: device_ordinal, scratch: Default::default() };
+        Ok(self.handles.stream_handle(entry))
     }
 
     fn destroy_internal_stream(&self, stream: InternalStream) {
-        if stream.owner() != self.owner {
-            log::debug!("ignored: destroy of an internal stream not made by this device");
+        let Some(entry) = self.handles.take_stream(stream) else {
             return;
-        }
-        // SAFETY: the handle's owner is this device, so (see `internal`) its raw value is
-        // a Box<InternalEntry> leaked by create_internal_stream and live while the handle
-        // exists; we consume the one handle that names it, so it is reclaimed once.
-        let entry = unsafe { handle::reclaim::<InternalEntry>(stream.raw()) };
+        };
         let _ = self.in_engine_context(entry.ordinal, || self.destroy_entry(&entry));
     }
 
@@ -1109,7 +1058,7 @@ impl DeviceCopies for CudaDevice {
         source: *const u8,
         len_bytes: usize,
     ) -> Result<(), DeviceError> {
-        let entry = self.internal(stream)?;
+        let entry = self.handles.stream(stream)?;
         self.in_engine_context(entry.ordinal, || {
             // SAFETY: caller's contract (pinned source, valid device range); the engine
             // context is current and owns the stream.
@@ -1125,7 +1074,7 @@ impl DeviceCopies for CudaDevice {
         source: u64,
         len_bytes: usize,
     ) -> Result<(), DeviceError> {
-        let entry = self.internal(stream)?;
+        let entry = self.handles.stream(stream)?;
         self.in_engine_context(entry.ordinal, || {
             // SAFETY: caller's contract; the engine context is current and owns the stream.
             self.call(
@@ -1138,7 +1087,7 @@ impl DeviceCopies for CudaDevice {
     }
 
     fn synchronize_internal(&self, stream: &InternalStream) -> Result<(), DeviceError> {
-        let entry = self.internal(stream)?;
+        let entry = self.handles.stream(stream)?;
         self.in_engine_context(entry.ordinal, || {
             // SAFETY: our stream, of the engine context.
             let code = unsafe { (self.api.cuStreamSynchronize)(entry.stream) };
@@ -1152,7 +1101,7 @@ impl DeviceCopies for CudaDevice {
         word_device_addr: u64,
         value: u32,
     ) -> Result<(), DeviceError> {
-        let entry = self.internal(stream)?;
+        let entry = self.handles.stream(stream)?;
         self.in_engine_context(entry.ordinal, || {
             // SAFETY: caller's contract: a live pinned word (portable, so mapped in the
             // engine context too).
@@ -1227,12 +1176,12 @@ impl DeviceCopies for CudaDevice {
 
 impl DeviceEvents for CudaDevice {
     fn record_event(&self, stream: &InternalStream) -> Result<EventHandle, DeviceError> {
-        let entry = self.internal(stream)?;
+        let entry = self.handles.stream(stream)?;
         self.in_engine_context(entry.ordinal, || self.record_event_in_context(entry))
     }
 
     fn event_done(&self, event: &EventHandle) -> Result<bool, DeviceError> {
-        let entry = self.event(event)?;
+        let entry = self.handles.event(event)?;
         self.in_engine_context(entry.ordinal, || {
             // SAFETY: a live event of ours.
             match unsafe { (self.api.cuEventQuery)(entry.event) } {
@@ -1244,15 +1193,9 @@ impl DeviceEvents for CudaDevice {
     }
 
     fn destroy_event(&self, event: EventHandle) {
-        if event.owner() != self.owner {
-            log::debug!("ignored: destroy of an event not recorded by this device");
-            return;
+        if let Some(entry) = self.handles.take_event(event) {
+            self.pool_or_destroy_event(entry);
         }
-        // SAFETY: the handle's owner is this device, so (see `event`) its raw value is a
-        // Box<EventEntry> leaked by record_event_in_context and live while the handle
-        // exists; we consume the one handle that names it, so it is reclaimed once.
-        let entry = unsafe { handle::reclaim::<EventEntry>(event.raw()) };
-        self.pool_or_destroy_event(entry);
     }
 }
 
