@@ -47,6 +47,7 @@ use hip_sys::hiprt::{
 };
 
 use super::gpu::OwnedHandles;
+use super::user::UserDevice;
 use super::{
     DeviceCopies, DeviceError, DeviceEvents, DeviceInfo, DeviceKind, EventHandle, HostFn,
     HostMemory, InternalStream, MemoryType, PinnedRegion, PointerInfo, StreamHandle,
@@ -251,124 +252,6 @@ impl RocmDevice {
         let _ = self.make_current(entry.ordinal);
         // SAFETY: our event, destroyed once (HIP defers the release if it is pending).
         unsafe { hipEventDestroy(entry.event) };
-    }
-
-    /// Allocates device memory (`hipMalloc`) on `ordinal`.
-    ///
-    /// # Errors
-    /// Out of memory or invalid device.
-    pub fn malloc_device(&self, ordinal: u32, len_bytes: usize) -> Result<u64, DeviceError> {
-        self.make_current(ordinal)?;
-        let mut address: *mut c_void = std::ptr::null_mut();
-        // SAFETY: valid out-pointer.
-        call(unsafe { hipMalloc(&mut address, len_bytes) }, "hipMalloc")?;
-        Ok(address as u64)
-    }
-
-    /// Frees device memory from [`RocmDevice::malloc_device`].
-    ///
-    /// # Errors
-    /// Unknown address.
-    ///
-    /// # Safety
-    /// No enqueued work uses the memory any more.
-    pub unsafe fn free_device(&self, address: u64) -> Result<(), DeviceError> {
-        // SAFETY: the caller guarantees the memory is idle.
-        call(unsafe { hipFree(device_ptr(address)) }, "hipFree")
-    }
-
-    /// Creates a user stream (non-blocking) on `ordinal`, as an application would.
-    ///
-    /// # Errors
-    /// Invalid device or runtime failure.
-    pub fn create_stream(&self, ordinal: u32) -> Result<StreamHandle, DeviceError> {
-        self.make_current(ordinal)?;
-        let mut stream: hipStream_t = std::ptr::null_mut();
-        // SAFETY: valid out-pointer.
-        let code = unsafe { hipStreamCreateWithFlags(&mut stream, hipStreamNonBlocking) };
-        call(code, "hipStreamCreateWithFlags")?;
-        Ok(StreamHandle(stream as usize))
-    }
-
-    /// Destroys a user stream (its pending work still completes).
-    ///
-    /// # Errors
-    /// Unknown stream.
-    pub fn destroy_stream(&self, stream: StreamHandle) -> Result<(), DeviceError> {
-        // SAFETY: the stream came from create_stream; invalid ones yield an error code.
-        call(unsafe { hipStreamDestroy(stream_of(stream)) }, "hipStreamDestroy")
-    }
-
-    /// Enqueues a device memset on a user stream.
-    ///
-    /// # Errors
-    /// Invalid stream or range.
-    ///
-    /// # Safety
-    /// `target..target+len_bytes` is device memory.
-    pub unsafe fn memset_async(
-        &self,
-        stream: StreamHandle,
-        target: u64,
-        value: u8,
-        len_bytes: usize,
-    ) -> Result<(), DeviceError> {
-        // SAFETY: the caller guarantees the range.
-        call(
-            unsafe { hipMemsetD8Async(device_ptr(target), value, len_bytes, stream_of(stream)) },
-            "hipMemsetD8Async",
-        )
-    }
-
-    /// Enqueues a host → device copy on a user stream.
-    ///
-    /// # Errors
-    /// Invalid stream or range.
-    ///
-    /// # Safety
-    /// `source` is readable (pinned for true asynchrony) until the copy completes.
-    pub unsafe fn copy_to_device_on(
-        &self,
-        stream: StreamHandle,
-        target: u64,
-        source: *const u8,
-        len_bytes: usize,
-    ) -> Result<(), DeviceError> {
-        // SAFETY: caller's contract; HIP only reads through `source`.
-        call(
-            unsafe {
-                hipMemcpyHtoDAsync(
-                    device_ptr(target),
-                    source.cast_mut().cast(),
-                    len_bytes,
-                    stream_of(stream),
-                )
-            },
-            "hipMemcpyHtoDAsync",
-        )
-    }
-
-    /// Enqueues a device → host copy on a user stream.
-    ///
-    /// # Errors
-    /// Invalid stream or range.
-    ///
-    /// # Safety
-    /// `target` is writable until the copy completes.
-    pub unsafe fn copy_from_device_on(
-        &self,
-        stream: StreamHandle,
-        target: *mut u8,
-        source: u64,
-        len_bytes: usize,
-    ) -> Result<(), DeviceError> {
-        // SAFETY: caller's contract.
-        call(
-            unsafe {
-                hipMemcpyDtoHAsync(target.cast(), device_ptr(source), len_bytes, stream_of(stream))
-            },
-            "hipMemcpyDtoHAsync",
-        )
     }
 }
 
@@ -702,5 +585,85 @@ impl StreamMemoryOps for RocmDevice {
             hipError_t::hipErrorNotReady => Ok(false),
             code => call(code, "hipStreamQuery").map(|()| true),
         }
+    }
+}
+
+impl UserDevice for RocmDevice {
+    fn alloc_device(&self, ordinal: u32, len_bytes: usize) -> Result<u64, DeviceError> {
+        self.make_current(ordinal)?;
+        let mut address: *mut c_void = std::ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        call(unsafe { hipMalloc(&mut address, len_bytes) }, "hipMalloc")?;
+        Ok(address as u64)
+    }
+
+    unsafe fn free_device(&self, address: u64) -> Result<(), DeviceError> {
+        // SAFETY: the caller guarantees the memory is idle.
+        call(unsafe { hipFree(device_ptr(address)) }, "hipFree")
+    }
+
+    fn create_user_stream(&self, ordinal: u32) -> Result<StreamHandle, DeviceError> {
+        self.make_current(ordinal)?;
+        let mut stream: hipStream_t = std::ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        let code = unsafe { hipStreamCreateWithFlags(&mut stream, hipStreamNonBlocking) };
+        call(code, "hipStreamCreateWithFlags")?;
+        Ok(StreamHandle(stream as usize))
+    }
+
+    fn destroy_user_stream(&self, stream: StreamHandle) -> Result<(), DeviceError> {
+        // SAFETY: the stream came from create_stream; invalid ones yield an error code.
+        call(unsafe { hipStreamDestroy(stream_of(stream)) }, "hipStreamDestroy")
+    }
+
+    unsafe fn copy_to_device_on(
+        &self,
+        stream: StreamHandle,
+        target: u64,
+        source: *const u8,
+        len_bytes: usize,
+    ) -> Result<(), DeviceError> {
+        // SAFETY: caller's contract; HIP only reads through `source`.
+        call(
+            unsafe {
+                hipMemcpyHtoDAsync(
+                    device_ptr(target),
+                    source.cast_mut().cast(),
+                    len_bytes,
+                    stream_of(stream),
+                )
+            },
+            "hipMemcpyHtoDAsync",
+        )
+    }
+
+    unsafe fn copy_from_device_on(
+        &self,
+        stream: StreamHandle,
+        target: *mut u8,
+        source: u64,
+        len_bytes: usize,
+    ) -> Result<(), DeviceError> {
+        // SAFETY: caller's contract.
+        call(
+            unsafe {
+                hipMemcpyDtoHAsync(target.cast(), device_ptr(source), len_bytes, stream_of(stream))
+            },
+            "hipMemcpyDtoHAsync",
+        )
+    }
+
+    unsafe fn memset_on(
+        &self,
+        stream: StreamHandle,
+        target: u64,
+        value: u8,
+        len_bytes: usize,
+    ) -> Result<(), DeviceError> {
+        // SAFETY: the caller guarantees the range.
+        call(
+            unsafe { hipMemsetD8Async(device_ptr(target), value, len_bytes, stream_of(stream)) },
+            "hipMemsetD8Async",
+        )
     }
 }

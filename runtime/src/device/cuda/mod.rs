@@ -35,6 +35,7 @@ use hipfile_core::Direction;
 use sys::*;
 
 use super::gpu::OwnedHandles;
+use super::user::UserDevice;
 use super::{
     DeviceCopies, DeviceError, DeviceEvents, DeviceInfo, DeviceKind, EventHandle, HostFn,
     HostMemory, InternalStream, MemoryType, PinnedRegion, PointerInfo, StreamHandle,
@@ -539,41 +540,6 @@ impl CudaDevice {
         Ok(device as u32)
     }
 
-    /// Allocates device memory (`cuMemAlloc`) on `ordinal`.
-    ///
-    /// # Errors
-    /// Out of memory or invalid device.
-    pub fn malloc_device(&self, ordinal: u32, len_bytes: usize) -> Result<u64, DeviceError> {
-        self.make_current(ordinal)?;
-        let mut address: CUdeviceptr = 0;
-        // SAFETY: valid out-pointer.
-        self.call(unsafe { (self.api.cuMemAlloc)(&mut address, len_bytes) }, "cuMemAlloc")?;
-        Ok(address)
-    }
-
-    /// Frees device memory from [`CudaDevice::malloc_device`].
-    ///
-    /// # Safety
-    /// No enqueued work uses the memory any more.
-    pub unsafe fn free_device(&self, address: u64) -> Result<(), DeviceError> {
-        self.ensure_any_current()?;
-        // SAFETY: the caller guarantees the memory is idle.
-        self.call(unsafe { (self.api.cuMemFree)(address) }, "cuMemFree")
-    }
-
-    /// Creates a user stream (non-blocking) on `ordinal`, as an application would.
-    ///
-    /// # Errors
-    /// Invalid device or driver failure.
-    pub fn create_stream(&self, ordinal: u32) -> Result<StreamHandle, DeviceError> {
-        self.make_current(ordinal)?;
-        let mut stream: CUstream = std::ptr::null_mut();
-        // SAFETY: valid out-pointer.
-        let code = unsafe { (self.api.cuStreamCreate)(&mut stream, CU_STREAM_NON_BLOCKING) };
-        self.call(code, "cuStreamCreate")?;
-        Ok(StreamHandle(stream as usize))
-    }
-
     /// [`DeviceCopies::copy_now`] with a context of device `ordinal` current (the engine
     /// context, or the primary one): a stream of `pool` (made in the current context when
     /// the pool is empty), the copy (host → device through the stream's scratch when
@@ -766,77 +732,6 @@ impl CudaDevice {
             // SAFETY: our event, destroyed once (CUDA defers the release if it is pending).
             self.call(unsafe { (self.api.cuEventDestroy)(entry.event) }, "cuEventDestroy")
         });
-    }
-
-    /// Destroys a user stream (its pending work still completes).
-    ///
-    /// # Errors
-    /// Unknown stream.
-    pub fn destroy_stream(&self, stream: StreamHandle) -> Result<(), DeviceError> {
-        self.ensure_any_current()?;
-        // SAFETY: the stream came from create_stream.
-        self.call(unsafe { (self.api.cuStreamDestroy)(stream.0 as CUstream) }, "cuStreamDestroy")
-    }
-
-    /// Enqueues a device memset on a user stream.
-    ///
-    /// # Safety
-    /// `target..target+len_bytes` is device memory.
-    pub unsafe fn memset_async(
-        &self,
-        stream: StreamHandle,
-        target: u64,
-        value: u8,
-        len_bytes: usize,
-    ) -> Result<(), DeviceError> {
-        self.ensure_any_current()?;
-        // SAFETY: the caller guarantees the range.
-        self.call(
-            unsafe { (self.api.cuMemsetD8Async)(target, value, len_bytes, stream.0 as CUstream) },
-            "cuMemsetD8Async",
-        )
-    }
-
-    /// Enqueues a host → device copy on a user stream.
-    ///
-    /// # Safety
-    /// `source` is readable (pinned for true asynchrony) until the copy completes.
-    pub unsafe fn copy_to_device_on(
-        &self,
-        stream: StreamHandle,
-        target: u64,
-        source: *const u8,
-        len_bytes: usize,
-    ) -> Result<(), DeviceError> {
-        self.ensure_any_current()?;
-        // SAFETY: caller's contract.
-        self.call(
-            unsafe {
-                (self.api.cuMemcpyHtoDAsync)(target, source.cast(), len_bytes, stream.0 as CUstream)
-            },
-            "cuMemcpyHtoDAsync",
-        )
-    }
-
-    /// Enqueues a device → host copy on a user stream.
-    ///
-    /// # Safety
-    /// `target` is writable until the copy completes.
-    pub unsafe fn copy_from_device_on(
-        &self,
-        stream: StreamHandle,
-        target: *mut u8,
-        source: u64,
-        len_bytes: usize,
-    ) -> Result<(), DeviceError> {
-        self.ensure_any_current()?;
-        // SAFETY: caller's contract.
-        self.call(
-            unsafe {
-                (self.api.cuMemcpyDtoHAsync)(target.cast(), source, len_bytes, stream.0 as CUstream)
-            },
-            "cuMemcpyDtoHAsync",
-        )
     }
 }
 
@@ -1320,5 +1215,85 @@ impl StreamMemoryOps for CudaDevice {
             CUDA_ERROR_NOT_READY => Ok(false),
             code => self.call(code, "cuStreamQuery").map(|()| true),
         }
+    }
+}
+
+impl UserDevice for CudaDevice {
+    fn alloc_device(&self, ordinal: u32, len_bytes: usize) -> Result<u64, DeviceError> {
+        self.make_current(ordinal)?;
+        let mut address: CUdeviceptr = 0;
+        // SAFETY: valid out-pointer.
+        self.call(unsafe { (self.api.cuMemAlloc)(&mut address, len_bytes) }, "cuMemAlloc")?;
+        Ok(address)
+    }
+
+    unsafe fn free_device(&self, address: u64) -> Result<(), DeviceError> {
+        self.ensure_any_current()?;
+        // SAFETY: the caller guarantees the memory is idle.
+        self.call(unsafe { (self.api.cuMemFree)(address) }, "cuMemFree")
+    }
+
+    fn create_user_stream(&self, ordinal: u32) -> Result<StreamHandle, DeviceError> {
+        self.make_current(ordinal)?;
+        let mut stream: CUstream = std::ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        let code = unsafe { (self.api.cuStreamCreate)(&mut stream, CU_STREAM_NON_BLOCKING) };
+        self.call(code, "cuStreamCreate")?;
+        Ok(StreamHandle(stream as usize))
+    }
+
+    fn destroy_user_stream(&self, stream: StreamHandle) -> Result<(), DeviceError> {
+        self.ensure_any_current()?;
+        // SAFETY: the stream came from create_stream.
+        self.call(unsafe { (self.api.cuStreamDestroy)(stream.0 as CUstream) }, "cuStreamDestroy")
+    }
+
+    unsafe fn copy_to_device_on(
+        &self,
+        stream: StreamHandle,
+        target: u64,
+        source: *const u8,
+        len_bytes: usize,
+    ) -> Result<(), DeviceError> {
+        self.ensure_any_current()?;
+        // SAFETY: caller's contract.
+        self.call(
+            unsafe {
+                (self.api.cuMemcpyHtoDAsync)(target, source.cast(), len_bytes, stream.0 as CUstream)
+            },
+            "cuMemcpyHtoDAsync",
+        )
+    }
+
+    unsafe fn copy_from_device_on(
+        &self,
+        stream: StreamHandle,
+        target: *mut u8,
+        source: u64,
+        len_bytes: usize,
+    ) -> Result<(), DeviceError> {
+        self.ensure_any_current()?;
+        // SAFETY: caller's contract.
+        self.call(
+            unsafe {
+                (self.api.cuMemcpyDtoHAsync)(target.cast(), source, len_bytes, stream.0 as CUstream)
+            },
+            "cuMemcpyDtoHAsync",
+        )
+    }
+
+    unsafe fn memset_on(
+        &self,
+        stream: StreamHandle,
+        target: u64,
+        value: u8,
+        len_bytes: usize,
+    ) -> Result<(), DeviceError> {
+        self.ensure_any_current()?;
+        // SAFETY: the caller guarantees the range.
+        self.call(
+            unsafe { (self.api.cuMemsetD8Async)(target, value, len_bytes, stream.0 as CUstream) },
+            "cuMemsetD8Async",
+        )
     }
 }
