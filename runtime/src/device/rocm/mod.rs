@@ -28,22 +28,26 @@
 //! the whole analysis wait for a run on an AMD GPU.
 //!
 //! `hipError_t` numbers are reported as [`DeviceError::hip_error`] unchanged.
+//!
+//! Layers: `sys` (the `hip-sys` symbols and the two it lacks), `result` (one function per
+//! HIP call, `hipError_t` mapped to [`DeviceError`]), this file (the device: which device
+//! is current, the engine's priority streams, event pooling through the shared
+//! `gpu::OwnedHandles`). HIP has no contexts, so unlike `cuda` nothing here pushes or
+//! pops one: a call on an internal stream makes the stream's device current (cached per
+//! thread).
+
+mod result;
+mod sys;
 
 use std::cell::Cell;
-use std::ffi::{CStr, c_int, c_uint, c_void};
+use std::ffi::{c_int, c_void};
 use std::sync::Arc;
 
-use hip_sys::hiprt::{
-    hipDeviceAttribute_t, hipDeviceGetAttribute, hipDeviceGetStreamPriorityRange, hipError_t,
-    hipEvent_t, hipEventCreateWithFlags, hipEventDestroy, hipEventDisableTiming, hipEventQuery,
-    hipEventRecord, hipFree, hipGetDevice, hipGetDeviceCount, hipGetErrorName, hipHostFree,
-    hipHostGetDevicePointer, hipHostMalloc, hipHostMallocMapped, hipHostMallocPortable,
-    hipHostRegister, hipHostRegisterMapped, hipHostRegisterPortable, hipHostUnregister, hipInit,
-    hipMalloc, hipMemcpyDtoHAsync, hipMemcpyHtoDAsync, hipMemsetD8Async, hipPointerAttribute_t,
-    hipPointerGetAttributes, hipSetDevice, hipStream_t, hipStreamAddCallback,
-    hipStreamCreateWithFlags, hipStreamCreateWithPriority, hipStreamDestroy, hipStreamNonBlocking,
-    hipStreamQuery, hipStreamSynchronize, hipStreamWaitValue32, hipStreamWaitValueGte,
-    hipStreamWriteValue32,
+use sys::{
+    MEMORY_TYPE_ARRAY, MEMORY_TYPE_DEVICE, MEMORY_TYPE_MANAGED, MEMORY_TYPE_UNIFIED,
+    hipDeviceAttribute_t, hipError_t, hipEvent_t, hipEventDisableTiming, hipHostMallocMapped,
+    hipHostMallocPortable, hipHostRegisterMapped, hipHostRegisterPortable, hipStream_t,
+    hipStreamNonBlocking,
 };
 
 use super::gpu::OwnedHandles;
@@ -54,47 +58,15 @@ use super::{
     StreamMemoryOps,
 };
 
-// HIP entry points that `libamdhip64` exports (HIP 4.2+) but the `hip-sys` bindings lack.
-// They return plain integers here, so no out-of-range enum value can ever be produced.
-unsafe extern "C" {
-    /// `hipError_t hipMemGetAddressRange(hipDeviceptr_t*, size_t*, hipDeviceptr_t)`.
-    fn hipMemGetAddressRange(base: *mut *mut c_void, size: *mut usize, ptr: *mut c_void) -> c_int;
-    /// `int hipGetStreamDeviceId(hipStream_t)`: the stream's device, or -1.
-    fn hipGetStreamDeviceId(stream: hipStream_t) -> c_int;
-}
-
-/// `hipPointerAttribute_t` with the memory type as a plain integer (so an unexpected
-/// value from the library is never read as a Rust enum). Same layout as the binding's.
-#[repr(C)]
-struct RawPointerAttributes {
-    memory_type: c_uint,
-    device: c_int,
-    device_pointer: *mut c_void,
-    host_pointer: *mut c_void,
-    is_managed: c_int,
-    allocation_flags: c_uint,
-}
-
-const _: () = assert!(
-    size_of::<RawPointerAttributes>() == size_of::<hipPointerAttribute_t>()
-        && align_of::<RawPointerAttributes>() == align_of::<hipPointerAttribute_t>()
-);
-
-/// `hipMemoryTypeDevice`, `hipMemoryTypeArray`, `hipMemoryTypeUnified`, `hipMemoryTypeManaged`.
-const MEMORY_TYPE_DEVICE: c_uint = 1;
-const MEMORY_TYPE_ARRAY: c_uint = 2;
-const MEMORY_TYPE_UNIFIED: c_uint = 3;
-const MEMORY_TYPE_MANAGED: c_uint = 4;
-
-/// An internal stream and the device it belongs to (boxed; an `InternalStream` of this
-/// device holds the box's address; see [`RocmDevice::internal`]).
+/// An internal stream and the device it belongs to (boxed behind an `InternalStream` of
+/// this device by [`OwnedHandles`]).
 struct InternalEntry {
     stream: hipStream_t,
     ordinal: u32,
 }
 
-/// An event and its device (boxed; an `EventHandle` of this device holds the box's
-/// address; see [`RocmDevice::event`]).
+/// An event and its device (boxed behind an `EventHandle` of this device by
+/// [`OwnedHandles`]).
 struct EventEntry {
     event: hipEvent_t,
     ordinal: u32,
@@ -129,7 +101,7 @@ impl Drop for RocmDevice {
             let _ = self.make_current(ordinal);
             for entry in events {
                 // SAFETY: an idle pooled event of ours, no handle names it; destroyed once.
-                unsafe { hipEventDestroy(entry.event) };
+                let _ = unsafe { result::event_destroy(entry.event) };
             }
         }
     }
@@ -146,35 +118,8 @@ thread_local! {
     static CURRENT_DEVICE: Cell<c_int> = const { Cell::new(-1) };
 }
 
-/// The name of a HIP error (e.g. `hipErrorNoDevice`).
-fn error_name(code: hipError_t) -> String {
-    // SAFETY: hipGetErrorName takes any error value and returns a static string or NULL.
-    let name = unsafe { hipGetErrorName(code) };
-    if name.is_null() {
-        return "unknown".into();
-    }
-    // SAFETY: non-NULL static NUL-terminated string from the runtime.
-    unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned()
-}
-
-fn check(code: hipError_t, what: &str) -> Result<(), String> {
-    if code == hipError_t::hipSuccess {
-        Ok(())
-    } else {
-        Err(format!("{what}: hipError {} ({})", code as i32, error_name(code)))
-    }
-}
-
-fn call(code: hipError_t, what: &'static str) -> Result<(), DeviceError> {
-    if code == hipError_t::hipSuccess { Ok(()) } else { Err(DeviceError::new(code as i32, what)) }
-}
-
 fn stream_of(stream: StreamHandle) -> hipStream_t {
     stream.0 as hipStream_t
-}
-
-fn device_ptr(addr: u64) -> *mut c_void {
-    addr as usize as *mut c_void
 }
 
 /// Runs a [`HostCall`] enqueued by `launch_host_func`.
@@ -200,26 +145,15 @@ impl RocmDevice {
     /// `hipInit` or `hipGetDeviceCount` fails (no AMD GPU or no kernel driver), or there is
     /// no device: a clear message, never a panic.
     pub fn open() -> Result<Arc<RocmDevice>, String> {
-        // SAFETY: hipInit takes flags (0) and has no other precondition.
-        check(unsafe { hipInit(0) }, "hipInit")?;
-        let mut count: c_int = 0;
-        // SAFETY: `count` is a valid out-pointer.
-        check(unsafe { hipGetDeviceCount(&mut count) }, "hipGetDeviceCount")?;
+        result::init()?;
+        let count = result::get_device_count()?;
         if count <= 0 {
             return Err("the HIP runtime found no AMD GPU".into());
         }
         let memops = (0..count)
             .map(|ordinal| {
-                let mut value: c_int = 0;
-                // SAFETY: valid out-pointer; ordinal < count.
-                let code = unsafe {
-                    hipDeviceGetAttribute(
-                        &mut value,
-                        hipDeviceAttribute_t::hipDeviceAttributeCanUseStreamWaitValue,
-                        ordinal,
-                    )
-                };
-                code == hipError_t::hipSuccess && value != 0
+                let attribute = hipDeviceAttribute_t::hipDeviceAttributeCanUseStreamWaitValue;
+                result::device_get_attribute(attribute, ordinal).is_ok_and(|value| value != 0)
             })
             .collect();
         Ok(Arc::new(RocmDevice {
@@ -238,8 +172,7 @@ impl RocmDevice {
         if CURRENT_DEVICE.get() == ordinal {
             return Ok(());
         }
-        // SAFETY: ordinal < device count.
-        call(unsafe { hipSetDevice(ordinal) }, "hipSetDevice")?;
+        result::set_device(ordinal)?;
         CURRENT_DEVICE.set(ordinal);
         Ok(())
     }
@@ -251,7 +184,7 @@ impl RocmDevice {
         };
         let _ = self.make_current(entry.ordinal);
         // SAFETY: our event, destroyed once (HIP defers the release if it is pending).
-        unsafe { hipEventDestroy(entry.event) };
+        let _ = unsafe { result::event_destroy(entry.event) };
     }
 }
 
@@ -265,26 +198,10 @@ impl DeviceInfo for RocmDevice {
     }
 
     fn pointer_info(&self, ptr: u64) -> Result<PointerInfo, DeviceError> {
-        let mut attributes = RawPointerAttributes {
-            memory_type: 0,
-            device: 0,
-            device_pointer: std::ptr::null_mut(),
-            host_pointer: std::ptr::null_mut(),
-            is_managed: 0,
-            allocation_flags: 0,
-        };
-        // SAFETY: RawPointerAttributes has hipPointerAttribute_t's layout (asserted above)
-        // and is only read through its own plain-integer fields.
-        let code = unsafe {
-            hipPointerGetAttributes(
-                (&raw mut attributes).cast::<hipPointerAttribute_t>(),
-                device_ptr(ptr).cast_const(),
-            )
-        };
-        match code {
-            hipError_t::hipSuccess => {}
+        let attributes = match result::pointer_get_attributes(ptr) {
+            Ok(attributes) => attributes,
             // Memory HIP does not know (pageable host memory, garbage): host, range unknown.
-            hipError_t::hipErrorInvalidValue => {
+            Err(error) if error.hip_error == hipError_t::hipErrorInvalidValue as i32 => {
                 return Ok(PointerInfo {
                     memory_type: MemoryType::Host,
                     device_ordinal: 0,
@@ -292,8 +209,8 @@ impl DeviceInfo for RocmDevice {
                     allocation_len_bytes: 0,
                 });
             }
-            code => return Err(DeviceError::new(code as i32, "hipPointerGetAttributes")),
-        }
+            Err(error) => return Err(error),
+        };
         let memory_type = match (attributes.is_managed != 0, attributes.memory_type) {
             (true, _) => MemoryType::Managed,
             (false, MEMORY_TYPE_DEVICE) => MemoryType::Device,
@@ -301,12 +218,8 @@ impl DeviceInfo for RocmDevice {
             (false, MEMORY_TYPE_UNIFIED | MEMORY_TYPE_MANAGED) => MemoryType::Managed,
             _ => MemoryType::Host,
         };
-        let mut base: *mut c_void = std::ptr::null_mut();
-        let mut size: usize = 0;
-        // SAFETY: valid out-pointers; an address outside any allocation yields an error.
-        let ranged = unsafe { hipMemGetAddressRange(&mut base, &mut size, device_ptr(ptr)) };
         let (allocation_base, allocation_len_bytes) =
-            if ranged == 0 { (base as u64, size as u64) } else { (0, 0) };
+            result::mem_get_address_range(ptr).unwrap_or((0, 0));
         Ok(PointerInfo {
             memory_type,
             device_ordinal: attributes.device.max(0) as u32,
@@ -317,17 +230,10 @@ impl DeviceInfo for RocmDevice {
 
     fn stream_device(&self, stream: StreamHandle) -> Result<u32, DeviceError> {
         if stream == StreamHandle::NULL {
-            let mut device: c_int = 0;
-            // SAFETY: valid out-pointer.
-            call(unsafe { hipGetDevice(&mut device) }, "hipGetDevice")?;
-            return Ok(device.max(0) as u32);
+            return Ok(result::get_device()?.max(0) as u32);
         }
-        // SAFETY: a user stream handle; HIP validates it and returns -1 for unknown ones.
-        let device = unsafe { hipGetStreamDeviceId(stream_of(stream)) };
-        if device < 0 {
-            return Err(DeviceError::new(DeviceError::HIP_ERROR_INVALID_HANDLE, "unknown stream"));
-        }
-        Ok(device as u32)
+        // SAFETY: a user stream handle; HIP validates it.
+        unsafe { result::get_stream_device_id(stream_of(stream)) }
     }
 
     fn supports_stream_memops(&self, device_ordinal: u32) -> bool {
@@ -338,24 +244,21 @@ impl DeviceInfo for RocmDevice {
 impl HostMemory for RocmDevice {
     fn alloc_pinned(&self, len_bytes: usize) -> Result<PinnedRegion, DeviceError> {
         self.make_current(0)?;
-        let mut host: *mut c_void = std::ptr::null_mut();
-        let flags = hipHostMallocMapped | hipHostMallocPortable;
-        // SAFETY: valid out-pointer.
-        call(unsafe { hipHostMalloc(&mut host, len_bytes, flags) }, "hipHostMalloc")?;
-        let mut device_addr: *mut c_void = std::ptr::null_mut();
+        let host = result::host_malloc(len_bytes, hipHostMallocMapped | hipHostMallocPortable)?;
         // SAFETY: `host` is mapped pinned memory we just allocated.
-        let mapped = unsafe { hipHostGetDevicePointer(&mut device_addr, host, 0) };
-        if let Err(error) = call(mapped, "hipHostGetDevicePointer") {
-            // SAFETY: frees what we allocated above.
-            unsafe { hipHostFree(host) };
-            return Err(error);
+        match unsafe { result::host_get_device_pointer(host) } {
+            Ok(device_addr) => Ok(PinnedRegion { host_ptr: host.cast(), device_addr, len_bytes }),
+            Err(error) => {
+                // SAFETY: frees what we allocated above, once.
+                let _ = unsafe { result::host_free(host) };
+                Err(error)
+            }
         }
-        Ok(PinnedRegion { host_ptr: host.cast(), device_addr: device_addr as u64, len_bytes })
     }
 
     unsafe fn free_pinned(&self, region: PinnedRegion) {
         // SAFETY: the caller guarantees the region came from alloc_pinned and is idle.
-        unsafe { hipHostFree(region.host_ptr.cast()) };
+        let _ = unsafe { result::host_free(region.host_ptr.cast()) };
     }
 
     unsafe fn register_host(
@@ -367,21 +270,17 @@ impl HostMemory for RocmDevice {
         let flags = hipHostRegisterMapped | hipHostRegisterPortable;
         // SAFETY: the caller guarantees the range is valid host memory that outlives the
         // registration.
-        call(unsafe { hipHostRegister(host_ptr.cast(), len_bytes, flags) }, "hipHostRegister")?;
-        let mut device_addr: *mut c_void = std::ptr::null_mut();
+        unsafe { result::host_register(host_ptr.cast(), len_bytes, flags) }?;
         // SAFETY: registered, mapped host memory.
-        let mapped = unsafe { hipHostGetDevicePointer(&mut device_addr, host_ptr.cast(), 0) };
-        if let Err(error) = call(mapped, "hipHostGetDevicePointer") {
+        unsafe { result::host_get_device_pointer(host_ptr.cast()) }.inspect_err(|_| {
             // SAFETY: undo the registration above.
-            unsafe { hipHostUnregister(host_ptr.cast()) };
-            return Err(error);
-        }
-        Ok(device_addr as u64)
+            let _ = unsafe { result::host_unregister(host_ptr.cast()) };
+        })
     }
 
     unsafe fn unregister_host(&self, host_ptr: *mut u8) {
         // SAFETY: the caller guarantees it was registered and is idle.
-        unsafe { hipHostUnregister(host_ptr.cast()) };
+        let _ = unsafe { result::host_unregister(host_ptr.cast()) };
     }
 }
 
@@ -392,15 +291,9 @@ impl DeviceCopies for RocmDevice {
         // application's normal-priority streams, where a stream held on an async op's
         // wait-value would block them (see the module documentation).
         self.make_current(device_ordinal)?;
-        let (mut least, mut greatest): (c_int, c_int) = (0, 0);
-        // SAFETY: valid out-pointers.
-        let ranged = unsafe { hipDeviceGetStreamPriorityRange(&mut least, &mut greatest) };
-        let priority = if ranged == hipError_t::hipSuccess { greatest } else { 0 };
-        let mut stream: hipStream_t = std::ptr::null_mut();
-        // SAFETY: valid out-pointer; the device is current.
-        let code =
-            unsafe { hipStreamCreateWithPriority(&mut stream, hipStreamNonBlocking, priority) };
-        call(code, "hipStreamCreateWithPriority")?;
+        let priority =
+            result::device_get_stream_priority_range().map_or(0, |(_, greatest)| greatest);
+        let stream = result::stream_create_with_priority(hipStreamNonBlocking, priority)?;
         Ok(self.handles.stream_handle(InternalEntry { stream, ordinal: device_ordinal }))
     }
 
@@ -409,8 +302,8 @@ impl DeviceCopies for RocmDevice {
             return;
         };
         let _ = self.make_current(entry.ordinal);
-        // SAFETY: our own stream.
-        unsafe { hipStreamDestroy(entry.stream) };
+        // SAFETY: our own stream, destroyed once.
+        let _ = unsafe { result::stream_destroy(entry.stream) };
     }
 
     unsafe fn copy_to_device_async(
@@ -422,19 +315,8 @@ impl DeviceCopies for RocmDevice {
     ) -> Result<(), DeviceError> {
         let entry = self.handles.stream(stream)?;
         self.make_current(entry.ordinal)?;
-        // SAFETY: caller's contract (pinned source, valid device range); HIP only reads
-        // through `source`.
-        call(
-            unsafe {
-                hipMemcpyHtoDAsync(
-                    device_ptr(target),
-                    source.cast_mut().cast(),
-                    len_bytes,
-                    entry.stream,
-                )
-            },
-            "hipMemcpyHtoDAsync",
-        )
+        // SAFETY: caller's contract (pinned source, valid device range); our stream.
+        unsafe { result::memcpy_htod_async(target, source, len_bytes, entry.stream) }
     }
 
     unsafe fn copy_from_device_async(
@@ -446,20 +328,15 @@ impl DeviceCopies for RocmDevice {
     ) -> Result<(), DeviceError> {
         let entry = self.handles.stream(stream)?;
         self.make_current(entry.ordinal)?;
-        // SAFETY: caller's contract.
-        call(
-            unsafe {
-                hipMemcpyDtoHAsync(target.cast(), device_ptr(source), len_bytes, entry.stream)
-            },
-            "hipMemcpyDtoHAsync",
-        )
+        // SAFETY: caller's contract; our stream.
+        unsafe { result::memcpy_dtoh_async(target, source, len_bytes, entry.stream) }
     }
 
     fn synchronize_internal(&self, stream: &InternalStream) -> Result<(), DeviceError> {
         let entry = self.handles.stream(stream)?;
         self.make_current(entry.ordinal)?;
         // SAFETY: our stream.
-        call(unsafe { hipStreamSynchronize(entry.stream) }, "hipStreamSynchronize")
+        unsafe { result::stream_synchronize(entry.stream) }
     }
 
     unsafe fn write_value32_internal(
@@ -470,11 +347,8 @@ impl DeviceCopies for RocmDevice {
     ) -> Result<(), DeviceError> {
         let entry = self.handles.stream(stream)?;
         self.make_current(entry.ordinal)?;
-        // SAFETY: caller's contract: a live pinned word.
-        call(
-            unsafe { hipStreamWriteValue32(entry.stream, device_ptr(word_device_addr), value, 0) },
-            "hipStreamWriteValue32",
-        )
+        // SAFETY: caller's contract: a live pinned word; our stream.
+        unsafe { result::stream_write_value32(entry.stream, word_device_addr, value) }
     }
 }
 
@@ -485,16 +359,12 @@ impl DeviceEvents for RocmDevice {
         let event = match self.handles.pooled_event(entry.ordinal) {
             Some(event) => event,
             None => {
-                let mut event: hipEvent_t = std::ptr::null_mut();
-                // SAFETY: valid out-pointer.
-                let code = unsafe { hipEventCreateWithFlags(&mut event, hipEventDisableTiming) };
-                call(code, "hipEventCreateWithFlags")?;
+                let event = result::event_create_with_flags(hipEventDisableTiming)?;
                 Box::new(EventEntry { event, ordinal: entry.ordinal })
             }
         };
         // SAFETY: event and stream belong to the same (current) device.
-        let code = unsafe { hipEventRecord(event.event, entry.stream) };
-        if let Err(error) = call(code, "hipEventRecord") {
+        if let Err(error) = unsafe { result::event_record(event.event, entry.stream) } {
             self.pool_or_destroy_event(event);
             return Err(error);
         }
@@ -505,11 +375,7 @@ impl DeviceEvents for RocmDevice {
         let entry = self.handles.event(event)?;
         self.make_current(entry.ordinal)?;
         // SAFETY: a live event of ours.
-        match unsafe { hipEventQuery(entry.event) } {
-            hipError_t::hipSuccess => Ok(true),
-            hipError_t::hipErrorNotReady => Ok(false),
-            code => Err(DeviceError::new(code as i32, "hipEventQuery")),
-        }
+        unsafe { result::event_query(entry.event) }
     }
 
     fn destroy_event(&self, event: EventHandle) {
@@ -529,8 +395,8 @@ impl StreamMemoryOps for RocmDevice {
         let raw = Box::into_raw(Box::new(HostCall { func, user_data })).cast::<c_void>();
         // SAFETY: `raw` is taken back exactly once by run_host_call (or below on failure);
         // the caller guarantees `func`/`user_data` are sound to run on another thread.
-        let code = unsafe { hipStreamAddCallback(stream_of(stream), Some(run_host_call), raw, 0) };
-        let launched = call(code, "hipStreamAddCallback");
+        let launched =
+            unsafe { result::stream_add_callback(stream_of(stream), run_host_call, raw) };
         if launched.is_err() {
             // SAFETY: the enqueue failed, so run_host_call will never see `raw`.
             drop(unsafe { Box::from_raw(raw.cast::<HostCall>()) });
@@ -545,18 +411,7 @@ impl StreamMemoryOps for RocmDevice {
         value: u32,
     ) -> Result<(), DeviceError> {
         // SAFETY: caller's contract: the word stays allocated until the wait is satisfied.
-        call(
-            unsafe {
-                hipStreamWaitValue32(
-                    stream_of(stream),
-                    device_ptr(word_device_addr),
-                    value,
-                    hipStreamWaitValueGte,
-                    u32::MAX,
-                )
-            },
-            "hipStreamWaitValue32",
-        )
+        unsafe { result::stream_wait_value32_gte(stream_of(stream), word_device_addr, value) }
     }
 
     unsafe fn stream_write_value32(
@@ -566,54 +421,40 @@ impl StreamMemoryOps for RocmDevice {
         value: u32,
     ) -> Result<(), DeviceError> {
         // SAFETY: caller's contract: the word stays allocated until the write.
-        call(
-            unsafe {
-                hipStreamWriteValue32(stream_of(stream), device_ptr(word_device_addr), value, 0)
-            },
-            "hipStreamWriteValue32",
-        )
+        unsafe { result::stream_write_value32(stream_of(stream), word_device_addr, value) }
     }
 
     fn synchronize_stream(&self, stream: StreamHandle) -> Result<(), DeviceError> {
         // SAFETY: a user stream handle; invalid ones yield an error code.
-        call(unsafe { hipStreamSynchronize(stream_of(stream)) }, "hipStreamSynchronize")
+        unsafe { result::stream_synchronize(stream_of(stream)) }
     }
 
     fn stream_done(&self, stream: StreamHandle) -> Result<bool, DeviceError> {
         // SAFETY: a user stream handle; invalid ones yield an error code.
-        match unsafe { hipStreamQuery(stream_of(stream)) } {
-            hipError_t::hipErrorNotReady => Ok(false),
-            code => call(code, "hipStreamQuery").map(|()| true),
-        }
+        unsafe { result::stream_query(stream_of(stream)) }
     }
 }
 
 impl UserDevice for RocmDevice {
     fn alloc_device(&self, ordinal: u32, len_bytes: usize) -> Result<u64, DeviceError> {
         self.make_current(ordinal)?;
-        let mut address: *mut c_void = std::ptr::null_mut();
-        // SAFETY: valid out-pointer.
-        call(unsafe { hipMalloc(&mut address, len_bytes) }, "hipMalloc")?;
-        Ok(address as u64)
+        result::malloc(len_bytes)
     }
 
     unsafe fn free_device(&self, address: u64) -> Result<(), DeviceError> {
         // SAFETY: the caller guarantees the memory is idle.
-        call(unsafe { hipFree(device_ptr(address)) }, "hipFree")
+        unsafe { result::free(address) }
     }
 
     fn create_user_stream(&self, ordinal: u32) -> Result<StreamHandle, DeviceError> {
         self.make_current(ordinal)?;
-        let mut stream: hipStream_t = std::ptr::null_mut();
-        // SAFETY: valid out-pointer.
-        let code = unsafe { hipStreamCreateWithFlags(&mut stream, hipStreamNonBlocking) };
-        call(code, "hipStreamCreateWithFlags")?;
+        let stream = result::stream_create_with_flags(hipStreamNonBlocking)?;
         Ok(StreamHandle(stream as usize))
     }
 
     fn destroy_user_stream(&self, stream: StreamHandle) -> Result<(), DeviceError> {
-        // SAFETY: the stream came from create_stream; invalid ones yield an error code.
-        call(unsafe { hipStreamDestroy(stream_of(stream)) }, "hipStreamDestroy")
+        // SAFETY: the stream came from create_user_stream; invalid ones yield an error code.
+        unsafe { result::stream_destroy(stream_of(stream)) }
     }
 
     unsafe fn copy_to_device_on(
@@ -623,18 +464,8 @@ impl UserDevice for RocmDevice {
         source: *const u8,
         len_bytes: usize,
     ) -> Result<(), DeviceError> {
-        // SAFETY: caller's contract; HIP only reads through `source`.
-        call(
-            unsafe {
-                hipMemcpyHtoDAsync(
-                    device_ptr(target),
-                    source.cast_mut().cast(),
-                    len_bytes,
-                    stream_of(stream),
-                )
-            },
-            "hipMemcpyHtoDAsync",
-        )
+        // SAFETY: caller's contract.
+        unsafe { result::memcpy_htod_async(target, source, len_bytes, stream_of(stream)) }
     }
 
     unsafe fn copy_from_device_on(
@@ -645,12 +476,7 @@ impl UserDevice for RocmDevice {
         len_bytes: usize,
     ) -> Result<(), DeviceError> {
         // SAFETY: caller's contract.
-        call(
-            unsafe {
-                hipMemcpyDtoHAsync(target.cast(), device_ptr(source), len_bytes, stream_of(stream))
-            },
-            "hipMemcpyDtoHAsync",
-        )
+        unsafe { result::memcpy_dtoh_async(target, source, len_bytes, stream_of(stream)) }
     }
 
     unsafe fn memset_on(
@@ -661,9 +487,6 @@ impl UserDevice for RocmDevice {
         len_bytes: usize,
     ) -> Result<(), DeviceError> {
         // SAFETY: the caller guarantees the range.
-        call(
-            unsafe { hipMemsetD8Async(device_ptr(target), value, len_bytes, stream_of(stream)) },
-            "hipMemsetD8Async",
-        )
+        unsafe { result::memset_d8_async(target, value, len_bytes, stream_of(stream)) }
     }
 }
