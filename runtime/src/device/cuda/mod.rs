@@ -23,11 +23,18 @@
 //!
 //! CUDA's error numbers are reported as the `hipError_t` value directly (HIP's enum
 //! mirrors CUDA's numbering for the errors these calls return).
+//!
+//! Layers: `sys` (the driver's types and entry points, `dlopen`ed), `result` (one function
+//! per driver call, `CUresult` mapped to [`DeviceError`]), this file (the device: contexts,
+//! the caller-thread stream pools and device scratch, event pooling through the shared
+//! `gpu::OwnedHandles`). The contexts are CUDA's alone (HIP has none): which context a call
+//! runs in — the engine context, a primary one, or the caller's — is decided here.
 
+mod result;
 mod sys;
 
 use std::cell::Cell;
-use std::ffi::{CStr, c_int, c_void};
+use std::ffi::{c_int, c_void};
 use std::sync::{Arc, Mutex};
 
 use hipfile_core::Direction;
@@ -251,8 +258,7 @@ impl Drop for CudaDevice {
             let _ = self.in_engine_context(ordinal, || {
                 for entry in &events {
                     // SAFETY: an idle pooled event of ours, no handle names it; destroyed once.
-                    let code = unsafe { (self.api.cuEventDestroy)(entry.event) };
-                    let _ = self.call(code, "cuEventDestroy");
+                    let _ = unsafe { result::event_destroy(&self.api, entry.event) };
                 }
                 Ok(())
             });
@@ -298,20 +304,14 @@ impl CudaDevice {
         // after cuInit, even before any context exists, it has no effect). Before cuInit
         // every call but a few answers CUDA_ERROR_NOT_INITIALIZED, which tells whether the
         // application started CUDA already.
-        let mut probe_count: c_int = 0;
-        // SAFETY: `probe_count` is a valid out-pointer; the call only reports state.
-        let started =
-            unsafe { (api.cuDeviceGetCount)(&mut probe_count) } != CUDA_ERROR_NOT_INITIALIZED;
+        let started = result::initialized(&api);
         let hardware_queues = match std::env::var(MAX_CONNECTIONS_VARIABLE) {
             Ok(value) => HardwareQueues::FromEnvironment(value),
             Err(_) if !started => set_max_connections(),
             Err(_) => HardwareQueues::CudaStartedFirst,
         };
-        // SAFETY: cuInit takes flags (0) and has no other precondition.
-        check(&api, unsafe { (api.cuInit)(0) }).map_err(|e| format!("cuInit: {e}"))?;
-        let mut count: c_int = 0;
-        // SAFETY: `count` is a valid out-pointer.
-        check(&api, unsafe { (api.cuDeviceGetCount)(&mut count) }).map_err(|e| e.to_string())?;
+        result::init(&api).map_err(|e| format!("cuInit: {e}"))?;
+        let count = result::device_get_count(&api)?;
         if count <= 0 {
             return Err("the CUDA driver found no device".into());
         }
@@ -340,15 +340,6 @@ impl CudaDevice {
         }))
     }
 
-    fn error(&self, code: CUresult, what: &'static str) -> DeviceError {
-        let _ = error_name(&self.api, code);
-        DeviceError::new(code, what)
-    }
-
-    fn call(&self, code: CUresult, what: &'static str) -> Result<(), DeviceError> {
-        if code == CUDA_SUCCESS { Ok(()) } else { Err(self.error(code, what)) }
-    }
-
     /// Makes device `ordinal`'s primary context current on this thread (cached).
     fn make_current(&self, ordinal: u32) -> Result<(), DeviceError> {
         let context = *self
@@ -359,7 +350,7 @@ impl CudaDevice {
             return Ok(());
         }
         // SAFETY: `context` is a primary context we retained.
-        self.call(unsafe { (self.api.cuCtxSetCurrent)(context as CUcontext) }, "cuCtxSetCurrent")?;
+        unsafe { result::ctx_set_current(&self.api, context as CUcontext) }?;
         CURRENT_CONTEXT.set(context);
         Ok(())
     }
@@ -408,24 +399,21 @@ impl CudaDevice {
             // in one binary; it brings the hang risk back, so it says so once.
             return failed("HIPFILE_CUDA_ENGINE_CONTEXT=shared".into());
         }
-        let Some(create) = self.api.cuCtxCreate_v2 else {
+        if self.api.cuCtxCreate_v2.is_none() {
             return failed("the driver lacks cuCtxCreate_v2".into());
+        }
+        // ordinal < device count (engine_contexts' length).
+        let device = match result::device_get(&self.api, ordinal as c_int) {
+            Ok(device) => device,
+            Err(error) => return failed(error),
         };
-        let mut device: CUdevice = 0;
-        // SAFETY: valid out-pointer; ordinal < device count (engine_contexts' length).
-        let got = unsafe { (self.api.cuDeviceGet)(&mut device, ordinal as c_int) };
-        if let Err(error) = check(&self.api, got) {
-            return failed(error);
-        }
-        let mut context: CUcontext = std::ptr::null_mut();
-        // SAFETY: valid out-pointer and device; flags 0 = CU_CTX_SCHED_AUTO.
-        if let Err(error) = check(&self.api, unsafe { create(&mut context, 0, device) }) {
-            return failed(format!("cuCtxCreate: {error}"));
-        }
-        let mut popped: CUcontext = std::ptr::null_mut();
+        let context = match result::ctx_create(&self.api, device) {
+            Ok(context) => context,
+            Err(error) => return failed(error),
+        };
         // SAFETY: cuCtxCreate pushed `context` on this thread's stack; pop it so the
         // thread's current context is what it was.
-        unsafe { (self.api.cuCtxPopCurrent)(&mut popped) };
+        let _ = unsafe { result::ctx_pop_current_status(&self.api) };
         CURRENT_CONTEXT.set(0);
         EngineContext { context: context as usize, isolated: true }
     }
@@ -442,8 +430,7 @@ impl CudaDevice {
         if on_engine_thread() {
             if CURRENT_CONTEXT.get() != context {
                 // SAFETY: an engine context we created and never destroy.
-                let code = unsafe { (self.api.cuCtxSetCurrent)(context as CUcontext) };
-                self.call(code, "cuCtxSetCurrent")?;
+                unsafe { result::ctx_set_current(&self.api, context as CUcontext) }?;
                 CURRENT_CONTEXT.set(context);
             }
             return work();
@@ -463,13 +450,13 @@ impl CudaDevice {
         work: impl FnOnce() -> Result<R, DeviceError>,
     ) -> Result<R, DeviceError> {
         // SAFETY: the caller's contract.
-        let pushed = unsafe { (self.api.cuCtxPushCurrent)(context as CUcontext) };
-        self.call(pushed, "cuCtxPushCurrent")?;
-        let result = work();
-        let mut popped: CUcontext = std::ptr::null_mut();
+        unsafe { result::ctx_push_current(&self.api, context as CUcontext) }?;
+        let worked = work();
         // SAFETY: pops the context pushed above.
-        let popped_code = unsafe { (self.api.cuCtxPopCurrent)(&mut popped) };
-        result.and_then(|value| self.call(popped_code, "cuCtxPopCurrent").map(|()| value))
+        let popped_code = unsafe { result::ctx_pop_current_status(&self.api) };
+        worked.and_then(|value| {
+            result::status(&self.api, popped_code, "cuCtxPopCurrent").map(|()| value)
+        })
     }
 
     /// Runs `work` with the context that owns pinned host memory current, pushed for the
@@ -504,22 +491,19 @@ impl CudaDevice {
     /// # Errors
     /// The driver lacks the call, or it fails.
     pub fn memory_info(&self, ordinal: u32) -> Result<(usize, usize), DeviceError> {
-        let get = self.api.cuMemGetInfo.ok_or(DeviceError::new(
-            DeviceError::HIP_ERROR_NOT_SUPPORTED,
-            "cuMemGetInfo missing",
-        ))?;
+        if self.api.cuMemGetInfo.is_none() {
+            return Err(DeviceError::new(
+                DeviceError::HIP_ERROR_NOT_SUPPORTED,
+                "cuMemGetInfo missing",
+            ));
+        }
         self.make_current(ordinal)?;
-        let (mut free, mut total) = (0usize, 0usize);
-        // SAFETY: valid out-pointers; a context of the device is current.
-        self.call(unsafe { get(&mut free, &mut total) }, "cuMemGetInfo")?;
-        Ok((free, total))
+        result::mem_get_info(&self.api)
     }
 
     /// Ensures some context is current (the caller's own, else device 0's primary).
     fn ensure_any_current(&self) -> Result<(), DeviceError> {
-        let mut current: CUcontext = std::ptr::null_mut();
-        // SAFETY: `current` is a valid out-pointer.
-        self.call(unsafe { (self.api.cuCtxGetCurrent)(&mut current) }, "cuCtxGetCurrent")?;
+        let current = result::ctx_get_current(&self.api)?;
         if current.is_null() { self.make_current(0) } else { Ok(()) }
     }
 
@@ -528,15 +512,13 @@ impl CudaDevice {
             return Ok(index as u32);
         }
         // SAFETY: push/pop a context the user's stream belongs to, to ask its device.
-        self.call(unsafe { (self.api.cuCtxPushCurrent)(context) }, "cuCtxPushCurrent")?;
-        let mut device: CUdevice = 0;
-        // SAFETY: valid out-pointer; a context is current (just pushed).
-        let result = unsafe { (self.api.cuCtxGetDevice)(&mut device) };
-        let mut popped: CUcontext = std::ptr::null_mut();
+        unsafe { result::ctx_push_current(&self.api, context) }?;
+        // A context is current (just pushed).
+        let (code, device) = result::ctx_get_device_status(&self.api);
         // SAFETY: pops what we pushed.
-        unsafe { (self.api.cuCtxPopCurrent)(&mut popped) };
+        let _ = unsafe { result::ctx_pop_current_status(&self.api) };
         CURRENT_CONTEXT.set(0);
-        self.call(result, "cuCtxGetDevice")?;
+        result::status(&self.api, code, "cuCtxGetDevice")?;
         Ok(device as u32)
     }
 
@@ -562,11 +544,8 @@ impl CudaDevice {
         let entry = match pooled {
             Some(entry) => entry,
             None => {
-                let mut stream: CUstream = std::ptr::null_mut();
-                // SAFETY: valid out-pointer; the context the pool belongs to is current.
-                let code =
-                    unsafe { (self.api.cuStreamCreate)(&mut stream, CU_STREAM_NON_BLOCKING) };
-                self.call(code, "cuStreamCreate")?;
+                // The context the pool belongs to is current.
+                let stream = result::stream_create(&self.api, CU_STREAM_NON_BLOCKING)?;
                 InternalEntry { stream, ordinal, scratch: Default::default() }
             }
         };
@@ -577,18 +556,14 @@ impl CudaDevice {
             Direction::Read => unsafe {
                 self.copy_host_to_device(&entry, device_addr, host.cast_const(), len_bytes, bounce)
             },
-            Direction::Write => self.call(
-                // SAFETY: the caller's contract (pinned host memory, valid device range).
-                unsafe {
-                    (self.api.cuMemcpyDtoHAsync)(host.cast(), device_addr, len_bytes, stream)
-                },
-                "cuMemcpyDtoHAsync",
-            ),
+            // SAFETY: the caller's contract (pinned host memory, valid device range).
+            Direction::Write => unsafe {
+                result::memcpy_dtoh_async(&self.api, host, device_addr, len_bytes, stream)
+            },
         };
         // SAFETY: our stream. Synchronized even after a failed enqueue, so that nothing
         // of ours still uses the host memory when we return.
-        let synced =
-            self.call(unsafe { (self.api.cuStreamSynchronize)(stream) }, "cuStreamSynchronize");
+        let synced = unsafe { result::stream_synchronize(&self.api, stream) };
         pool.lock().unwrap_or_else(|p| p.into_inner()).push(entry);
         enqueued.and(synced)
     }
@@ -598,12 +573,12 @@ impl CudaDevice {
     fn destroy_entry(&self, entry: &InternalEntry) -> Result<(), DeviceError> {
         if let Some(&scratch) = entry.scratch.get() {
             // SAFETY: our stream; once it is idle nothing uses its scratch.
-            unsafe { (self.api.cuStreamSynchronize)(entry.stream) };
+            unsafe { result::stream_synchronize_unchecked(&self.api, entry.stream) };
             // SAFETY: allocated in copy_through_scratch, freed once.
-            unsafe { (self.api.cuMemFree)(scratch) };
+            unsafe { result::mem_free_unchecked(&self.api, scratch) };
         }
         // SAFETY: our own stream, of the current context.
-        self.call(unsafe { (self.api.cuStreamDestroy)(entry.stream) }, "cuStreamDestroy")
+        unsafe { result::stream_destroy(&self.api, entry.stream) }
     }
 
     /// The device scratch of an engine stream, bytes: [`CudaDevice::min_copy_bytes`] up
@@ -640,10 +615,7 @@ impl CudaDevice {
             return unsafe { self.copy_through_scratch(entry, target, source, len_bytes) };
         }
         // SAFETY: the caller's contract.
-        self.call(
-            unsafe { (self.api.cuMemcpyHtoDAsync)(target, source.cast(), len_bytes, entry.stream) },
-            "cuMemcpyHtoDAsync",
-        )
+        unsafe { result::memcpy_htod_async(&self.api, target, source, len_bytes, entry.stream) }
     }
 
     /// A host → device copy as copies into the stream's device scratch (memory of the
@@ -665,38 +637,31 @@ impl CudaDevice {
         let scratch = match entry.scratch.get() {
             Some(&scratch) => scratch,
             None => {
-                let mut scratch: CUdeviceptr = 0;
-                // SAFETY: valid out-pointer; the engine context is current.
-                let code = unsafe { (self.api.cuMemAlloc)(&mut scratch, scratch_bytes) };
-                self.call(code, "cuMemAlloc")?;
+                // The engine context is current.
+                let scratch = result::mem_alloc(&self.api, scratch_bytes)?;
                 *entry.scratch.get_or_init(|| scratch)
             }
         };
         let mut done = 0;
         while done < len_bytes {
             let piece = (len_bytes - done).min(scratch_bytes);
-            self.call(
-                // SAFETY: the source is pinned memory (caller) holding len_bytes > done;
-                // the scratch holds scratch_bytes >= piece; the stream orders this after
-                // earlier uses of the scratch.
-                unsafe {
-                    (self.api.cuMemcpyHtoDAsync)(
-                        scratch,
-                        source.add(done).cast(),
-                        piece,
-                        entry.stream,
-                    )
-                },
-                "cuMemcpyHtoDAsync",
-            )?;
-            self.call(
-                // SAFETY: the scratch bytes were just copied in (stream order); the target
-                // is the caller's valid device range, which holds len_bytes > done.
-                unsafe {
-                    (self.api.cuMemcpyDtoDAsync)(target + done as u64, scratch, piece, entry.stream)
-                },
-                "cuMemcpyDtoDAsync",
-            )?;
+            // SAFETY: the source is pinned memory (caller) holding len_bytes > done; the
+            // scratch holds scratch_bytes >= piece; the stream orders this after earlier
+            // uses of the scratch.
+            unsafe {
+                result::memcpy_htod_async(&self.api, scratch, source.add(done), piece, entry.stream)
+            }?;
+            // SAFETY: the scratch bytes were just copied in (stream order); the target is
+            // the caller's valid device range, which holds len_bytes > done.
+            unsafe {
+                result::memcpy_dtod_async(
+                    &self.api,
+                    target + done as u64,
+                    scratch,
+                    piece,
+                    entry.stream,
+                )
+            }?;
             done += piece;
         }
         Ok(())
@@ -707,16 +672,12 @@ impl CudaDevice {
         let event = match self.handles.pooled_event(entry.ordinal) {
             Some(event) => event,
             None => {
-                let mut event: CUevent = std::ptr::null_mut();
-                // SAFETY: valid out-pointer.
-                let code = unsafe { (self.api.cuEventCreate)(&mut event, CU_EVENT_DISABLE_TIMING) };
-                self.call(code, "cuEventCreate")?;
+                let event = result::event_create(&self.api, CU_EVENT_DISABLE_TIMING)?;
                 Box::new(EventEntry { event, ordinal: entry.ordinal })
             }
         };
         // SAFETY: event and stream belong to the same (current, engine) context.
-        let code = unsafe { (self.api.cuEventRecord)(event.event, entry.stream) };
-        if let Err(error) = self.call(code, "cuEventRecord") {
+        if let Err(error) = unsafe { result::event_record(&self.api, event.event, entry.stream) } {
             self.pool_or_destroy_event(event);
             return Err(error);
         }
@@ -730,51 +691,22 @@ impl CudaDevice {
         };
         let _ = self.in_engine_context(entry.ordinal, || {
             // SAFETY: our event, destroyed once (CUDA defers the release if it is pending).
-            self.call(unsafe { (self.api.cuEventDestroy)(entry.event) }, "cuEventDestroy")
+            unsafe { result::event_destroy(&self.api, entry.event) }
         });
     }
 }
 
-fn check(api: &Api, code: CUresult) -> Result<(), String> {
-    if code == CUDA_SUCCESS {
-        Ok(())
-    } else {
-        Err(format!("CUDA error {code} ({})", error_name(api, code)))
-    }
-}
-
-fn error_name(api: &Api, code: CUresult) -> String {
-    let mut name: *const std::ffi::c_char = std::ptr::null();
-    // SAFETY: valid out-pointer; cuGetErrorName returns a static string or fails.
-    if unsafe { (api.cuGetErrorName)(code, &mut name) } != CUDA_SUCCESS || name.is_null() {
-        return "unknown".into();
-    }
-    // SAFETY: non-NULL static NUL-terminated string from the driver.
-    unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned()
-}
-
+/// Retains device `ordinal`'s primary context (ordinal < count); whether the device
+/// supports 32-bit stream memory operations.
 fn retain_primary(api: &Api, ordinal: c_int) -> Result<(CUcontext, bool), String> {
-    let mut device: CUdevice = 0;
-    // SAFETY: valid out-pointer, ordinal < count.
-    check(api, unsafe { (api.cuDeviceGet)(&mut device, ordinal) })?;
-    let mut context: CUcontext = std::ptr::null_mut();
-    // SAFETY: valid out-pointer and device.
-    check(api, unsafe { (api.cuDevicePrimaryCtxRetain)(&mut context, device) })?;
-    let mut version: c_int = 0;
-    // SAFETY: valid out-pointer.
-    check(api, unsafe { (api.cuDriverGetVersion)(&mut version) })?;
+    let device = result::device_get(api, ordinal)?;
+    let context = result::device_primary_ctx_retain(api, device)?;
+    let version = result::driver_get_version(api)?;
     // CUDA 12+ supports 32-bit stream memory operations on every device; older drivers
-    // report it per device.
-    let mut attribute: c_int = 0;
-    // SAFETY: valid out-pointer and device.
-    let queried = unsafe {
-        (api.cuDeviceGetAttribute)(
-            &mut attribute,
-            CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1,
-            device,
-        )
-    };
-    let supports = version >= 12000 || (queried == CUDA_SUCCESS && attribute != 0);
+    // report it per device (asked either way).
+    let attribute =
+        result::device_get_attribute(api, CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1, device);
+    let supports = version >= 12000 || attribute.is_some_and(|value| value != 0);
     Ok((context, supports))
 }
 
@@ -789,33 +721,8 @@ impl DeviceInfo for CudaDevice {
 
     fn pointer_info(&self, ptr: u64) -> Result<PointerInfo, DeviceError> {
         self.ensure_any_current()?;
-        let mut memory_type: u32 = 0;
-        let mut is_managed: u32 = 0;
-        let mut ordinal: c_int = 0;
-        let mut start: CUdeviceptr = 0;
-        let mut size: usize = 0;
-        let mut attributes = [
-            CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-            CU_POINTER_ATTRIBUTE_IS_MANAGED,
-            CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-            CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
-            CU_POINTER_ATTRIBUTE_RANGE_SIZE,
-        ];
-        let mut data: [*mut c_void; 5] = [
-            (&raw mut memory_type).cast(),
-            (&raw mut is_managed).cast(),
-            (&raw mut ordinal).cast(),
-            (&raw mut start).cast(),
-            (&raw mut size).cast(),
-        ];
-        // SAFETY: five attributes with five out-pointers of the documented sizes; the
-        // plural call returns defaults (not an error) for pointers CUDA does not know.
-        let code = unsafe {
-            (self.api.cuPointerGetAttributes)(5, attributes.as_mut_ptr(), data.as_mut_ptr(), ptr)
-        };
-        if code != CUDA_SUCCESS {
-            return Err(self.error(code, "cuPointerGetAttributes"));
-        }
+        let (memory_type, is_managed, ordinal, start, size) =
+            result::pointer_get_attributes(&self.api, ptr)?;
         let known = memory_type != 0 || is_managed != 0;
         let memory_type = match (is_managed != 0, memory_type) {
             (true, _) => MemoryType::Managed,
@@ -834,15 +741,12 @@ impl DeviceInfo for CudaDevice {
 
     fn stream_device(&self, stream: StreamHandle) -> Result<u32, DeviceError> {
         self.ensure_any_current()?;
-        let mut context: CUcontext = std::ptr::null_mut();
-        if stream == StreamHandle::NULL {
-            // SAFETY: valid out-pointer.
-            self.call(unsafe { (self.api.cuCtxGetCurrent)(&mut context) }, "cuCtxGetCurrent")?;
+        let context = if stream == StreamHandle::NULL {
+            result::ctx_get_current(&self.api)?
         } else {
-            // SAFETY: valid out-pointer; an invalid stream yields an error code.
-            let code = unsafe { (self.api.cuStreamGetCtx)(stream.0 as CUstream, &mut context) };
-            self.call(code, "cuStreamGetCtx")?;
-        }
+            // SAFETY: a user stream handle; an invalid stream yields an error code.
+            unsafe { result::stream_get_ctx(&self.api, stream.0 as CUstream) }?
+        };
         self.ordinal_of_context(context)
     }
 
@@ -869,18 +773,15 @@ impl HostMemory for CudaDevice {
         // Portable and device-mapped: the engine context copies from it and the
         // application's streams wait on words in it.
         self.in_staging_context(|| {
-            let mut host: *mut c_void = std::ptr::null_mut();
             let flags = CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP;
-            // SAFETY: valid out-pointer.
-            let code = unsafe { (self.api.cuMemHostAlloc)(&mut host, len_bytes, flags) };
-            self.call(code, "cuMemHostAlloc")?;
-            let mut device_addr: CUdeviceptr = 0;
+            let host = result::mem_host_alloc(&self.api, len_bytes, flags)?;
             // SAFETY: `host` is mapped pinned memory we just allocated.
-            let mapped = unsafe { (self.api.cuMemHostGetDevicePointer)(&mut device_addr, host, 0) };
+            let (mapped, device_addr) =
+                unsafe { result::mem_host_get_device_pointer_status(&self.api, host) };
             if mapped != CUDA_SUCCESS {
-                // SAFETY: frees what we allocated above.
-                unsafe { (self.api.cuMemFreeHost)(host) };
-                return Err(self.error(mapped, "cuMemHostGetDevicePointer"));
+                // SAFETY: frees what we allocated above, once.
+                unsafe { result::mem_free_host_unchecked(&self.api, host) };
+                return Err(result::error(&self.api, mapped, "cuMemHostGetDevicePointer"));
             }
             Ok(PinnedRegion { host_ptr: host.cast(), device_addr, len_bytes })
         })
@@ -889,7 +790,7 @@ impl HostMemory for CudaDevice {
     unsafe fn free_pinned(&self, region: PinnedRegion) {
         let _ = self.in_staging_context(|| {
             // SAFETY: the caller guarantees the region came from alloc_pinned and is idle.
-            self.call(unsafe { (self.api.cuMemFreeHost)(region.host_ptr.cast()) }, "cuMemFreeHost")
+            unsafe { result::mem_free_host(&self.api, region.host_ptr.cast()) }
         });
     }
 
@@ -902,17 +803,14 @@ impl HostMemory for CudaDevice {
             let flags = CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP;
             // SAFETY: the caller guarantees the range is valid host memory that outlives
             // the registration.
-            let code = unsafe { (self.api.cuMemHostRegister)(host_ptr.cast(), len_bytes, flags) };
-            self.call(code, "cuMemHostRegister")?;
-            let mut device_addr: CUdeviceptr = 0;
+            unsafe { result::mem_host_register(&self.api, host_ptr.cast(), len_bytes, flags) }?;
             // SAFETY: registered, mapped host memory.
-            let mapped = unsafe {
-                (self.api.cuMemHostGetDevicePointer)(&mut device_addr, host_ptr.cast(), 0)
-            };
+            let (mapped, device_addr) =
+                unsafe { result::mem_host_get_device_pointer_status(&self.api, host_ptr.cast()) };
             if mapped != CUDA_SUCCESS {
                 // SAFETY: undo the registration above.
-                unsafe { (self.api.cuMemHostUnregister)(host_ptr.cast()) };
-                return Err(self.error(mapped, "cuMemHostGetDevicePointer"));
+                unsafe { result::mem_host_unregister_unchecked(&self.api, host_ptr.cast()) };
+                return Err(result::error(&self.api, mapped, "cuMemHostGetDevicePointer"));
             }
             Ok(device_addr)
         })
@@ -921,8 +819,7 @@ impl HostMemory for CudaDevice {
     unsafe fn unregister_host(&self, host_ptr: *mut u8) {
         let _ = self.in_staging_context(|| {
             // SAFETY: the caller guarantees it was registered and is idle.
-            let code = unsafe { (self.api.cuMemHostUnregister)(host_ptr.cast()) };
-            self.call(code, "cuMemHostUnregister")
+            unsafe { result::mem_host_unregister(&self.api, host_ptr.cast()) }
         });
     }
 }
@@ -930,10 +827,7 @@ impl HostMemory for CudaDevice {
 impl DeviceCopies for CudaDevice {
     fn create_internal_stream(&self, device_ordinal: u32) -> Result<InternalStream, DeviceError> {
         let stream = self.in_engine_context(device_ordinal, || {
-            let mut stream: CUstream = std::ptr::null_mut();
-            // SAFETY: valid out-pointer; the engine context is current.
-            let code = unsafe { (self.api.cuStreamCreate)(&mut stream, CU_STREAM_NON_BLOCKING) };
-            self.call(code, "cuStreamCreate").map(|()| stream)
+            result::stream_create(&self.api, CU_STREAM_NON_BLOCKING)
         })?;
         let entry = InternalEntry { stream, ordinal: device_ordinal, scratch: Default::default() };
         Ok(self.handles.stream_handle(entry))
@@ -972,12 +866,7 @@ impl DeviceCopies for CudaDevice {
         let entry = self.handles.stream(stream)?;
         self.in_engine_context(entry.ordinal, || {
             // SAFETY: caller's contract; the engine context is current and owns the stream.
-            self.call(
-                unsafe {
-                    (self.api.cuMemcpyDtoHAsync)(target.cast(), source, len_bytes, entry.stream)
-                },
-                "cuMemcpyDtoHAsync",
-            )
+            unsafe { result::memcpy_dtoh_async(&self.api, target, source, len_bytes, entry.stream) }
         })
     }
 
@@ -985,8 +874,7 @@ impl DeviceCopies for CudaDevice {
         let entry = self.handles.stream(stream)?;
         self.in_engine_context(entry.ordinal, || {
             // SAFETY: our stream, of the engine context.
-            let code = unsafe { (self.api.cuStreamSynchronize)(entry.stream) };
-            self.call(code, "cuStreamSynchronize")
+            unsafe { result::stream_synchronize(&self.api, entry.stream) }
         })
     }
 
@@ -1000,17 +888,9 @@ impl DeviceCopies for CudaDevice {
         self.in_engine_context(entry.ordinal, || {
             // SAFETY: caller's contract: a live pinned word (portable, so mapped in the
             // engine context too).
-            self.call(
-                unsafe {
-                    (self.api.cuStreamWriteValue32)(
-                        entry.stream,
-                        word_device_addr,
-                        value,
-                        CU_STREAM_WRITE_VALUE_DEFAULT,
-                    )
-                },
-                "cuStreamWriteValue32",
-            )
+            unsafe {
+                result::stream_write_value32(&self.api, entry.stream, word_device_addr, value)
+            }
         })
     }
 
@@ -1079,11 +959,7 @@ impl DeviceEvents for CudaDevice {
         let entry = self.handles.event(event)?;
         self.in_engine_context(entry.ordinal, || {
             // SAFETY: a live event of ours.
-            match unsafe { (self.api.cuEventQuery)(entry.event) } {
-                CUDA_SUCCESS => Ok(true),
-                CUDA_ERROR_NOT_READY => Ok(false),
-                code => Err(self.error(code, "cuEventQuery")),
-            }
+            unsafe { result::event_query(&self.api, entry.event) }
         })
     }
 
@@ -1103,10 +979,7 @@ impl StreamMemoryOps for CudaDevice {
     ) -> Result<(), DeviceError> {
         self.ensure_any_current()?;
         // SAFETY: caller's contract; HostFn has CUhostFn's ABI.
-        self.call(
-            unsafe { (self.api.cuLaunchHostFunc)(stream.0 as CUstream, func, user_data) },
-            "cuLaunchHostFunc",
-        )
+        unsafe { result::launch_host_func(&self.api, stream.0 as CUstream, func, user_data) }
     }
 
     unsafe fn stream_wait_value32(
@@ -1117,17 +990,14 @@ impl StreamMemoryOps for CudaDevice {
     ) -> Result<(), DeviceError> {
         self.ensure_any_current()?;
         // SAFETY: caller's contract: the word stays allocated.
-        self.call(
-            unsafe {
-                (self.api.cuStreamWaitValue32)(
-                    stream.0 as CUstream,
-                    word_device_addr,
-                    value,
-                    CU_STREAM_WAIT_VALUE_GEQ,
-                )
-            },
-            "cuStreamWaitValue32",
-        )
+        unsafe {
+            result::stream_wait_value32_geq(
+                &self.api,
+                stream.0 as CUstream,
+                word_device_addr,
+                value,
+            )
+        }
     }
 
     unsafe fn stream_write_value32(
@@ -1138,17 +1008,9 @@ impl StreamMemoryOps for CudaDevice {
     ) -> Result<(), DeviceError> {
         self.ensure_any_current()?;
         // SAFETY: caller's contract.
-        self.call(
-            unsafe {
-                (self.api.cuStreamWriteValue32)(
-                    stream.0 as CUstream,
-                    word_device_addr,
-                    value,
-                    CU_STREAM_WRITE_VALUE_DEFAULT,
-                )
-            },
-            "cuStreamWriteValue32",
-        )
+        unsafe {
+            result::stream_write_value32(&self.api, stream.0 as CUstream, word_device_addr, value)
+        }
     }
 
     unsafe fn stream_write_then_wait_value32(
@@ -1178,8 +1040,9 @@ impl StreamMemoryOps for CudaDevice {
         ];
         // SAFETY: two initialized entries in cuda.h's layout (checked by the
         // const assertions in sys.rs); the caller keeps both words allocated.
-        let code =
-            unsafe { (self.api.cuStreamBatchMemOp)(stream.0 as CUstream, 2, ops.as_mut_ptr(), 0) };
+        let code = unsafe {
+            result::stream_batch_mem_op_status(&self.api, stream.0 as CUstream, &mut ops)
+        };
         if code == CUDA_SUCCESS {
             return Ok(());
         }
@@ -1202,50 +1065,38 @@ impl StreamMemoryOps for CudaDevice {
     fn synchronize_stream(&self, stream: StreamHandle) -> Result<(), DeviceError> {
         self.ensure_any_current()?;
         // SAFETY: a user stream handle; invalid ones yield an error code.
-        self.call(
-            unsafe { (self.api.cuStreamSynchronize)(stream.0 as CUstream) },
-            "cuStreamSynchronize",
-        )
+        unsafe { result::stream_synchronize(&self.api, stream.0 as CUstream) }
     }
 
     fn stream_done(&self, stream: StreamHandle) -> Result<bool, DeviceError> {
         self.ensure_any_current()?;
         // SAFETY: a user stream handle; invalid ones yield an error code.
-        match unsafe { (self.api.cuStreamQuery)(stream.0 as CUstream) } {
-            CUDA_ERROR_NOT_READY => Ok(false),
-            code => self.call(code, "cuStreamQuery").map(|()| true),
-        }
+        unsafe { result::stream_query(&self.api, stream.0 as CUstream) }
     }
 }
 
 impl UserDevice for CudaDevice {
     fn alloc_device(&self, ordinal: u32, len_bytes: usize) -> Result<u64, DeviceError> {
         self.make_current(ordinal)?;
-        let mut address: CUdeviceptr = 0;
-        // SAFETY: valid out-pointer.
-        self.call(unsafe { (self.api.cuMemAlloc)(&mut address, len_bytes) }, "cuMemAlloc")?;
-        Ok(address)
+        result::mem_alloc(&self.api, len_bytes)
     }
 
     unsafe fn free_device(&self, address: u64) -> Result<(), DeviceError> {
         self.ensure_any_current()?;
         // SAFETY: the caller guarantees the memory is idle.
-        self.call(unsafe { (self.api.cuMemFree)(address) }, "cuMemFree")
+        unsafe { result::mem_free(&self.api, address) }
     }
 
     fn create_user_stream(&self, ordinal: u32) -> Result<StreamHandle, DeviceError> {
         self.make_current(ordinal)?;
-        let mut stream: CUstream = std::ptr::null_mut();
-        // SAFETY: valid out-pointer.
-        let code = unsafe { (self.api.cuStreamCreate)(&mut stream, CU_STREAM_NON_BLOCKING) };
-        self.call(code, "cuStreamCreate")?;
+        let stream = result::stream_create(&self.api, CU_STREAM_NON_BLOCKING)?;
         Ok(StreamHandle(stream as usize))
     }
 
     fn destroy_user_stream(&self, stream: StreamHandle) -> Result<(), DeviceError> {
         self.ensure_any_current()?;
-        // SAFETY: the stream came from create_stream.
-        self.call(unsafe { (self.api.cuStreamDestroy)(stream.0 as CUstream) }, "cuStreamDestroy")
+        // SAFETY: the stream came from create_user_stream; invalid ones yield an error code.
+        unsafe { result::stream_destroy(&self.api, stream.0 as CUstream) }
     }
 
     unsafe fn copy_to_device_on(
@@ -1257,12 +1108,9 @@ impl UserDevice for CudaDevice {
     ) -> Result<(), DeviceError> {
         self.ensure_any_current()?;
         // SAFETY: caller's contract.
-        self.call(
-            unsafe {
-                (self.api.cuMemcpyHtoDAsync)(target, source.cast(), len_bytes, stream.0 as CUstream)
-            },
-            "cuMemcpyHtoDAsync",
-        )
+        unsafe {
+            result::memcpy_htod_async(&self.api, target, source, len_bytes, stream.0 as CUstream)
+        }
     }
 
     unsafe fn copy_from_device_on(
@@ -1274,12 +1122,9 @@ impl UserDevice for CudaDevice {
     ) -> Result<(), DeviceError> {
         self.ensure_any_current()?;
         // SAFETY: caller's contract.
-        self.call(
-            unsafe {
-                (self.api.cuMemcpyDtoHAsync)(target.cast(), source, len_bytes, stream.0 as CUstream)
-            },
-            "cuMemcpyDtoHAsync",
-        )
+        unsafe {
+            result::memcpy_dtoh_async(&self.api, target, source, len_bytes, stream.0 as CUstream)
+        }
     }
 
     unsafe fn memset_on(
@@ -1291,9 +1136,8 @@ impl UserDevice for CudaDevice {
     ) -> Result<(), DeviceError> {
         self.ensure_any_current()?;
         // SAFETY: the caller guarantees the range.
-        self.call(
-            unsafe { (self.api.cuMemsetD8Async)(target, value, len_bytes, stream.0 as CUstream) },
-            "cuMemsetD8Async",
-        )
+        unsafe {
+            result::memset_d8_async(&self.api, target, value, len_bytes, stream.0 as CUstream)
+        }
     }
 }
