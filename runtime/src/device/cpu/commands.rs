@@ -16,20 +16,20 @@ use super::stats::{StatCounters, bump};
 use super::{lock, read};
 
 /// How long a wait-value spins before it starts sleeping.
-pub(super) const WAIT_SPIN: Duration = Duration::from_micros(20);
+const WAIT_SPIN: Duration = Duration::from_micros(20);
 /// First sleep of a wait-value after spinning.
-pub(super) const WAIT_FIRST_SLEEP: Duration = Duration::from_micros(10);
+const WAIT_FIRST_SLEEP: Duration = Duration::from_micros(10);
 /// Longest sleep of a wait-value: the worst-case latency of a plain atomic store.
-pub(super) const WAIT_MAX_SLEEP: Duration = Duration::from_micros(200);
+const WAIT_MAX_SLEEP: Duration = Duration::from_micros(200);
 /// How long a wait-value may stay unsatisfied once the device is being dropped.
-pub(super) const SHUTDOWN_WAIT_GRACE: Duration = Duration::from_millis(100);
+const SHUTDOWN_WAIT_GRACE: Duration = Duration::from_millis(100);
 
 /// Wakes workers sleeping in a wait-value.
 #[derive(Default)]
 pub(super) struct WordWaker {
     /// Number of workers sleeping on `cv`.
-    pub(super) sleepers: Mutex<usize>,
-    pub(super) cv: Condvar,
+    sleepers: Mutex<usize>,
+    cv: Condvar,
 }
 
 impl WordWaker {
@@ -61,7 +61,7 @@ pub(super) enum CommandOutcome {
 impl Shared {
     /// Blocks until `word >= value` in CUDA's cyclic sense (`(word - value) as i32 >= 0`,
     /// so release counters may wrap); `false` if abandoned because the device is dropping.
-    pub(super) fn wait_for_word(&self, word: &AtomicU32, value: u32) -> bool {
+    fn wait_for_word(&self, word: &AtomicU32, value: u32) -> bool {
         let satisfied = || word.load(Ordering::Acquire).wrapping_sub(value) as i32 >= 0;
         let spin_end = Instant::now() + WAIT_SPIN;
         while Instant::now() < spin_end {
@@ -104,7 +104,7 @@ impl Shared {
         self.waker.wake_all();
     }
 
-    pub(super) fn wait_value(&self, word_addr: u64, value: u32) -> CommandOutcome {
+    fn wait_value(&self, word_addr: u64, value: u32) -> CommandOutcome {
         if let Err(error) = check_word(&read(&self.memory.map), word_addr) {
             return CommandOutcome::Failed(error);
         }
@@ -119,7 +119,7 @@ impl Shared {
         CommandOutcome::Done
     }
 
-    pub(super) fn write_value(&self, word_addr: u64, value: u32) -> CommandOutcome {
+    fn write_value(&self, word_addr: u64, value: u32) -> CommandOutcome {
         let map = read(&self.memory.map);
         if let Err(error) = check_word(&map, word_addr) {
             return CommandOutcome::Failed(error);
@@ -175,7 +175,7 @@ impl Shared {
         CommandOutcome::Done
     }
 
-    pub(super) fn run_host_call(&self, call: impl FnOnce()) -> CommandOutcome {
+    fn run_host_call(&self, call: impl FnOnce()) -> CommandOutcome {
         bump(&self.stats.host_fns_run, 1);
         if panic::catch_unwind(AssertUnwindSafe(call)).is_err() {
             bump(&self.stats.host_fn_panics, 1);

@@ -17,7 +17,7 @@ pub(super) struct GateWord {
 }
 
 impl GateWord {
-    pub(super) fn open(&self) {
+    fn open(&self) {
         // SAFETY: `addr` is a 4096-aligned tracked Gate allocation that this object owns and
         // frees only in its own `Drop`; it is only ever accessed atomically.
         unsafe { self.shared.store_and_wake(self.addr, 1) };
@@ -36,7 +36,7 @@ impl Drop for GateWord {
 /// unreleased gate releases it, so a stream is never left hanging.
 pub struct StreamGate {
     pub(super) word: Arc<GateWord>,
-    pub(super) released: bool,
+    released: bool,
 }
 
 impl StreamGate {
@@ -50,7 +50,7 @@ impl StreamGate {
         self.word.addr
     }
 
-    pub(super) fn open(&mut self) {
+    fn open(&mut self) {
         if !self.released {
             self.released = true;
             self.word.open();

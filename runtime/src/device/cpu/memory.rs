@@ -13,7 +13,7 @@ use crate::device::{DeviceError, HostMemory, MemoryType, PinnedRegion};
 use super::{CpuDevice, invalid_value, out_of_memory, read, write};
 
 /// Alignment of every allocation the device makes.
-pub(super) const ALIGNMENT_BYTES: usize = 4096;
+const ALIGNMENT_BYTES: usize = 4096;
 
 /// Where a tracked range came from (decides who may release it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,7 +36,7 @@ pub(super) struct Allocation {
 }
 
 impl Allocation {
-    pub(super) fn owns_memory(&self) -> bool {
+    fn owns_memory(&self) -> bool {
         self.origin != Origin::Registered
     }
 }
@@ -46,7 +46,7 @@ impl Allocation {
 /// faults instead of touching a neighbour: before its start exactly, after its end
 /// exactly when the length is a multiple of the page size (else within the slack of its
 /// last page). `(mapping start, mapping length)` for an allocation at `base`.
-pub(super) fn guarded_mapping(base: u64, len_bytes: usize) -> Option<(usize, usize)> {
+fn guarded_mapping(base: u64, len_bytes: usize) -> Option<(usize, usize)> {
     let page = crate::sys::page_size_bytes() as usize;
     let body = len_bytes.checked_next_multiple_of(page)?;
     Some(((base as usize).checked_sub(page)?, body.checked_add(2 * page)?))
@@ -54,7 +54,7 @@ pub(super) fn guarded_mapping(base: u64, len_bytes: usize) -> Option<(usize, usi
 
 /// Maps `len_bytes` of zeroed memory between two guard pages ([`guarded_mapping`]);
 /// returns the allocation's address (page-aligned, so [`ALIGNMENT_BYTES`]-aligned).
-pub(super) fn map_guarded(len_bytes: usize) -> Result<u64, DeviceError> {
+fn map_guarded(len_bytes: usize) -> Result<u64, DeviceError> {
     let page = crate::sys::page_size_bytes() as usize;
     debug_assert!(page >= ALIGNMENT_BYTES && page.is_multiple_of(ALIGNMENT_BYTES));
     let too_large = || out_of_memory("allocation too large");
@@ -112,11 +112,11 @@ pub(super) fn check_range(
     Ok(allocation.memory_type)
 }
 
-pub(super) fn is_device(memory_type: MemoryType) -> bool {
+fn is_device(memory_type: MemoryType) -> bool {
     memory_type == MemoryType::Device
 }
 
-pub(super) fn is_pinned_host(memory_type: MemoryType) -> bool {
+fn is_pinned_host(memory_type: MemoryType) -> bool {
     memory_type == MemoryType::Host
 }
 
@@ -158,7 +158,7 @@ impl MemoryRegistry {
     }
 
     /// Tracks existing host memory as pinned host memory.
-    pub(super) fn register(&self, base: u64, len_bytes: usize) -> Result<(), DeviceError> {
+    fn register(&self, base: u64, len_bytes: usize) -> Result<(), DeviceError> {
         let end = base.checked_add(len_bytes as u64);
         let end = match end {
             Some(end) if base != 0 && len_bytes != 0 => end,
@@ -181,7 +181,7 @@ impl MemoryRegistry {
     }
 
     /// `(base, length in bytes)` of every range registered with `register_host`.
-    pub(super) fn registered_ranges(&self) -> Vec<(u64, usize)> {
+    fn registered_ranges(&self) -> Vec<(u64, usize)> {
         read(&self.map)
             .iter()
             .filter(|(_, allocation)| allocation.origin == Origin::Registered)
@@ -216,7 +216,7 @@ impl MemoryRegistry {
 ///
 /// # Safety
 /// `base` came from `map_guarded(len_bytes)` and is freed once.
-pub(super) unsafe fn dealloc(base: u64, len_bytes: usize) {
+unsafe fn dealloc(base: u64, len_bytes: usize) {
     if let Some((start, total)) = guarded_mapping(base, len_bytes) {
         // SAFETY: guaranteed by the caller: the whole mapping is ours and unused.
         unsafe { libc::munmap(start as *mut c_void, total) };

@@ -59,7 +59,7 @@ pub(super) fn bump(counter: &AtomicU64, amount: u64) {
 }
 
 impl StatCounters {
-    pub(super) fn snapshot(&self) -> CpuDeviceStats {
+    fn snapshot(&self) -> CpuDeviceStats {
         let get = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
         CpuDeviceStats {
             bytes_host_to_device: get(&self.bytes_host_to_device),

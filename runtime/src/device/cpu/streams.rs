@@ -20,20 +20,20 @@ use super::{CpuDevice, invalid_handle, lock, next_handle, out_of_memory, read, w
 
 /// A stream's queue and progress. Command `n` (1-based) has ticket `n`.
 #[derive(Default)]
-pub(super) struct QueueState {
+struct QueueState {
     pub(super) commands: VecDeque<Command>,
-    pub(super) enqueued: u64,
-    pub(super) completed: u64,
-    pub(super) closing: bool,
-    pub(super) worker_idle: bool,
-    pub(super) done_waiters: usize,
+    enqueued: u64,
+    completed: u64,
+    closing: bool,
+    worker_idle: bool,
+    done_waiters: usize,
     /// First command that failed: its ticket and error (sticky).
-    pub(super) first_error: Option<(u64, DeviceError)>,
+    first_error: Option<(u64, DeviceError)>,
 }
 
 /// The process the calling code runs in, kept by a `pthread_atfork` child handler (an
 /// atomic load on the hot path, not a `getpid` call).
-pub(super) fn current_process() -> u32 {
+fn current_process() -> u32 {
     static CURRENT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     static HANDLER: std::sync::Once = std::sync::Once::new();
     extern "C" fn in_child() {
@@ -53,7 +53,7 @@ pub(super) fn current_process() -> u32 {
 
 /// The error every stream operation of a process's cpu device gives in a child that
 /// process forked: the stream's worker thread does not exist there.
-pub(super) const FORKED: DeviceError = DeviceError::new(
+const FORKED: DeviceError = DeviceError::new(
     DeviceError::HIP_ERROR_NOT_INITIALIZED,
     "the cpu device's streams do not survive fork(): use them in the process that made them",
 );
@@ -62,12 +62,12 @@ pub(super) const FORKED: DeviceError = DeviceError::new(
 pub(super) struct StreamShared {
     pub(super) device_ordinal: u32,
     /// The process whose worker thread runs the stream.
-    pub(super) process: u32,
-    pub(super) queue: Mutex<QueueState>,
+    process: u32,
+    queue: Mutex<QueueState>,
     /// Signals the worker: new work or closing.
-    pub(super) work_cv: Condvar,
+    work_cv: Condvar,
     /// Signals waiters: a command completed.
-    pub(super) done_cv: Condvar,
+    done_cv: Condvar,
 }
 
 impl StreamShared {
@@ -83,7 +83,7 @@ impl StreamShared {
 
     /// Fails in a forked child, before any lock (one held by another thread at fork time
     /// stays held there forever).
-    pub(super) fn check_process(&self) -> Result<(), DeviceError> {
+    fn check_process(&self) -> Result<(), DeviceError> {
         if self.process == current_process() { Ok(()) } else { Err(FORKED) }
     }
 
@@ -107,7 +107,7 @@ impl StreamShared {
     }
 
     /// The error of the commands up to `ticket`, once they have all completed.
-    pub(super) fn error_up_to(queue: &QueueState, ticket: u64) -> Result<(), DeviceError> {
+    fn error_up_to(queue: &QueueState, ticket: u64) -> Result<(), DeviceError> {
         match queue.first_error {
             Some((failed, error)) if failed <= ticket => Err(error),
             _ => Ok(()),
@@ -143,7 +143,7 @@ impl StreamShared {
     }
 
     /// The next command and its ticket; `None` once closing and drained.
-    pub(super) fn next_command(&self) -> Option<(u64, Command)> {
+    fn next_command(&self) -> Option<(u64, Command)> {
         let mut queue = lock(&self.queue);
         loop {
             if let Some(command) = queue.commands.pop_front() {
@@ -194,7 +194,7 @@ impl StreamShared {
 }
 
 /// A stream worker: executes commands in order until the stream is closed and drained.
-pub(super) fn run_worker(shared: Arc<Shared>, stream: Arc<StreamShared>) {
+fn run_worker(shared: Arc<Shared>, stream: Arc<StreamShared>) {
     while let Some((ticket, command)) = stream.next_command() {
         let outcome = panic::catch_unwind(AssertUnwindSafe(|| shared.execute(command)))
             .unwrap_or_else(|_| {
@@ -215,11 +215,7 @@ pub(super) struct StreamEntry {
 }
 
 impl CpuDevice {
-    pub(super) fn spawn_stream(
-        &self,
-        handle: usize,
-        device_ordinal: u32,
-    ) -> Result<StreamEntry, DeviceError> {
+    fn spawn_stream(&self, handle: usize, device_ordinal: u32) -> Result<StreamEntry, DeviceError> {
         let stream = Arc::new(StreamShared::new(device_ordinal));
         let (shared, worker_stream) = (Arc::clone(&self.shared), Arc::clone(&stream));
         let worker = thread::Builder::new()
@@ -281,7 +277,7 @@ impl CpuDevice {
     }
 
     /// Validates `check` against the memory registry, then enqueues `command`.
-    pub(super) fn enqueue_checked(
+    fn enqueue_checked(
         &self,
         handle: usize,
         check: impl FnOnce(&AllocationMap) -> Result<(), DeviceError>,
@@ -292,7 +288,7 @@ impl CpuDevice {
         stream.enqueue(command)
     }
 
-    pub(super) fn enqueue_copy(
+    fn enqueue_copy(
         &self,
         handle: usize,
         target: u64,
