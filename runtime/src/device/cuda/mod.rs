@@ -41,7 +41,7 @@ use hipfile_core::Direction;
 
 use sys::*;
 
-use super::gpu::OwnedHandles;
+use super::gpu::{GpuEvent, OwnedHandles};
 use super::user::UserDevice;
 use super::{
     DeviceCopies, DeviceError, DeviceEvents, DeviceInfo, DeviceKind, EventHandle, HostFn,
@@ -111,11 +111,17 @@ struct InternalEntry {
     scratch: std::sync::OnceLock<CUdeviceptr>,
 }
 
-/// An event and its device (boxed; an `EventHandle` of this device holds the box's
-/// address; see [`CudaDevice::event`]).
+/// An event and its device (boxed behind an `EventHandle` of this device by
+/// [`OwnedHandles`]).
 struct EventEntry {
     event: CUevent,
     ordinal: u32,
+}
+
+impl GpuEvent for EventEntry {
+    fn ordinal(&self) -> u32 {
+        self.ordinal
+    }
 }
 
 /// The context engine work of one device runs in.
@@ -669,26 +675,20 @@ impl CudaDevice {
 
     /// Records a pooled (or new) event on `entry`'s stream; the engine context is current.
     fn record_event_in_context(&self, entry: &InternalEntry) -> Result<EventHandle, DeviceError> {
-        let event = match self.handles.pooled_event(entry.ordinal) {
-            Some(event) => event,
-            None => {
+        self.handles.record_event(
+            entry.ordinal,
+            || {
                 let event = result::event_create(&self.api, CU_EVENT_DISABLE_TIMING)?;
-                Box::new(EventEntry { event, ordinal: entry.ordinal })
-            }
-        };
-        // SAFETY: event and stream belong to the same (current, engine) context.
-        if let Err(error) = unsafe { result::event_record(&self.api, event.event, entry.stream) } {
-            self.pool_or_destroy_event(event);
-            return Err(error);
-        }
-        Ok(self.handles.event_handle(event))
+                Ok(EventEntry { event, ordinal: entry.ordinal })
+            },
+            // SAFETY: event and stream belong to the same (current, engine) context.
+            |event| unsafe { result::event_record(&self.api, event.event, entry.stream) },
+            |event| self.destroy_event_entry(&event),
+        )
     }
 
-    /// Keeps an idle event for reuse, or destroys it when the pool is full.
-    fn pool_or_destroy_event(&self, entry: Box<EventEntry>) {
-        let Some(entry) = self.handles.pool_event(entry.ordinal, entry) else {
-            return;
-        };
+    /// Destroys an idle event the pool has no room for, in the engine context.
+    fn destroy_event_entry(&self, entry: &EventEntry) {
         let _ = self.in_engine_context(entry.ordinal, || {
             // SAFETY: our event, destroyed once (CUDA defers the release if it is pending).
             unsafe { result::event_destroy(&self.api, entry.event) }
@@ -964,9 +964,7 @@ impl DeviceEvents for CudaDevice {
     }
 
     fn destroy_event(&self, event: EventHandle) {
-        if let Some(entry) = self.handles.take_event(event) {
-            self.pool_or_destroy_event(entry);
-        }
+        self.handles.release_event(event, |entry| self.destroy_event_entry(&entry));
     }
 }
 

@@ -1,6 +1,7 @@
 //! What the GPU backends (`cuda`, `rocm`) share, written once over their driver calls:
-//! the owned-handle bookkeeping behind [`InternalStream`] and [`EventHandle`] and the
-//! per-device pools of idle events.
+//! the owned-handle bookkeeping behind [`InternalStream`] and [`EventHandle`], the
+//! per-device pools of idle events, and the flow of an event (pooled or created, recorded,
+//! released back to the pool or destroyed) with the driver calls passed in.
 //!
 //! A backend keeps one [`OwnedHandles`] with its own entry types (a driver stream and its
 //! device; a driver event and its device). `OwnedHandles` is the only code that stamps
@@ -20,6 +21,12 @@ use super::{DeviceError, EventHandle, InternalStream, handle};
 
 /// Most idle events kept per device for reuse.
 pub(crate) const EVENT_POOL_CAP: usize = 1024;
+
+/// A backend's event entry: a driver event of one device.
+pub(crate) trait GpuEvent {
+    /// The ordinal of the device the event belongs to (its pool).
+    fn ordinal(&self) -> u32;
+}
 
 /// The boxes behind one device object's internal-stream and event handles (`S`: the
 /// backend's stream entry, `E`: its event entry), and its idle events per device.
@@ -87,7 +94,7 @@ impl<S, E> OwnedHandles<S, E> {
     }
 
     /// A handle owning `entry` (an event just recorded).
-    pub(crate) fn event_handle(&self, entry: Box<E>) -> EventHandle {
+    fn event_handle(&self, entry: Box<E>) -> EventHandle {
         EventHandle::owned(handle::leak(entry), self.owner)
     }
 
@@ -114,7 +121,7 @@ impl<S, E> OwnedHandles<S, E> {
     /// The entry behind an event this object recorded, taken back (the handle is
     /// consumed); `None`, logged, for a handle of another device object or one made with
     /// [`EventHandle::from_raw`].
-    pub(crate) fn take_event(&self, event: EventHandle) -> Option<Box<E>> {
+    fn take_event(&self, event: EventHandle) -> Option<Box<E>> {
         if event.owner() != self.owner {
             log::debug!("ignored: destroy of an event not recorded by this device");
             return None;
@@ -126,13 +133,13 @@ impl<S, E> OwnedHandles<S, E> {
     }
 
     /// An idle event of device `ordinal` to record again, if the pool has one.
-    pub(crate) fn pooled_event(&self, ordinal: u32) -> Option<Box<E>> {
+    fn pooled_event(&self, ordinal: u32) -> Option<Box<E>> {
         self.pool(ordinal).lock().unwrap_or_else(PoisonError::into_inner).pop()
     }
 
     /// Keeps an idle event of device `ordinal` for reuse; gives it back when the pool is
     /// full, for the caller to destroy.
-    pub(crate) fn pool_event(&self, ordinal: u32, entry: Box<E>) -> Option<Box<E>> {
+    fn pool_event(&self, ordinal: u32, entry: Box<E>) -> Option<Box<E>> {
         let mut pool = self.pool(ordinal).lock().unwrap_or_else(PoisonError::into_inner);
         if pool.len() < EVENT_POOL_CAP {
             pool.push(entry);
@@ -160,10 +167,94 @@ impl<S, E> OwnedHandles<S, E> {
     }
 }
 
+impl<S, E: GpuEvent> OwnedHandles<S, E> {
+    /// Records an event of device `ordinal`: an idle pooled one, else one `create` makes;
+    /// `record` enqueues it (the backend's context or device is current). An event whose
+    /// record failed goes back to the pool, or to `destroy` when the pool is full.
+    ///
+    /// # Errors
+    /// `create`'s or `record`'s.
+    pub(crate) fn record_event(
+        &self,
+        ordinal: u32,
+        create: impl FnOnce() -> Result<E, DeviceError>,
+        record: impl FnOnce(&E) -> Result<(), DeviceError>,
+        destroy: impl FnOnce(Box<E>),
+    ) -> Result<EventHandle, DeviceError> {
+        let event = match self.pooled_event(ordinal) {
+            Some(event) => event,
+            None => Box::new(create()?),
+        };
+        if let Err(error) = record(&event) {
+            self.pool_or_destroy(event, destroy);
+            return Err(error);
+        }
+        Ok(self.event_handle(event))
+    }
+
+    /// Releases an event this object recorded (the handle is consumed): back to the pool,
+    /// or to `destroy` when the pool is full. A handle of another device object, or one
+    /// made with [`EventHandle::from_raw`], is ignored (logged).
+    pub(crate) fn release_event(&self, event: EventHandle, destroy: impl FnOnce(Box<E>)) {
+        if let Some(entry) = self.take_event(event) {
+            self.pool_or_destroy(entry, destroy);
+        }
+    }
+
+    /// Keeps an idle event for reuse, or gives it to `destroy` when the pool is full.
+    pub(crate) fn pool_or_destroy(&self, entry: Box<E>, destroy: impl FnOnce(Box<E>)) {
+        if let Some(entry) = self.pool_event(entry.ordinal(), entry) {
+            destroy(entry);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{EVENT_POOL_CAP, OwnedHandles};
+    use super::{EVENT_POOL_CAP, GpuEvent, OwnedHandles};
     use crate::device::{DeviceError, EventHandle, InternalStream};
+
+    /// A test event: (device ordinal, serial number).
+    #[derive(Debug, PartialEq)]
+    struct Event(u32, u32);
+
+    impl GpuEvent for Event {
+        fn ordinal(&self) -> u32 {
+            self.0
+        }
+    }
+
+    #[test]
+    fn a_recorded_event_is_reused_and_a_failed_record_goes_back_to_the_pool() {
+        let handles = OwnedHandles::<(), Event>::new(1);
+        let never = |_: Box<Event>| panic!("nothing is destroyed while the pool has room");
+        let event = handles.record_event(0, || Ok(Event(0, 1)), |_| Ok(()), never).unwrap();
+        assert_eq!(handles.event(&event), Ok(&Event(0, 1)));
+        handles.release_event(event, never);
+        let failed = DeviceError::new(DeviceError::HIP_ERROR_UNKNOWN, "record");
+        let refused = handles.record_event(
+            0,
+            || panic!("the pooled event is used first"),
+            |event| {
+                assert_eq!(event, &Event(0, 1));
+                Err(failed)
+            },
+            never,
+        );
+        assert_eq!(refused.map(|_| ()), Err(failed));
+        assert_eq!(handles.pooled_event(0).map(|event| *event), Some(Event(0, 1)));
+    }
+
+    #[test]
+    fn a_full_pool_hands_the_event_to_destroy() {
+        let handles = OwnedHandles::<(), Event>::new(1);
+        for serial in 0..EVENT_POOL_CAP as u32 {
+            handles.pool_or_destroy(Box::new(Event(0, serial)), |_| panic!("room left"));
+        }
+        let mut destroyed = None;
+        handles.pool_or_destroy(Box::new(Event(0, u32::MAX)), |event| destroyed = Some(*event));
+        assert_eq!(destroyed, Some(Event(0, u32::MAX)));
+    }
 
     #[test]
     fn a_handle_is_borrowed_by_its_maker_only_and_taken_back_once() {

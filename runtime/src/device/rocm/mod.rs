@@ -50,7 +50,7 @@ use sys::{
     hipStreamNonBlocking,
 };
 
-use super::gpu::OwnedHandles;
+use super::gpu::{GpuEvent, OwnedHandles};
 use super::user::UserDevice;
 use super::{
     DeviceCopies, DeviceError, DeviceEvents, DeviceInfo, DeviceKind, EventHandle, HostFn,
@@ -70,6 +70,12 @@ struct InternalEntry {
 struct EventEntry {
     event: hipEvent_t,
     ordinal: u32,
+}
+
+impl GpuEvent for EventEntry {
+    fn ordinal(&self) -> u32 {
+        self.ordinal
+    }
 }
 
 /// A host function and its argument, passed through `hipStreamAddCallback`.
@@ -177,11 +183,8 @@ impl RocmDevice {
         Ok(())
     }
 
-    /// Keeps an idle event for reuse, or destroys it when the pool is full.
-    fn pool_or_destroy_event(&self, entry: Box<EventEntry>) {
-        let Some(entry) = self.handles.pool_event(entry.ordinal, entry) else {
-            return;
-        };
+    /// Destroys an idle event the pool has no room for, with its device current.
+    fn destroy_event_entry(&self, entry: &EventEntry) {
         let _ = self.make_current(entry.ordinal);
         // SAFETY: our event, destroyed once (HIP defers the release if it is pending).
         let _ = unsafe { result::event_destroy(entry.event) };
@@ -356,19 +359,16 @@ impl DeviceEvents for RocmDevice {
     fn record_event(&self, stream: &InternalStream) -> Result<EventHandle, DeviceError> {
         let entry = self.handles.stream(stream)?;
         self.make_current(entry.ordinal)?;
-        let event = match self.handles.pooled_event(entry.ordinal) {
-            Some(event) => event,
-            None => {
+        self.handles.record_event(
+            entry.ordinal,
+            || {
                 let event = result::event_create_with_flags(hipEventDisableTiming)?;
-                Box::new(EventEntry { event, ordinal: entry.ordinal })
-            }
-        };
-        // SAFETY: event and stream belong to the same (current) device.
-        if let Err(error) = unsafe { result::event_record(event.event, entry.stream) } {
-            self.pool_or_destroy_event(event);
-            return Err(error);
-        }
-        Ok(self.handles.event_handle(event))
+                Ok(EventEntry { event, ordinal: entry.ordinal })
+            },
+            // SAFETY: event and stream belong to the same (current) device.
+            |event| unsafe { result::event_record(event.event, entry.stream) },
+            |event| self.destroy_event_entry(&event),
+        )
     }
 
     fn event_done(&self, event: &EventHandle) -> Result<bool, DeviceError> {
@@ -379,9 +379,7 @@ impl DeviceEvents for RocmDevice {
     }
 
     fn destroy_event(&self, event: EventHandle) {
-        if let Some(entry) = self.handles.take_event(event) {
-            self.pool_or_destroy_event(entry);
-        }
+        self.handles.release_event(event, |entry| self.destroy_event_entry(&entry));
     }
 }
 
