@@ -17,7 +17,8 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use hipfile_runtime::capi_support;
 use hipfile_runtime::device::cpu::CpuDevice;
 use hipfile_runtime::device::{
-    Device, DeviceError, EventHandle, HostFn, MemoryType, PinnedRegion, StreamHandle,
+    DeviceError, DeviceEvents, DeviceInfo, EventHandle, HostFn, MemoryType, PinnedRegion,
+    StreamHandle, StreamMemoryOps,
 };
 
 use crate::boundary::{HipStatus, ffi_fn, out_ptr};

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use hipfile_runtime::device::cpu::CpuDevice;
 use hipfile_runtime::device::user::UserDevice;
-use hipfile_runtime::device::{Device, StreamHandle};
+use hipfile_runtime::device::{StreamHandle, StreamMemoryOps};
 use std::sync::Mutex;
 
 use hipfile_runtime::device::cpu::StreamGate as CpuStreamGate;

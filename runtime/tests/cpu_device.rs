@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use hipfile_runtime::device::cpu::{CpuDevice, StreamGate};
 use hipfile_runtime::device::{
-    Device, DeviceError, DeviceKind, EventHandle, InternalStream, MemoryType, PinnedRegion,
-    StreamHandle,
+    Device, DeviceCopies, DeviceError, DeviceEvents, DeviceInfo, DeviceKind, EventHandle,
+    HostMemory, InternalStream, MemoryType, PinnedRegion, StreamHandle, StreamMemoryOps,
 };
 
 /// Hang guard for anything that should finish.

@@ -1,13 +1,13 @@
 //! Library-owned GPU objects (internal streams, events) behind the handles of the
 //! `Device` trait: a handle's raw value is the address of a leaked `Box`, valid from
-//! `leak` until `reclaim`. The GPU backends share these functions, so the argument for
-//! their soundness is made once, here.
+//! `leak` until `reclaim`. The GPU backends' one user of these functions is
+//! `gpu::OwnedHandles`, so the argument for their soundness is made once, here.
 //!
 //! Why a backend may `borrow` the raw value of a handle it is given: every handle a GPU
-//! backend makes is stamped with the backend object's *owner id* ([`next_owner_id`],
+//! backend makes is stamped with its `OwnedHandles`' *owner id* ([`next_owner_id`],
 //! unique in the process and never 0), through the crate-private constructors
-//! `InternalStream::owned` / `EventHandle::owned`, which only a backend calls and only
-//! for a box it has just leaked. Safe code can make a handle only with `from_raw`, whose
+//! `InternalStream::owned` / `EventHandle::owned`, which only `OwnedHandles` calls and
+//! only for a box it has just leaked. Safe code can make a handle only with `from_raw`, whose
 //! owner is 0, so a backend that checks the owner before it borrows never dereferences
 //! a forged value. The handle types are neither `Clone` nor `Copy`, and `destroy_*`
 //! takes the handle by value: once its box is reclaimed, no handle naming it is left.

@@ -8,6 +8,7 @@
 
 pub mod cpu;
 pub mod cuda;
+mod gpu;
 mod handle;
 #[cfg(feature = "rocm")]
 pub mod rocm;
@@ -143,7 +144,7 @@ unsafe impl Send for PinnedRegion {}
 unsafe impl Sync for PinnedRegion {}
 
 /// An internal (library-owned) stream used for staging copies, owned by whoever holds
-/// the handle: [`Device::destroy_internal_stream`] consumes it, every other method
+/// the handle: [`DeviceCopies::destroy_internal_stream`] consumes it, every other method
 /// borrows it. Dropping a handle without destroying it leaks the stream.
 ///
 /// Neither `Clone` nor `Copy`: a GPU backend's handle names a boxed object of the
@@ -210,7 +211,7 @@ impl InternalStream {
 }
 
 /// An event recorded on an internal stream, polled for completion; owned like an
-/// [`InternalStream`]: [`Device::destroy_event`] consumes it, every other method
+/// [`InternalStream`]: [`DeviceEvents::destroy_event`] consumes it, every other method
 /// borrows it, and a handle made with [`EventHandle::from_raw`] belongs to no device.
 ///
 /// Destroying an event once compiles, twice does not:
@@ -260,7 +261,7 @@ impl EventHandle {
     }
 }
 
-/// How [`Device::stream_write_then_wait_value32`] failed.
+/// How [`StreamMemoryOps::stream_write_then_wait_value32`] failed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum WriteThenWaitError {
     /// Nothing was enqueued.
@@ -269,12 +270,12 @@ pub enum WriteThenWaitError {
     WaitNotQueued(DeviceError),
 }
 
-/// [`Device::stream_write_then_wait_value32`] as two enqueues (the default, and a
+/// [`StreamMemoryOps::stream_write_then_wait_value32`] as two enqueues (the default, and a
 /// backend's fallback when its one-call form fails).
 ///
 /// # Safety
-/// As [`Device::stream_write_then_wait_value32`].
-pub(crate) unsafe fn write_then_wait_one_by_one<D: Device + ?Sized>(
+/// As [`StreamMemoryOps::stream_write_then_wait_value32`].
+pub(crate) unsafe fn write_then_wait_one_by_one<D: StreamMemoryOps + ?Sized>(
     device: &D,
     stream: StreamHandle,
     write_addr: u64,
@@ -293,13 +294,20 @@ pub(crate) unsafe fn write_then_wait_one_by_one<D: Device + ?Sized>(
 /// What the engine and the stream protocol need from a GPU runtime.
 ///
 /// Every method may be called from any thread. Methods that enqueue work return once it
-/// is enqueued; none waits for earlier stream work except [`Device::synchronize_internal`].
+/// is enqueued; none waits for earlier stream work except [`DeviceCopies::synchronize_internal`].
 ///
 /// [`InternalStream`] and [`EventHandle`] are owned handles: `destroy_*` consumes one,
 /// the other methods borrow it. A method given a handle that this device object did not
 /// make fails with [`DeviceError::HIP_ERROR_INVALID_HANDLE`] (the `cpu` device: when the
 /// raw id is unknown), never with undefined behaviour.
-pub trait Device: Send + Sync + 'static {
+pub trait Device: DeviceInfo + HostMemory + DeviceCopies + DeviceEvents + StreamMemoryOps {}
+
+/// Every type with the five narrow traits is a [`Device`].
+impl<T> Device for T where T: DeviceInfo + HostMemory + DeviceCopies + DeviceEvents + StreamMemoryOps
+{}
+
+/// What a backend is and what it knows about pointers and streams.
+pub trait DeviceInfo: Send + Sync + 'static {
     /// Which backend this is.
     fn kind(&self) -> DeviceKind;
 
@@ -319,13 +327,25 @@ pub trait Device: Send + Sync + 'static {
     /// Unknown or destroyed stream.
     fn stream_device(&self, stream: StreamHandle) -> Result<u32, DeviceError>;
 
+    /// Whether [`StreamMemoryOps::stream_wait_value32`] / write-value work on `device_ordinal`.
+    fn supports_stream_memops(&self, device_ordinal: u32) -> bool;
+
+    /// How streams share the GPU's hardware queues and whether the engine's copies run
+    /// apart from the application's streams (`None`: no hardware queues to speak of).
+    fn hardware_queue_setting(&self) -> Option<String> {
+        None
+    }
+}
+
+/// Pinned, device-mapped host memory: the engine's staging and the release words.
+pub trait HostMemory {
     /// Allocates `len_bytes` of pinned, device-mapped host memory, 4096-aligned.
     ///
     /// # Errors
     /// Out of memory, or the backend refused to pin.
     fn alloc_pinned(&self, len_bytes: usize) -> Result<PinnedRegion, DeviceError>;
 
-    /// Frees memory from [`Device::alloc_pinned`].
+    /// Frees memory from [`HostMemory::alloc_pinned`].
     ///
     /// # Safety
     /// `region` came from `alloc_pinned` on this device, is freed once, and no enqueued
@@ -340,16 +360,31 @@ pub trait Device: Send + Sync + 'static {
     ///
     /// # Safety
     /// `host_ptr..host_ptr+len_bytes` is valid host memory that stays allocated until
-    /// [`Device::unregister_host`].
+    /// [`HostMemory::unregister_host`].
     unsafe fn register_host(&self, host_ptr: *mut u8, len_bytes: usize)
     -> Result<u64, DeviceError>;
 
-    /// Undoes [`Device::register_host`].
+    /// Undoes [`HostMemory::register_host`].
     ///
     /// # Safety
     /// `host_ptr` was registered with `register_host` and no enqueued copy still uses it.
     unsafe fn unregister_host(&self, host_ptr: *mut u8);
 
+    /// Stores `value` into a pinned 32-bit word from the host (release ordering), and
+    /// wakes whatever waits on it. GPUs poll the word themselves, so the default is a
+    /// plain atomic store; a backend whose waiters sleep overrides it to wake them.
+    ///
+    /// # Safety
+    /// `word_host_ptr` points to a live, 4-byte-aligned word of pinned memory.
+    unsafe fn store_word_host(&self, word_host_ptr: *mut u32, value: u32) {
+        // SAFETY: the caller guarantees a live, aligned word; AtomicU32 has u32's layout.
+        let word = unsafe { core::sync::atomic::AtomicU32::from_ptr(word_host_ptr) };
+        word.store(value, core::sync::atomic::Ordering::Release);
+    }
+}
+
+/// The engine's library-owned streams and the copies on them (and on the caller's thread).
+pub trait DeviceCopies {
     /// Creates a library-owned stream on `device_ordinal` for staging copies.
     ///
     /// # Errors
@@ -392,22 +427,20 @@ pub trait Device: Send + Sync + 'static {
         len_bytes: usize,
     ) -> Result<(), DeviceError>;
 
-    /// Records an event on an internal stream: complete once all work enqueued before it is.
+    /// Enqueues on an internal stream: store `value` to the 32-bit word at `word_device_addr`
+    /// once the stream's earlier work has completed.
     ///
     /// # Errors
-    /// Invalid stream, or the backend failed.
-    fn record_event(&self, stream: &InternalStream) -> Result<EventHandle, DeviceError>;
-
-    /// Non-blocking: `Ok(true)` once the event's work is complete.
+    /// Not supported (see [`DeviceInfo::supports_stream_memops`]) or the backend failed.
     ///
-    /// # Errors
-    /// Invalid event, or an asynchronous error of the work before it.
-    fn event_done(&self, event: &EventHandle) -> Result<bool, DeviceError>;
-
-    /// Releases an event (complete or not: it is released once complete). A handle this
-    /// device did not make is ignored (GPU backends) or counted as an invalid release
-    /// (`cpu`).
-    fn destroy_event(&self, event: EventHandle);
+    /// # Safety
+    /// `word_device_addr` is the device address of a live, 4-byte-aligned pinned word.
+    unsafe fn write_value32_internal(
+        &self,
+        stream: &InternalStream,
+        word_device_addr: u64,
+        value: u32,
+    ) -> Result<(), DeviceError>;
 
     /// Blocks until every op enqueued on the internal stream has completed. For teardown
     /// and synchronous fallbacks only; never called on an executor's hot path.
@@ -416,7 +449,7 @@ pub trait Device: Send + Sync + 'static {
     /// An asynchronous error of the stream's work.
     fn synchronize_internal(&self, stream: &InternalStream) -> Result<(), DeviceError>;
 
-    /// Whether [`Device::copy_now`] works: the engine then moves small synchronous
+    /// Whether [`DeviceCopies::copy_now`] works: the engine then moves small synchronous
     /// requests on the caller's thread instead of handing them to an executor.
     fn copies_on_caller_thread(&self) -> bool {
         false
@@ -432,7 +465,7 @@ pub trait Device: Send + Sync + 'static {
     /// stream can stall (CUDA: short host → device copies through a scratch of ours).
     ///
     /// # Errors
-    /// Not supported ([`Device::copies_on_caller_thread`] is `false`), invalid
+    /// Not supported ([`DeviceCopies::copies_on_caller_thread`] is `false`), invalid
     /// addresses, or the backend failed.
     ///
     /// # Safety
@@ -450,22 +483,31 @@ pub trait Device: Send + Sync + 'static {
         let _ = (device_ordinal, direction, device_addr, host, len_bytes, ops_may_hold_streams);
         Err(DeviceError::new(DeviceError::HIP_ERROR_NOT_SUPPORTED, "copy_now"))
     }
+}
 
-    /// Enqueues on an internal stream: store `value` to the 32-bit word at `word_device_addr`
-    /// once the stream's earlier work has completed.
+/// Events recorded on internal streams, polled for completion.
+pub trait DeviceEvents {
+    /// Records an event on an internal stream: complete once all work enqueued before it is.
     ///
     /// # Errors
-    /// Not supported (see [`Device::supports_stream_memops`]) or the backend failed.
-    ///
-    /// # Safety
-    /// `word_device_addr` is the device address of a live, 4-byte-aligned pinned word.
-    unsafe fn write_value32_internal(
-        &self,
-        stream: &InternalStream,
-        word_device_addr: u64,
-        value: u32,
-    ) -> Result<(), DeviceError>;
+    /// Invalid stream, or the backend failed.
+    fn record_event(&self, stream: &InternalStream) -> Result<EventHandle, DeviceError>;
 
+    /// Non-blocking: `Ok(true)` once the event's work is complete.
+    ///
+    /// # Errors
+    /// Invalid event, or an asynchronous error of the work before it.
+    fn event_done(&self, event: &EventHandle) -> Result<bool, DeviceError>;
+
+    /// Releases an event (complete or not: it is released once complete). A handle this
+    /// device did not make is ignored (GPU backends) or counted as an invalid release
+    /// (`cpu`).
+    fn destroy_event(&self, event: EventHandle);
+}
+
+/// Work the library enqueues on the *application's* streams: host functions and 32-bit
+/// stream memory operations (the release protocol), plus synchronizing and querying them.
+pub trait StreamMemoryOps {
     /// Enqueues a host function on a user stream: it runs after the stream's earlier work,
     /// and later work waits for it to return. It must not call device APIs.
     ///
@@ -514,7 +556,7 @@ pub trait Device: Send + Sync + 'static {
 
     /// Enqueues on a user stream "store `write_value` to the word at `write_addr`" and
     /// then "wait until the word at `wait_addr` is `>= wait_value`" (as
-    /// [`Device::stream_write_value32`] then [`Device::stream_wait_value32`]). A backend
+    /// [`StreamMemoryOps::stream_write_value32`] then [`StreamMemoryOps::stream_wait_value32`]). A backend
     /// that can enqueue both in one call overrides it (CUDA: `cuStreamBatchMemOp`, one
     /// driver call instead of two on every async submission).
     ///
@@ -523,7 +565,7 @@ pub trait Device: Send + Sync + 'static {
     /// [`WriteThenWaitError::WaitNotQueued`] when the write was and the wait was not.
     ///
     /// # Safety
-    /// As [`Device::stream_write_value32`] and [`Device::stream_wait_value32`].
+    /// As [`StreamMemoryOps::stream_write_value32`] and [`StreamMemoryOps::stream_wait_value32`].
     unsafe fn stream_write_then_wait_value32(
         &self,
         stream: StreamHandle,
@@ -536,27 +578,6 @@ pub trait Device: Send + Sync + 'static {
         unsafe {
             write_then_wait_one_by_one(self, stream, write_addr, write_value, wait_addr, wait_value)
         }
-    }
-
-    /// Stores `value` into a pinned 32-bit word from the host (release ordering), and
-    /// wakes whatever waits on it. GPUs poll the word themselves, so the default is a
-    /// plain atomic store; a backend whose waiters sleep overrides it to wake them.
-    ///
-    /// # Safety
-    /// `word_host_ptr` points to a live, 4-byte-aligned word of pinned memory.
-    unsafe fn store_word_host(&self, word_host_ptr: *mut u32, value: u32) {
-        // SAFETY: the caller guarantees a live, aligned word; AtomicU32 has u32's layout.
-        let word = unsafe { core::sync::atomic::AtomicU32::from_ptr(word_host_ptr) };
-        word.store(value, core::sync::atomic::Ordering::Release);
-    }
-
-    /// Whether [`Device::stream_wait_value32`] / write-value work on `device_ordinal`.
-    fn supports_stream_memops(&self, device_ordinal: u32) -> bool;
-
-    /// How streams share the GPU's hardware queues and whether the engine's copies run
-    /// apart from the application's streams (`None`: no hardware queues to speak of).
-    fn hardware_queue_setting(&self) -> Option<String> {
-        None
     }
 
     /// Blocks until every op enqueued on a user stream has completed (tests, tools,

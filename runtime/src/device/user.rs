@@ -2,6 +2,12 @@
 //! copy, launch host code, pause a stream — which the library itself never needs.
 //! `hipfile-bench`, the tests and the device-contract suite use [`UserDevice`] so that
 //! the same code runs on every backend.
+//!
+//! The GPU backends implement [`UserDevice`] directly with their driver calls (in
+//! `cuda/mod.rs`, `rocm.rs`): no inherent copy of the same methods. The `cpu` device keeps
+//! its richer inherent API (`malloc_managed`, `memcpy_async` between any tracked memory,
+//! gates, statistics), which its tests and the C extension use, and its `UserDevice`
+//! impl here forwards to it.
 
 use std::ffi::c_void;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -221,69 +227,6 @@ impl UserDevice for CpuDevice {
         unsafe { self.memset_async(stream, target, value, len_bytes) }
     }
 }
-
-/// `UserDevice` for a GPU backend whose inherent methods carry the same names and
-/// contracts (`malloc_device`, `free_device`, `create_stream`, `destroy_stream`,
-/// `copy_to_device_on`, `copy_from_device_on`, `memset_async`).
-macro_rules! gpu_user_device {
-    ($device:ty) => {
-        impl UserDevice for $device {
-            fn alloc_device(&self, ordinal: u32, len_bytes: usize) -> Result<u64, DeviceError> {
-                self.malloc_device(ordinal, len_bytes)
-            }
-
-            unsafe fn free_device(&self, addr: u64) -> Result<(), DeviceError> {
-                // SAFETY: forwarded contract.
-                unsafe { <$device>::free_device(self, addr) }
-            }
-
-            fn create_user_stream(&self, ordinal: u32) -> Result<StreamHandle, DeviceError> {
-                self.create_stream(ordinal)
-            }
-
-            fn destroy_user_stream(&self, stream: StreamHandle) -> Result<(), DeviceError> {
-                self.destroy_stream(stream)
-            }
-
-            unsafe fn copy_to_device_on(
-                &self,
-                stream: StreamHandle,
-                target: u64,
-                source: *const u8,
-                len_bytes: usize,
-            ) -> Result<(), DeviceError> {
-                // SAFETY: forwarded contract.
-                unsafe { <$device>::copy_to_device_on(self, stream, target, source, len_bytes) }
-            }
-
-            unsafe fn copy_from_device_on(
-                &self,
-                stream: StreamHandle,
-                target: *mut u8,
-                source: u64,
-                len_bytes: usize,
-            ) -> Result<(), DeviceError> {
-                // SAFETY: forwarded contract.
-                unsafe { <$device>::copy_from_device_on(self, stream, target, source, len_bytes) }
-            }
-
-            unsafe fn memset_on(
-                &self,
-                stream: StreamHandle,
-                target: u64,
-                value: u8,
-                len_bytes: usize,
-            ) -> Result<(), DeviceError> {
-                // SAFETY: forwarded contract.
-                unsafe { self.memset_async(stream, target, value, len_bytes) }
-            }
-        }
-    };
-}
-
-gpu_user_device!(CudaDevice);
-#[cfg(feature = "rocm")]
-gpu_user_device!(RocmDevice);
 
 /// Opens the backend `selection` names. `Auto` tries `rocm` (built with the cargo
 /// feature `rocm`, and HIP finds an AMD GPU), then `cuda` (libcuda loads and finds a

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use hipfile_core::Direction;
 use hipfile_runtime::config::Config;
-use hipfile_runtime::device::Device;
+use hipfile_runtime::device::StreamMemoryOps;
 use hipfile_runtime::device::cpu::CpuDevice;
 use hipfile_runtime::{AsyncParams, Driver};
 

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 
 use hipfile_core::Direction;
 use hipfile_runtime::config::Config;
-use hipfile_runtime::device::Device;
+use hipfile_runtime::device::StreamMemoryOps;
 use hipfile_runtime::device::cpu::CpuDevice;
 use hipfile_runtime::stream::PREFETCH_WINDOW_BYTES;
 use hipfile_runtime::{AsyncParams, Driver};

@@ -23,27 +23,37 @@
 //!
 //! CUDA's error numbers are reported as the `hipError_t` value directly (HIP's enum
 //! mirrors CUDA's numbering for the errors these calls return).
+//!
+//! Layers: `sys` (the driver's types and entry points, `dlopen`ed), `result` (one function
+//! per driver call, `CUresult` mapped to [`DeviceError`]), this file (the device: contexts,
+//! the caller-thread stream pools and device scratch, event pooling through the shared
+//! `gpu::OwnedHandles`). The contexts are CUDA's alone (HIP has none): which context a call
+//! runs in — the engine context, a primary one, or the caller's — is decided here.
 
+mod result;
 mod sys;
 
 use std::cell::Cell;
-use std::ffi::{CStr, c_int, c_void};
+use std::ffi::{c_int, c_void};
 use std::sync::{Arc, Mutex};
 
 use hipfile_core::Direction;
 
 use sys::*;
 
+use super::gpu::{GpuEvent, OwnedHandles};
+use super::user::UserDevice;
 use super::{
-    Device, DeviceError, DeviceKind, EventHandle, HostFn, InternalStream, MemoryType, PinnedRegion,
-    PointerInfo, StreamHandle, WriteThenWaitError, handle,
+    DeviceCopies, DeviceError, DeviceEvents, DeviceInfo, DeviceKind, EventHandle, HostFn,
+    HostMemory, InternalStream, MemoryType, PinnedRegion, PointerInfo, StreamHandle,
+    StreamMemoryOps, WriteThenWaitError,
 };
 
 /// The largest device scratch of an engine stream: a host → device copy through it longer
 /// than this moves in scratch-sized pieces (in stream order, so one scratch serves them).
 const MAX_SCRATCH_BYTES: usize = 1 << 20;
 
-/// Where [`Device::copy_now`] runs a caller-thread copy (`HIPFILE_CUDA_CALLER_COPY`).
+/// Where [`DeviceCopies::copy_now`] runs a caller-thread copy (`HIPFILE_CUDA_CALLER_COPY`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CallerCopy {
     /// The default. While no async op of the process may hold an application stream, on
@@ -91,9 +101,6 @@ fn min_copy_bytes_from_environment() -> usize {
     }
 }
 
-/// Most idle events kept per device for reuse.
-const EVENT_POOL_CAP: usize = 1024;
-
 /// An internal stream and the device it belongs to (boxed; an `InternalStream` of this
 /// device holds the box's address; see [`CudaDevice::internal`]).
 struct InternalEntry {
@@ -104,11 +111,17 @@ struct InternalEntry {
     scratch: std::sync::OnceLock<CUdeviceptr>,
 }
 
-/// An event and its device (boxed; an `EventHandle` of this device holds the box's
-/// address; see [`CudaDevice::event`]).
+/// An event and its device (boxed behind an `EventHandle` of this device by
+/// [`OwnedHandles`]).
 struct EventEntry {
     event: CUevent,
     ordinal: u32,
+}
+
+impl GpuEvent for EventEntry {
+    fn ordinal(&self) -> u32 {
+        self.ordinal
+    }
 }
 
 /// The context engine work of one device runs in.
@@ -129,21 +142,15 @@ static ENGINE_CONTEXTS: Mutex<Vec<Option<EngineContext>>> = Mutex::new(Vec::new(
 /// NVIDIA GPUs through the CUDA driver API.
 pub struct CudaDevice {
     api: Api,
-    /// This object's owner id ([`handle::next_owner_id`]), stamped on every
-    /// `InternalStream` and `EventHandle` it makes; handles with another owner are
-    /// refused before their raw value is used.
-    owner: u64,
+    /// The boxes behind this object's `InternalStream` and `EventHandle` values (owner
+    /// checked) and the idle events per device (made in the engine context).
+    handles: OwnedHandles<InternalEntry, EventEntry>,
     /// Primary contexts (retained): the application's streams and memory live here.
     contexts: Vec<usize>,
     /// Engine contexts, made on first use ([`ENGINE_CONTEXTS`]).
     engine_contexts: Vec<std::sync::OnceLock<EngineContext>>,
     memops: Vec<bool>,
-    #[allow(
-        clippy::vec_box,
-        reason = "EventHandle values are the boxes' addresses, which must not move"
-    )]
-    event_pools: Vec<Mutex<Vec<Box<EventEntry>>>>,
-    /// Per device: non-blocking streams of the engine context for [`Device::copy_now`] on
+    /// Per device: non-blocking streams of the engine context for [`DeviceCopies::copy_now`] on
     /// callers' threads, reused; like the event pools, kept for the process.
     caller_streams: Vec<Mutex<Vec<InternalEntry>>>,
     /// The same, streams of the primary context ([`CallerCopy::Auto`]).
@@ -160,7 +167,7 @@ pub struct CudaDevice {
     /// threads: 300 k/s bounced against 98 k/s direct); copies of 16 KiB and less did
     /// not run at all while every hardware queue of the application was held.
     min_copy_bytes: usize,
-    /// Where [`Device::copy_now`] runs.
+    /// Where [`DeviceCopies::copy_now`] runs.
     caller_copy: CallerCopy,
     /// Pinned host memory is allocated and registered in the engine context
     /// (`HIPFILE_CUDA_STAGING_CONTEXT=engine`, diagnostic) instead of the primary one.
@@ -229,7 +236,9 @@ impl std::fmt::Debug for CudaDevice {
 
 impl Drop for CudaDevice {
     /// Frees the caller-thread streams and their scratches (idle: a copy holds its entry
-    /// only during a call, and no call outlives the device).
+    /// only during a call, and no call outlives the device), then destroys the pooled
+    /// events in the engine context they were created in (engine contexts live for the
+    /// process, so it is alive; events still behind a handle are the holder's).
     fn drop(&mut self) {
         for (ordinal, pool) in self.caller_streams.iter().enumerate() {
             let entries = std::mem::take(&mut *pool.lock().unwrap_or_else(|p| p.into_inner()));
@@ -245,6 +254,20 @@ impl Drop for CudaDevice {
                     self.with_pushed(self.contexts[ordinal], || self.destroy_entry(&entry))
                 };
             }
+        }
+        for (ordinal, events) in self.handles.drain_event_pools() {
+            // The context the events were made in (`record_event_in_context`); never made
+            // (no event then either) means nothing to destroy, and none is made now.
+            if self.engine_contexts[ordinal as usize].get().is_none() {
+                continue;
+            }
+            let _ = self.in_engine_context(ordinal, || {
+                for entry in &events {
+                    // SAFETY: an idle pooled event of ours, no handle names it; destroyed once.
+                    let _ = unsafe { result::event_destroy(&self.api, entry.event) };
+                }
+                Ok(())
+            });
         }
     }
 }
@@ -287,20 +310,14 @@ impl CudaDevice {
         // after cuInit, even before any context exists, it has no effect). Before cuInit
         // every call but a few answers CUDA_ERROR_NOT_INITIALIZED, which tells whether the
         // application started CUDA already.
-        let mut probe_count: c_int = 0;
-        // SAFETY: `probe_count` is a valid out-pointer; the call only reports state.
-        let started =
-            unsafe { (api.cuDeviceGetCount)(&mut probe_count) } != CUDA_ERROR_NOT_INITIALIZED;
+        let started = result::initialized(&api);
         let hardware_queues = match std::env::var(MAX_CONNECTIONS_VARIABLE) {
             Ok(value) => HardwareQueues::FromEnvironment(value),
             Err(_) if !started => set_max_connections(),
             Err(_) => HardwareQueues::CudaStartedFirst,
         };
-        // SAFETY: cuInit takes flags (0) and has no other precondition.
-        check(&api, unsafe { (api.cuInit)(0) }).map_err(|e| format!("cuInit: {e}"))?;
-        let mut count: c_int = 0;
-        // SAFETY: `count` is a valid out-pointer.
-        check(&api, unsafe { (api.cuDeviceGetCount)(&mut count) }).map_err(|e| e.to_string())?;
+        result::init(&api).map_err(|e| format!("cuInit: {e}"))?;
+        let count = result::device_get_count(&api)?;
         if count <= 0 {
             return Err("the CUDA driver found no device".into());
         }
@@ -311,16 +328,14 @@ impl CudaDevice {
             contexts.push(context as usize);
             memops.push(supports);
         }
-        let event_pools = (0..count).map(|_| Mutex::new(Vec::new())).collect();
         let caller_streams = (0..count).map(|_| Mutex::new(Vec::new())).collect();
         let caller_primary_streams = (0..count).map(|_| Mutex::new(Vec::new())).collect();
         Ok(Arc::new(CudaDevice {
             api,
-            owner: handle::next_owner_id(),
+            handles: OwnedHandles::new(count as usize),
             engine_contexts: (0..count).map(|_| std::sync::OnceLock::new()).collect(),
             contexts,
             memops,
-            event_pools,
             caller_streams,
             caller_primary_streams,
             hardware_queues,
@@ -329,15 +344,6 @@ impl CudaDevice {
             staging_in_engine_context: std::env::var("HIPFILE_CUDA_STAGING_CONTEXT")
                 .is_ok_and(|value| value.trim() == "engine"),
         }))
-    }
-
-    fn error(&self, code: CUresult, what: &'static str) -> DeviceError {
-        let _ = error_name(&self.api, code);
-        DeviceError::new(code, what)
-    }
-
-    fn call(&self, code: CUresult, what: &'static str) -> Result<(), DeviceError> {
-        if code == CUDA_SUCCESS { Ok(()) } else { Err(self.error(code, what)) }
     }
 
     /// Makes device `ordinal`'s primary context current on this thread (cached).
@@ -350,7 +356,7 @@ impl CudaDevice {
             return Ok(());
         }
         // SAFETY: `context` is a primary context we retained.
-        self.call(unsafe { (self.api.cuCtxSetCurrent)(context as CUcontext) }, "cuCtxSetCurrent")?;
+        unsafe { result::ctx_set_current(&self.api, context as CUcontext) }?;
         CURRENT_CONTEXT.set(context);
         Ok(())
     }
@@ -399,24 +405,21 @@ impl CudaDevice {
             // in one binary; it brings the hang risk back, so it says so once.
             return failed("HIPFILE_CUDA_ENGINE_CONTEXT=shared".into());
         }
-        let Some(create) = self.api.cuCtxCreate_v2 else {
+        if self.api.cuCtxCreate_v2.is_none() {
             return failed("the driver lacks cuCtxCreate_v2".into());
+        }
+        // ordinal < device count (engine_contexts' length).
+        let device = match result::device_get(&self.api, ordinal as c_int) {
+            Ok(device) => device,
+            Err(error) => return failed(error),
         };
-        let mut device: CUdevice = 0;
-        // SAFETY: valid out-pointer; ordinal < device count (engine_contexts' length).
-        let got = unsafe { (self.api.cuDeviceGet)(&mut device, ordinal as c_int) };
-        if let Err(error) = check(&self.api, got) {
-            return failed(error);
-        }
-        let mut context: CUcontext = std::ptr::null_mut();
-        // SAFETY: valid out-pointer and device; flags 0 = CU_CTX_SCHED_AUTO.
-        if let Err(error) = check(&self.api, unsafe { create(&mut context, 0, device) }) {
-            return failed(format!("cuCtxCreate: {error}"));
-        }
-        let mut popped: CUcontext = std::ptr::null_mut();
+        let context = match result::ctx_create(&self.api, device) {
+            Ok(context) => context,
+            Err(error) => return failed(error),
+        };
         // SAFETY: cuCtxCreate pushed `context` on this thread's stack; pop it so the
         // thread's current context is what it was.
-        unsafe { (self.api.cuCtxPopCurrent)(&mut popped) };
+        let _ = unsafe { result::ctx_pop_current_status(&self.api) };
         CURRENT_CONTEXT.set(0);
         EngineContext { context: context as usize, isolated: true }
     }
@@ -433,8 +436,7 @@ impl CudaDevice {
         if on_engine_thread() {
             if CURRENT_CONTEXT.get() != context {
                 // SAFETY: an engine context we created and never destroy.
-                let code = unsafe { (self.api.cuCtxSetCurrent)(context as CUcontext) };
-                self.call(code, "cuCtxSetCurrent")?;
+                unsafe { result::ctx_set_current(&self.api, context as CUcontext) }?;
                 CURRENT_CONTEXT.set(context);
             }
             return work();
@@ -454,13 +456,13 @@ impl CudaDevice {
         work: impl FnOnce() -> Result<R, DeviceError>,
     ) -> Result<R, DeviceError> {
         // SAFETY: the caller's contract.
-        let pushed = unsafe { (self.api.cuCtxPushCurrent)(context as CUcontext) };
-        self.call(pushed, "cuCtxPushCurrent")?;
-        let result = work();
-        let mut popped: CUcontext = std::ptr::null_mut();
+        unsafe { result::ctx_push_current(&self.api, context as CUcontext) }?;
+        let worked = work();
         // SAFETY: pops the context pushed above.
-        let popped_code = unsafe { (self.api.cuCtxPopCurrent)(&mut popped) };
-        result.and_then(|value| self.call(popped_code, "cuCtxPopCurrent").map(|()| value))
+        let popped_code = unsafe { result::ctx_pop_current_status(&self.api) };
+        worked.and_then(|value| {
+            result::status(&self.api, popped_code, "cuCtxPopCurrent").map(|()| value)
+        })
     }
 
     /// Runs `work` with the context that owns pinned host memory current, pushed for the
@@ -495,22 +497,19 @@ impl CudaDevice {
     /// # Errors
     /// The driver lacks the call, or it fails.
     pub fn memory_info(&self, ordinal: u32) -> Result<(usize, usize), DeviceError> {
-        let get = self.api.cuMemGetInfo.ok_or(DeviceError::new(
-            DeviceError::HIP_ERROR_NOT_SUPPORTED,
-            "cuMemGetInfo missing",
-        ))?;
+        if self.api.cuMemGetInfo.is_none() {
+            return Err(DeviceError::new(
+                DeviceError::HIP_ERROR_NOT_SUPPORTED,
+                "cuMemGetInfo missing",
+            ));
+        }
         self.make_current(ordinal)?;
-        let (mut free, mut total) = (0usize, 0usize);
-        // SAFETY: valid out-pointers; a context of the device is current.
-        self.call(unsafe { get(&mut free, &mut total) }, "cuMemGetInfo")?;
-        Ok((free, total))
+        result::mem_get_info(&self.api)
     }
 
     /// Ensures some context is current (the caller's own, else device 0's primary).
     fn ensure_any_current(&self) -> Result<(), DeviceError> {
-        let mut current: CUcontext = std::ptr::null_mut();
-        // SAFETY: `current` is a valid out-pointer.
-        self.call(unsafe { (self.api.cuCtxGetCurrent)(&mut current) }, "cuCtxGetCurrent")?;
+        let current = result::ctx_get_current(&self.api)?;
         if current.is_null() { self.make_current(0) } else { Ok(()) }
     }
 
@@ -519,102 +518,24 @@ impl CudaDevice {
             return Ok(index as u32);
         }
         // SAFETY: push/pop a context the user's stream belongs to, to ask its device.
-        self.call(unsafe { (self.api.cuCtxPushCurrent)(context) }, "cuCtxPushCurrent")?;
-        let mut device: CUdevice = 0;
-        // SAFETY: valid out-pointer; a context is current (just pushed).
-        let result = unsafe { (self.api.cuCtxGetDevice)(&mut device) };
-        let mut popped: CUcontext = std::ptr::null_mut();
+        unsafe { result::ctx_push_current(&self.api, context) }?;
+        // A context is current (just pushed).
+        let (code, device) = result::ctx_get_device_status(&self.api);
         // SAFETY: pops what we pushed.
-        unsafe { (self.api.cuCtxPopCurrent)(&mut popped) };
+        let _ = unsafe { result::ctx_pop_current_status(&self.api) };
         CURRENT_CONTEXT.set(0);
-        self.call(result, "cuCtxGetDevice")?;
+        result::status(&self.api, code, "cuCtxGetDevice")?;
         Ok(device as u32)
     }
 
-    /// The entry behind an internal stream this device made, for as long as the handle
-    /// is borrowed.
-    ///
-    /// # Errors
-    /// `HIP_ERROR_INVALID_HANDLE` for a handle of another device object, or one made
-    /// with [`InternalStream::from_raw`].
-    fn internal<'a>(&self, stream: &'a InternalStream) -> Result<&'a InternalEntry, DeviceError> {
-        // SAFETY: this device stamps its owner id only in `create_internal_stream`, on a
-        // Box<InternalEntry> it has just leaked, and reclaims one only in
-        // `destroy_internal_stream`, which consumes the handle; the reference lives for
-        // 'a, the borrow of the handle.
-        unsafe {
-            handle::borrow_owned(
-                stream.raw(),
-                stream.owner(),
-                self.owner,
-                "internal stream not made by this device",
-            )
-        }
-    }
-
-    /// The entry behind an event this device recorded, for as long as the handle is
-    /// borrowed.
-    ///
-    /// # Errors
-    /// `HIP_ERROR_INVALID_HANDLE` for a handle of another device object, or one made
-    /// with [`EventHandle::from_raw`].
-    fn event<'a>(&self, event: &'a EventHandle) -> Result<&'a EventEntry, DeviceError> {
-        // SAFETY: this device stamps its owner id only in `record_event_in_context`, on a
-        // Box<EventEntry> it has just leaked, and reclaims one only in `destroy_event`,
-        // which consumes the handle; the reference lives for 'a, the borrow of the handle.
-        unsafe {
-            handle::borrow_owned(
-                event.raw(),
-                event.owner(),
-                self.owner,
-                "event not recorded by this device",
-            )
-        }
-    }
-
-    /// Allocates device memory (`cuMemAlloc`) on `ordinal`.
-    ///
-    /// # Errors
-    /// Out of memory or invalid device.
-    pub fn malloc_device(&self, ordinal: u32, len_bytes: usize) -> Result<u64, DeviceError> {
-        self.make_current(ordinal)?;
-        let mut address: CUdeviceptr = 0;
-        // SAFETY: valid out-pointer.
-        self.call(unsafe { (self.api.cuMemAlloc)(&mut address, len_bytes) }, "cuMemAlloc")?;
-        Ok(address)
-    }
-
-    /// Frees device memory from [`CudaDevice::malloc_device`].
-    ///
-    /// # Safety
-    /// No enqueued work uses the memory any more.
-    pub unsafe fn free_device(&self, address: u64) -> Result<(), DeviceError> {
-        self.ensure_any_current()?;
-        // SAFETY: the caller guarantees the memory is idle.
-        self.call(unsafe { (self.api.cuMemFree)(address) }, "cuMemFree")
-    }
-
-    /// Creates a user stream (non-blocking) on `ordinal`, as an application would.
-    ///
-    /// # Errors
-    /// Invalid device or driver failure.
-    pub fn create_stream(&self, ordinal: u32) -> Result<StreamHandle, DeviceError> {
-        self.make_current(ordinal)?;
-        let mut stream: CUstream = std::ptr::null_mut();
-        // SAFETY: valid out-pointer.
-        let code = unsafe { (self.api.cuStreamCreate)(&mut stream, CU_STREAM_NON_BLOCKING) };
-        self.call(code, "cuStreamCreate")?;
-        Ok(StreamHandle(stream as usize))
-    }
-
-    /// [`Device::copy_now`] with a context of device `ordinal` current (the engine
+    /// [`DeviceCopies::copy_now`] with a context of device `ordinal` current (the engine
     /// context, or the primary one): a stream of `pool` (made in the current context when
     /// the pool is empty), the copy (host → device through the stream's scratch when
     /// `bounce`), a synchronize.
     ///
     /// # Safety
-    /// As [`Device::copy_now`]; `pool`'s streams belong to the current context.
-    #[allow(clippy::too_many_arguments, reason = "the copy's fields, as Device::copy_now")]
+    /// As [`DeviceCopies::copy_now`]; `pool`'s streams belong to the current context.
+    #[allow(clippy::too_many_arguments, reason = "the copy's fields, as DeviceCopies::copy_now")]
     unsafe fn copy_now_in_context(
         &self,
         pool: &Mutex<Vec<InternalEntry>>,
@@ -629,11 +550,8 @@ impl CudaDevice {
         let entry = match pooled {
             Some(entry) => entry,
             None => {
-                let mut stream: CUstream = std::ptr::null_mut();
-                // SAFETY: valid out-pointer; the context the pool belongs to is current.
-                let code =
-                    unsafe { (self.api.cuStreamCreate)(&mut stream, CU_STREAM_NON_BLOCKING) };
-                self.call(code, "cuStreamCreate")?;
+                // The context the pool belongs to is current.
+                let stream = result::stream_create(&self.api, CU_STREAM_NON_BLOCKING)?;
                 InternalEntry { stream, ordinal, scratch: Default::default() }
             }
         };
@@ -644,18 +562,14 @@ impl CudaDevice {
             Direction::Read => unsafe {
                 self.copy_host_to_device(&entry, device_addr, host.cast_const(), len_bytes, bounce)
             },
-            Direction::Write => self.call(
-                // SAFETY: the caller's contract (pinned host memory, valid device range).
-                unsafe {
-                    (self.api.cuMemcpyDtoHAsync)(host.cast(), device_addr, len_bytes, stream)
-                },
-                "cuMemcpyDtoHAsync",
-            ),
+            // SAFETY: the caller's contract (pinned host memory, valid device range).
+            Direction::Write => unsafe {
+                result::memcpy_dtoh_async(&self.api, host, device_addr, len_bytes, stream)
+            },
         };
         // SAFETY: our stream. Synchronized even after a failed enqueue, so that nothing
         // of ours still uses the host memory when we return.
-        let synced =
-            self.call(unsafe { (self.api.cuStreamSynchronize)(stream) }, "cuStreamSynchronize");
+        let synced = unsafe { result::stream_synchronize(&self.api, stream) };
         pool.lock().unwrap_or_else(|p| p.into_inner()).push(entry);
         enqueued.and(synced)
     }
@@ -665,12 +579,12 @@ impl CudaDevice {
     fn destroy_entry(&self, entry: &InternalEntry) -> Result<(), DeviceError> {
         if let Some(&scratch) = entry.scratch.get() {
             // SAFETY: our stream; once it is idle nothing uses its scratch.
-            unsafe { (self.api.cuStreamSynchronize)(entry.stream) };
+            unsafe { result::stream_synchronize_unchecked(&self.api, entry.stream) };
             // SAFETY: allocated in copy_through_scratch, freed once.
-            unsafe { (self.api.cuMemFree)(scratch) };
+            unsafe { result::mem_free_unchecked(&self.api, scratch) };
         }
         // SAFETY: our own stream, of the current context.
-        self.call(unsafe { (self.api.cuStreamDestroy)(entry.stream) }, "cuStreamDestroy")
+        unsafe { result::stream_destroy(&self.api, entry.stream) }
     }
 
     /// The device scratch of an engine stream, bytes: [`CudaDevice::min_copy_bytes`] up
@@ -707,10 +621,7 @@ impl CudaDevice {
             return unsafe { self.copy_through_scratch(entry, target, source, len_bytes) };
         }
         // SAFETY: the caller's contract.
-        self.call(
-            unsafe { (self.api.cuMemcpyHtoDAsync)(target, source.cast(), len_bytes, entry.stream) },
-            "cuMemcpyHtoDAsync",
-        )
+        unsafe { result::memcpy_htod_async(&self.api, target, source, len_bytes, entry.stream) }
     }
 
     /// A host → device copy as copies into the stream's device scratch (memory of the
@@ -732,38 +643,31 @@ impl CudaDevice {
         let scratch = match entry.scratch.get() {
             Some(&scratch) => scratch,
             None => {
-                let mut scratch: CUdeviceptr = 0;
-                // SAFETY: valid out-pointer; the engine context is current.
-                let code = unsafe { (self.api.cuMemAlloc)(&mut scratch, scratch_bytes) };
-                self.call(code, "cuMemAlloc")?;
+                // The engine context is current.
+                let scratch = result::mem_alloc(&self.api, scratch_bytes)?;
                 *entry.scratch.get_or_init(|| scratch)
             }
         };
         let mut done = 0;
         while done < len_bytes {
             let piece = (len_bytes - done).min(scratch_bytes);
-            self.call(
-                // SAFETY: the source is pinned memory (caller) holding len_bytes > done;
-                // the scratch holds scratch_bytes >= piece; the stream orders this after
-                // earlier uses of the scratch.
-                unsafe {
-                    (self.api.cuMemcpyHtoDAsync)(
-                        scratch,
-                        source.add(done).cast(),
-                        piece,
-                        entry.stream,
-                    )
-                },
-                "cuMemcpyHtoDAsync",
-            )?;
-            self.call(
-                // SAFETY: the scratch bytes were just copied in (stream order); the target
-                // is the caller's valid device range, which holds len_bytes > done.
-                unsafe {
-                    (self.api.cuMemcpyDtoDAsync)(target + done as u64, scratch, piece, entry.stream)
-                },
-                "cuMemcpyDtoDAsync",
-            )?;
+            // SAFETY: the source is pinned memory (caller) holding len_bytes > done; the
+            // scratch holds scratch_bytes >= piece; the stream orders this after earlier
+            // uses of the scratch.
+            unsafe {
+                result::memcpy_htod_async(&self.api, scratch, source.add(done), piece, entry.stream)
+            }?;
+            // SAFETY: the scratch bytes were just copied in (stream order); the target is
+            // the caller's valid device range, which holds len_bytes > done.
+            unsafe {
+                result::memcpy_dtod_async(
+                    &self.api,
+                    target + done as u64,
+                    scratch,
+                    piece,
+                    entry.stream,
+                )
+            }?;
             done += piece;
         }
         Ok(())
@@ -771,160 +675,42 @@ impl CudaDevice {
 
     /// Records a pooled (or new) event on `entry`'s stream; the engine context is current.
     fn record_event_in_context(&self, entry: &InternalEntry) -> Result<EventHandle, DeviceError> {
-        let pooled = self.event_pools[entry.ordinal as usize]
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .pop();
-        let event = match pooled {
-            Some(event) => event,
-            None => {
-                let mut event: CUevent = std::ptr::null_mut();
-                // SAFETY: valid out-pointer.
-                let code = unsafe { (self.api.cuEventCreate)(&mut event, CU_EVENT_DISABLE_TIMING) };
-                self.call(code, "cuEventCreate")?;
-                Box::new(EventEntry { event, ordinal: entry.ordinal })
-            }
-        };
-        // SAFETY: event and stream belong to the same (current, engine) context.
-        let code = unsafe { (self.api.cuEventRecord)(event.event, entry.stream) };
-        if let Err(error) = self.call(code, "cuEventRecord") {
-            self.pool_or_destroy_event(event);
-            return Err(error);
-        }
-        Ok(EventHandle::owned(handle::leak(event), self.owner))
+        self.handles.record_event(
+            entry.ordinal,
+            || {
+                let event = result::event_create(&self.api, CU_EVENT_DISABLE_TIMING)?;
+                Ok(EventEntry { event, ordinal: entry.ordinal })
+            },
+            // SAFETY: event and stream belong to the same (current, engine) context.
+            |event| unsafe { result::event_record(&self.api, event.event, entry.stream) },
+            |event| self.destroy_event_entry(&event),
+        )
     }
 
-    /// Keeps an idle event for reuse, or destroys it when the pool is full.
-    fn pool_or_destroy_event(&self, entry: Box<EventEntry>) {
-        let mut pool =
-            self.event_pools[entry.ordinal as usize].lock().unwrap_or_else(|p| p.into_inner());
-        if pool.len() < EVENT_POOL_CAP {
-            pool.push(entry);
-            return;
-        }
-        drop(pool);
+    /// Destroys an idle event the pool has no room for, in the engine context.
+    fn destroy_event_entry(&self, entry: &EventEntry) {
         let _ = self.in_engine_context(entry.ordinal, || {
             // SAFETY: our event, destroyed once (CUDA defers the release if it is pending).
-            self.call(unsafe { (self.api.cuEventDestroy)(entry.event) }, "cuEventDestroy")
+            unsafe { result::event_destroy(&self.api, entry.event) }
         });
     }
-
-    /// Destroys a user stream (its pending work still completes).
-    ///
-    /// # Errors
-    /// Unknown stream.
-    pub fn destroy_stream(&self, stream: StreamHandle) -> Result<(), DeviceError> {
-        self.ensure_any_current()?;
-        // SAFETY: the stream came from create_stream.
-        self.call(unsafe { (self.api.cuStreamDestroy)(stream.0 as CUstream) }, "cuStreamDestroy")
-    }
-
-    /// Enqueues a device memset on a user stream.
-    ///
-    /// # Safety
-    /// `target..target+len_bytes` is device memory.
-    pub unsafe fn memset_async(
-        &self,
-        stream: StreamHandle,
-        target: u64,
-        value: u8,
-        len_bytes: usize,
-    ) -> Result<(), DeviceError> {
-        self.ensure_any_current()?;
-        // SAFETY: the caller guarantees the range.
-        self.call(
-            unsafe { (self.api.cuMemsetD8Async)(target, value, len_bytes, stream.0 as CUstream) },
-            "cuMemsetD8Async",
-        )
-    }
-
-    /// Enqueues a host → device copy on a user stream.
-    ///
-    /// # Safety
-    /// `source` is readable (pinned for true asynchrony) until the copy completes.
-    pub unsafe fn copy_to_device_on(
-        &self,
-        stream: StreamHandle,
-        target: u64,
-        source: *const u8,
-        len_bytes: usize,
-    ) -> Result<(), DeviceError> {
-        self.ensure_any_current()?;
-        // SAFETY: caller's contract.
-        self.call(
-            unsafe {
-                (self.api.cuMemcpyHtoDAsync)(target, source.cast(), len_bytes, stream.0 as CUstream)
-            },
-            "cuMemcpyHtoDAsync",
-        )
-    }
-
-    /// Enqueues a device → host copy on a user stream.
-    ///
-    /// # Safety
-    /// `target` is writable until the copy completes.
-    pub unsafe fn copy_from_device_on(
-        &self,
-        stream: StreamHandle,
-        target: *mut u8,
-        source: u64,
-        len_bytes: usize,
-    ) -> Result<(), DeviceError> {
-        self.ensure_any_current()?;
-        // SAFETY: caller's contract.
-        self.call(
-            unsafe {
-                (self.api.cuMemcpyDtoHAsync)(target.cast(), source, len_bytes, stream.0 as CUstream)
-            },
-            "cuMemcpyDtoHAsync",
-        )
-    }
 }
 
-fn check(api: &Api, code: CUresult) -> Result<(), String> {
-    if code == CUDA_SUCCESS {
-        Ok(())
-    } else {
-        Err(format!("CUDA error {code} ({})", error_name(api, code)))
-    }
-}
-
-fn error_name(api: &Api, code: CUresult) -> String {
-    let mut name: *const std::ffi::c_char = std::ptr::null();
-    // SAFETY: valid out-pointer; cuGetErrorName returns a static string or fails.
-    if unsafe { (api.cuGetErrorName)(code, &mut name) } != CUDA_SUCCESS || name.is_null() {
-        return "unknown".into();
-    }
-    // SAFETY: non-NULL static NUL-terminated string from the driver.
-    unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned()
-}
-
+/// Retains device `ordinal`'s primary context (ordinal < count); whether the device
+/// supports 32-bit stream memory operations.
 fn retain_primary(api: &Api, ordinal: c_int) -> Result<(CUcontext, bool), String> {
-    let mut device: CUdevice = 0;
-    // SAFETY: valid out-pointer, ordinal < count.
-    check(api, unsafe { (api.cuDeviceGet)(&mut device, ordinal) })?;
-    let mut context: CUcontext = std::ptr::null_mut();
-    // SAFETY: valid out-pointer and device.
-    check(api, unsafe { (api.cuDevicePrimaryCtxRetain)(&mut context, device) })?;
-    let mut version: c_int = 0;
-    // SAFETY: valid out-pointer.
-    check(api, unsafe { (api.cuDriverGetVersion)(&mut version) })?;
+    let device = result::device_get(api, ordinal)?;
+    let context = result::device_primary_ctx_retain(api, device)?;
+    let version = result::driver_get_version(api)?;
     // CUDA 12+ supports 32-bit stream memory operations on every device; older drivers
-    // report it per device.
-    let mut attribute: c_int = 0;
-    // SAFETY: valid out-pointer and device.
-    let queried = unsafe {
-        (api.cuDeviceGetAttribute)(
-            &mut attribute,
-            CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1,
-            device,
-        )
-    };
-    let supports = version >= 12000 || (queried == CUDA_SUCCESS && attribute != 0);
+    // report it per device (asked either way).
+    let attribute =
+        result::device_get_attribute(api, CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1, device);
+    let supports = version >= 12000 || attribute.is_some_and(|value| value != 0);
     Ok((context, supports))
 }
 
-impl Device for CudaDevice {
+impl DeviceInfo for CudaDevice {
     fn kind(&self) -> DeviceKind {
         DeviceKind::Cuda
     }
@@ -935,33 +721,8 @@ impl Device for CudaDevice {
 
     fn pointer_info(&self, ptr: u64) -> Result<PointerInfo, DeviceError> {
         self.ensure_any_current()?;
-        let mut memory_type: u32 = 0;
-        let mut is_managed: u32 = 0;
-        let mut ordinal: c_int = 0;
-        let mut start: CUdeviceptr = 0;
-        let mut size: usize = 0;
-        let mut attributes = [
-            CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-            CU_POINTER_ATTRIBUTE_IS_MANAGED,
-            CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-            CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
-            CU_POINTER_ATTRIBUTE_RANGE_SIZE,
-        ];
-        let mut data: [*mut c_void; 5] = [
-            (&raw mut memory_type).cast(),
-            (&raw mut is_managed).cast(),
-            (&raw mut ordinal).cast(),
-            (&raw mut start).cast(),
-            (&raw mut size).cast(),
-        ];
-        // SAFETY: five attributes with five out-pointers of the documented sizes; the
-        // plural call returns defaults (not an error) for pointers CUDA does not know.
-        let code = unsafe {
-            (self.api.cuPointerGetAttributes)(5, attributes.as_mut_ptr(), data.as_mut_ptr(), ptr)
-        };
-        if code != CUDA_SUCCESS {
-            return Err(self.error(code, "cuPointerGetAttributes"));
-        }
+        let (memory_type, is_managed, ordinal, start, size) =
+            result::pointer_get_attributes(&self.api, ptr)?;
         let known = memory_type != 0 || is_managed != 0;
         let memory_type = match (is_managed != 0, memory_type) {
             (true, _) => MemoryType::Managed,
@@ -980,34 +741,47 @@ impl Device for CudaDevice {
 
     fn stream_device(&self, stream: StreamHandle) -> Result<u32, DeviceError> {
         self.ensure_any_current()?;
-        let mut context: CUcontext = std::ptr::null_mut();
-        if stream == StreamHandle::NULL {
-            // SAFETY: valid out-pointer.
-            self.call(unsafe { (self.api.cuCtxGetCurrent)(&mut context) }, "cuCtxGetCurrent")?;
+        let context = if stream == StreamHandle::NULL {
+            result::ctx_get_current(&self.api)?
         } else {
-            // SAFETY: valid out-pointer; an invalid stream yields an error code.
-            let code = unsafe { (self.api.cuStreamGetCtx)(stream.0 as CUstream, &mut context) };
-            self.call(code, "cuStreamGetCtx")?;
-        }
+            // SAFETY: a user stream handle; an invalid stream yields an error code.
+            unsafe { result::stream_get_ctx(&self.api, stream.0 as CUstream) }?
+        };
         self.ordinal_of_context(context)
     }
 
+    fn hardware_queue_setting(&self) -> Option<String> {
+        let isolation: Vec<&str> = (0..self.contexts.len() as u32)
+            .map(|ordinal| {
+                if self.engine_isolated(ordinal) { "own context" } else { "SHARED primary context" }
+            })
+            .collect();
+        Some(format!(
+            "{}; engine copies per device: {}",
+            self.hardware_queues.describe(),
+            isolation.join(", ")
+        ))
+    }
+
+    fn supports_stream_memops(&self, device_ordinal: u32) -> bool {
+        self.memops.get(device_ordinal as usize).copied().unwrap_or(false)
+    }
+}
+
+impl HostMemory for CudaDevice {
     fn alloc_pinned(&self, len_bytes: usize) -> Result<PinnedRegion, DeviceError> {
         // Portable and device-mapped: the engine context copies from it and the
         // application's streams wait on words in it.
         self.in_staging_context(|| {
-            let mut host: *mut c_void = std::ptr::null_mut();
             let flags = CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP;
-            // SAFETY: valid out-pointer.
-            let code = unsafe { (self.api.cuMemHostAlloc)(&mut host, len_bytes, flags) };
-            self.call(code, "cuMemHostAlloc")?;
-            let mut device_addr: CUdeviceptr = 0;
+            let host = result::mem_host_alloc(&self.api, len_bytes, flags)?;
             // SAFETY: `host` is mapped pinned memory we just allocated.
-            let mapped = unsafe { (self.api.cuMemHostGetDevicePointer)(&mut device_addr, host, 0) };
+            let (mapped, device_addr) =
+                unsafe { result::mem_host_get_device_pointer_status(&self.api, host) };
             if mapped != CUDA_SUCCESS {
-                // SAFETY: frees what we allocated above.
-                unsafe { (self.api.cuMemFreeHost)(host) };
-                return Err(self.error(mapped, "cuMemHostGetDevicePointer"));
+                // SAFETY: frees what we allocated above, once.
+                unsafe { result::mem_free_host_unchecked(&self.api, host) };
+                return Err(result::error(&self.api, mapped, "cuMemHostGetDevicePointer"));
             }
             Ok(PinnedRegion { host_ptr: host.cast(), device_addr, len_bytes })
         })
@@ -1016,7 +790,7 @@ impl Device for CudaDevice {
     unsafe fn free_pinned(&self, region: PinnedRegion) {
         let _ = self.in_staging_context(|| {
             // SAFETY: the caller guarantees the region came from alloc_pinned and is idle.
-            self.call(unsafe { (self.api.cuMemFreeHost)(region.host_ptr.cast()) }, "cuMemFreeHost")
+            unsafe { result::mem_free_host(&self.api, region.host_ptr.cast()) }
         });
     }
 
@@ -1029,17 +803,14 @@ impl Device for CudaDevice {
             let flags = CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP;
             // SAFETY: the caller guarantees the range is valid host memory that outlives
             // the registration.
-            let code = unsafe { (self.api.cuMemHostRegister)(host_ptr.cast(), len_bytes, flags) };
-            self.call(code, "cuMemHostRegister")?;
-            let mut device_addr: CUdeviceptr = 0;
+            unsafe { result::mem_host_register(&self.api, host_ptr.cast(), len_bytes, flags) }?;
             // SAFETY: registered, mapped host memory.
-            let mapped = unsafe {
-                (self.api.cuMemHostGetDevicePointer)(&mut device_addr, host_ptr.cast(), 0)
-            };
+            let (mapped, device_addr) =
+                unsafe { result::mem_host_get_device_pointer_status(&self.api, host_ptr.cast()) };
             if mapped != CUDA_SUCCESS {
                 // SAFETY: undo the registration above.
-                unsafe { (self.api.cuMemHostUnregister)(host_ptr.cast()) };
-                return Err(self.error(mapped, "cuMemHostGetDevicePointer"));
+                unsafe { result::mem_host_unregister_unchecked(&self.api, host_ptr.cast()) };
+                return Err(result::error(&self.api, mapped, "cuMemHostGetDevicePointer"));
             }
             Ok(device_addr)
         })
@@ -1048,35 +819,24 @@ impl Device for CudaDevice {
     unsafe fn unregister_host(&self, host_ptr: *mut u8) {
         let _ = self.in_staging_context(|| {
             // SAFETY: the caller guarantees it was registered and is idle.
-            let code = unsafe { (self.api.cuMemHostUnregister)(host_ptr.cast()) };
-            self.call(code, "cuMemHostUnregister")
+            unsafe { result::mem_host_unregister(&self.api, host_ptr.cast()) }
         });
     }
+}
 
+impl DeviceCopies for CudaDevice {
     fn create_internal_stream(&self, device_ordinal: u32) -> Result<InternalStream, DeviceError> {
         let stream = self.in_engine_context(device_ordinal, || {
-            let mut stream: CUstream = std::ptr::null_mut();
-            // SAFETY: valid out-pointer; the engine context is current.
-            let code = unsafe { (self.api.cuStreamCreate)(&mut stream, CU_STREAM_NON_BLOCKING) };
-            self.call(code, "cuStreamCreate").map(|()| stream)
+            result::stream_create(&self.api, CU_STREAM_NON_BLOCKING)
         })?;
-        let entry = Box::new(InternalEntry {
-            stream,
-            ordinal: device_ordinal,
-            scratch: Default::default(),
-        });
-        Ok(InternalStream::owned(handle::leak(entry), self.owner))
+        let entry = InternalEntry { stream, ordinal: device_ordinal, scratch: Default::default() };
+        Ok(self.handles.stream_handle(entry))
     }
 
     fn destroy_internal_stream(&self, stream: InternalStream) {
-        if stream.owner() != self.owner {
-            log::debug!("ignored: destroy of an internal stream not made by this device");
+        let Some(entry) = self.handles.take_stream(stream) else {
             return;
-        }
-        // SAFETY: the handle's owner is this device, so (see `internal`) its raw value is
-        // a Box<InternalEntry> leaked by create_internal_stream and live while the handle
-        // exists; we consume the one handle that names it, so it is reclaimed once.
-        let entry = unsafe { handle::reclaim::<InternalEntry>(stream.raw()) };
+        };
         let _ = self.in_engine_context(entry.ordinal, || self.destroy_entry(&entry));
     }
 
@@ -1087,7 +847,7 @@ impl Device for CudaDevice {
         source: *const u8,
         len_bytes: usize,
     ) -> Result<(), DeviceError> {
-        let entry = self.internal(stream)?;
+        let entry = self.handles.stream(stream)?;
         self.in_engine_context(entry.ordinal, || {
             // SAFETY: caller's contract (pinned source, valid device range); the engine
             // context is current and owns the stream.
@@ -1103,53 +863,18 @@ impl Device for CudaDevice {
         source: u64,
         len_bytes: usize,
     ) -> Result<(), DeviceError> {
-        let entry = self.internal(stream)?;
+        let entry = self.handles.stream(stream)?;
         self.in_engine_context(entry.ordinal, || {
             // SAFETY: caller's contract; the engine context is current and owns the stream.
-            self.call(
-                unsafe {
-                    (self.api.cuMemcpyDtoHAsync)(target.cast(), source, len_bytes, entry.stream)
-                },
-                "cuMemcpyDtoHAsync",
-            )
+            unsafe { result::memcpy_dtoh_async(&self.api, target, source, len_bytes, entry.stream) }
         })
-    }
-
-    fn record_event(&self, stream: &InternalStream) -> Result<EventHandle, DeviceError> {
-        let entry = self.internal(stream)?;
-        self.in_engine_context(entry.ordinal, || self.record_event_in_context(entry))
-    }
-
-    fn event_done(&self, event: &EventHandle) -> Result<bool, DeviceError> {
-        let entry = self.event(event)?;
-        self.in_engine_context(entry.ordinal, || {
-            // SAFETY: a live event of ours.
-            match unsafe { (self.api.cuEventQuery)(entry.event) } {
-                CUDA_SUCCESS => Ok(true),
-                CUDA_ERROR_NOT_READY => Ok(false),
-                code => Err(self.error(code, "cuEventQuery")),
-            }
-        })
-    }
-
-    fn destroy_event(&self, event: EventHandle) {
-        if event.owner() != self.owner {
-            log::debug!("ignored: destroy of an event not recorded by this device");
-            return;
-        }
-        // SAFETY: the handle's owner is this device, so (see `event`) its raw value is a
-        // Box<EventEntry> leaked by record_event_in_context and live while the handle
-        // exists; we consume the one handle that names it, so it is reclaimed once.
-        let entry = unsafe { handle::reclaim::<EventEntry>(event.raw()) };
-        self.pool_or_destroy_event(entry);
     }
 
     fn synchronize_internal(&self, stream: &InternalStream) -> Result<(), DeviceError> {
-        let entry = self.internal(stream)?;
+        let entry = self.handles.stream(stream)?;
         self.in_engine_context(entry.ordinal, || {
             // SAFETY: our stream, of the engine context.
-            let code = unsafe { (self.api.cuStreamSynchronize)(entry.stream) };
-            self.call(code, "cuStreamSynchronize")
+            unsafe { result::stream_synchronize(&self.api, entry.stream) }
         })
     }
 
@@ -1159,125 +884,14 @@ impl Device for CudaDevice {
         word_device_addr: u64,
         value: u32,
     ) -> Result<(), DeviceError> {
-        let entry = self.internal(stream)?;
+        let entry = self.handles.stream(stream)?;
         self.in_engine_context(entry.ordinal, || {
             // SAFETY: caller's contract: a live pinned word (portable, so mapped in the
             // engine context too).
-            self.call(
-                unsafe {
-                    (self.api.cuStreamWriteValue32)(
-                        entry.stream,
-                        word_device_addr,
-                        value,
-                        CU_STREAM_WRITE_VALUE_DEFAULT,
-                    )
-                },
-                "cuStreamWriteValue32",
-            )
+            unsafe {
+                result::stream_write_value32(&self.api, entry.stream, word_device_addr, value)
+            }
         })
-    }
-    unsafe fn launch_host_func(
-        &self,
-        stream: StreamHandle,
-        func: HostFn,
-        user_data: *mut c_void,
-    ) -> Result<(), DeviceError> {
-        self.ensure_any_current()?;
-        // SAFETY: caller's contract; HostFn has CUhostFn's ABI.
-        self.call(
-            unsafe { (self.api.cuLaunchHostFunc)(stream.0 as CUstream, func, user_data) },
-            "cuLaunchHostFunc",
-        )
-    }
-
-    unsafe fn stream_wait_value32(
-        &self,
-        stream: StreamHandle,
-        word_device_addr: u64,
-        value: u32,
-    ) -> Result<(), DeviceError> {
-        self.ensure_any_current()?;
-        // SAFETY: caller's contract: the word stays allocated.
-        self.call(
-            unsafe {
-                (self.api.cuStreamWaitValue32)(
-                    stream.0 as CUstream,
-                    word_device_addr,
-                    value,
-                    CU_STREAM_WAIT_VALUE_GEQ,
-                )
-            },
-            "cuStreamWaitValue32",
-        )
-    }
-
-    unsafe fn stream_write_value32(
-        &self,
-        stream: StreamHandle,
-        word_device_addr: u64,
-        value: u32,
-    ) -> Result<(), DeviceError> {
-        self.ensure_any_current()?;
-        // SAFETY: caller's contract.
-        self.call(
-            unsafe {
-                (self.api.cuStreamWriteValue32)(
-                    stream.0 as CUstream,
-                    word_device_addr,
-                    value,
-                    CU_STREAM_WRITE_VALUE_DEFAULT,
-                )
-            },
-            "cuStreamWriteValue32",
-        )
-    }
-
-    unsafe fn stream_write_then_wait_value32(
-        &self,
-        stream: StreamHandle,
-        write_addr: u64,
-        write_value: u32,
-        wait_addr: u64,
-        wait_value: u32,
-    ) -> Result<(), WriteThenWaitError> {
-        self.ensure_any_current().map_err(WriteThenWaitError::NothingQueued)?;
-        let mut ops = [
-            CUstreamBatchMemOpParams {
-                operation: CU_STREAM_MEM_OP_WRITE_VALUE_32,
-                address: write_addr,
-                value64: u64::from(write_value),
-                flags: CU_STREAM_WRITE_VALUE_DEFAULT,
-                ..CUstreamBatchMemOpParams::default()
-            },
-            CUstreamBatchMemOpParams {
-                operation: CU_STREAM_MEM_OP_WAIT_VALUE_32,
-                address: wait_addr,
-                value64: u64::from(wait_value),
-                flags: CU_STREAM_WAIT_VALUE_GEQ,
-                ..CUstreamBatchMemOpParams::default()
-            },
-        ];
-        // SAFETY: two initialized entries in cuda.h's layout (checked by the
-        // const assertions in sys.rs); the caller keeps both words allocated.
-        let code =
-            unsafe { (self.api.cuStreamBatchMemOp)(stream.0 as CUstream, 2, ops.as_mut_ptr(), 0) };
-        if code == CUDA_SUCCESS {
-            return Ok(());
-        }
-        // The batch failed: enqueue the two ops one by one, which reports which failed.
-        // Should the batch have enqueued part of itself, a repeated write of the same
-        // value and a repeated wait for it change nothing.
-        // SAFETY: the caller's contract.
-        unsafe {
-            super::write_then_wait_one_by_one(
-                self,
-                stream,
-                write_addr,
-                write_value,
-                wait_addr,
-                wait_value,
-            )
-        }
     }
 
     fn copies_on_caller_thread(&self) -> bool {
@@ -1333,39 +947,195 @@ impl Device for CudaDevice {
             }
         })
     }
+}
 
-    fn hardware_queue_setting(&self) -> Option<String> {
-        let isolation: Vec<&str> = (0..self.contexts.len() as u32)
-            .map(|ordinal| {
-                if self.engine_isolated(ordinal) { "own context" } else { "SHARED primary context" }
-            })
-            .collect();
-        Some(format!(
-            "{}; engine copies per device: {}",
-            self.hardware_queues.describe(),
-            isolation.join(", ")
-        ))
+impl DeviceEvents for CudaDevice {
+    fn record_event(&self, stream: &InternalStream) -> Result<EventHandle, DeviceError> {
+        let entry = self.handles.stream(stream)?;
+        self.in_engine_context(entry.ordinal, || self.record_event_in_context(entry))
     }
 
-    fn supports_stream_memops(&self, device_ordinal: u32) -> bool {
-        self.memops.get(device_ordinal as usize).copied().unwrap_or(false)
+    fn event_done(&self, event: &EventHandle) -> Result<bool, DeviceError> {
+        let entry = self.handles.event(event)?;
+        self.in_engine_context(entry.ordinal, || {
+            // SAFETY: a live event of ours.
+            unsafe { result::event_query(&self.api, entry.event) }
+        })
+    }
+
+    fn destroy_event(&self, event: EventHandle) {
+        self.handles.release_event(event, |entry| self.destroy_event_entry(&entry));
+    }
+}
+
+impl StreamMemoryOps for CudaDevice {
+    unsafe fn launch_host_func(
+        &self,
+        stream: StreamHandle,
+        func: HostFn,
+        user_data: *mut c_void,
+    ) -> Result<(), DeviceError> {
+        self.ensure_any_current()?;
+        // SAFETY: caller's contract; HostFn has CUhostFn's ABI.
+        unsafe { result::launch_host_func(&self.api, stream.0 as CUstream, func, user_data) }
+    }
+
+    unsafe fn stream_wait_value32(
+        &self,
+        stream: StreamHandle,
+        word_device_addr: u64,
+        value: u32,
+    ) -> Result<(), DeviceError> {
+        self.ensure_any_current()?;
+        // SAFETY: caller's contract: the word stays allocated.
+        unsafe {
+            result::stream_wait_value32_geq(
+                &self.api,
+                stream.0 as CUstream,
+                word_device_addr,
+                value,
+            )
+        }
+    }
+
+    unsafe fn stream_write_value32(
+        &self,
+        stream: StreamHandle,
+        word_device_addr: u64,
+        value: u32,
+    ) -> Result<(), DeviceError> {
+        self.ensure_any_current()?;
+        // SAFETY: caller's contract.
+        unsafe {
+            result::stream_write_value32(&self.api, stream.0 as CUstream, word_device_addr, value)
+        }
+    }
+
+    unsafe fn stream_write_then_wait_value32(
+        &self,
+        stream: StreamHandle,
+        write_addr: u64,
+        write_value: u32,
+        wait_addr: u64,
+        wait_value: u32,
+    ) -> Result<(), WriteThenWaitError> {
+        self.ensure_any_current().map_err(WriteThenWaitError::NothingQueued)?;
+        let mut ops = [
+            CUstreamBatchMemOpParams {
+                operation: CU_STREAM_MEM_OP_WRITE_VALUE_32,
+                address: write_addr,
+                value64: u64::from(write_value),
+                flags: CU_STREAM_WRITE_VALUE_DEFAULT,
+                ..CUstreamBatchMemOpParams::default()
+            },
+            CUstreamBatchMemOpParams {
+                operation: CU_STREAM_MEM_OP_WAIT_VALUE_32,
+                address: wait_addr,
+                value64: u64::from(wait_value),
+                flags: CU_STREAM_WAIT_VALUE_GEQ,
+                ..CUstreamBatchMemOpParams::default()
+            },
+        ];
+        // SAFETY: two initialized entries in cuda.h's layout (checked by the
+        // const assertions in sys.rs); the caller keeps both words allocated.
+        let code = unsafe {
+            result::stream_batch_mem_op_status(&self.api, stream.0 as CUstream, &mut ops)
+        };
+        if code == CUDA_SUCCESS {
+            return Ok(());
+        }
+        // The batch failed: enqueue the two ops one by one, which reports which failed.
+        // Should the batch have enqueued part of itself, a repeated write of the same
+        // value and a repeated wait for it change nothing.
+        // SAFETY: the caller's contract.
+        unsafe {
+            super::write_then_wait_one_by_one(
+                self,
+                stream,
+                write_addr,
+                write_value,
+                wait_addr,
+                wait_value,
+            )
+        }
     }
 
     fn synchronize_stream(&self, stream: StreamHandle) -> Result<(), DeviceError> {
         self.ensure_any_current()?;
         // SAFETY: a user stream handle; invalid ones yield an error code.
-        self.call(
-            unsafe { (self.api.cuStreamSynchronize)(stream.0 as CUstream) },
-            "cuStreamSynchronize",
-        )
+        unsafe { result::stream_synchronize(&self.api, stream.0 as CUstream) }
     }
 
     fn stream_done(&self, stream: StreamHandle) -> Result<bool, DeviceError> {
         self.ensure_any_current()?;
         // SAFETY: a user stream handle; invalid ones yield an error code.
-        match unsafe { (self.api.cuStreamQuery)(stream.0 as CUstream) } {
-            CUDA_ERROR_NOT_READY => Ok(false),
-            code => self.call(code, "cuStreamQuery").map(|()| true),
+        unsafe { result::stream_query(&self.api, stream.0 as CUstream) }
+    }
+}
+
+impl UserDevice for CudaDevice {
+    fn alloc_device(&self, ordinal: u32, len_bytes: usize) -> Result<u64, DeviceError> {
+        self.make_current(ordinal)?;
+        result::mem_alloc(&self.api, len_bytes)
+    }
+
+    unsafe fn free_device(&self, address: u64) -> Result<(), DeviceError> {
+        self.ensure_any_current()?;
+        // SAFETY: the caller guarantees the memory is idle.
+        unsafe { result::mem_free(&self.api, address) }
+    }
+
+    fn create_user_stream(&self, ordinal: u32) -> Result<StreamHandle, DeviceError> {
+        self.make_current(ordinal)?;
+        let stream = result::stream_create(&self.api, CU_STREAM_NON_BLOCKING)?;
+        Ok(StreamHandle(stream as usize))
+    }
+
+    fn destroy_user_stream(&self, stream: StreamHandle) -> Result<(), DeviceError> {
+        self.ensure_any_current()?;
+        // SAFETY: the stream came from create_user_stream; invalid ones yield an error code.
+        unsafe { result::stream_destroy(&self.api, stream.0 as CUstream) }
+    }
+
+    unsafe fn copy_to_device_on(
+        &self,
+        stream: StreamHandle,
+        target: u64,
+        source: *const u8,
+        len_bytes: usize,
+    ) -> Result<(), DeviceError> {
+        self.ensure_any_current()?;
+        // SAFETY: caller's contract.
+        unsafe {
+            result::memcpy_htod_async(&self.api, target, source, len_bytes, stream.0 as CUstream)
+        }
+    }
+
+    unsafe fn copy_from_device_on(
+        &self,
+        stream: StreamHandle,
+        target: *mut u8,
+        source: u64,
+        len_bytes: usize,
+    ) -> Result<(), DeviceError> {
+        self.ensure_any_current()?;
+        // SAFETY: caller's contract.
+        unsafe {
+            result::memcpy_dtoh_async(&self.api, target, source, len_bytes, stream.0 as CUstream)
+        }
+    }
+
+    unsafe fn memset_on(
+        &self,
+        stream: StreamHandle,
+        target: u64,
+        value: u8,
+        len_bytes: usize,
+    ) -> Result<(), DeviceError> {
+        self.ensure_any_current()?;
+        // SAFETY: the caller guarantees the range.
+        unsafe {
+            result::memset_d8_async(&self.api, target, value, len_bytes, stream.0 as CUstream)
         }
     }
 }

@@ -1,6 +1,6 @@
 //! Raw CUDA driver API: the types, constants and entry points we use, resolved from
 //! `libcuda.so.1` at run time with `dlopen`/`dlsym` (nothing CUDA is needed to build).
-//! Layer 1 of 3 (raw → `Result` calls in `mod.rs` → the `CudaDevice`).
+//! Layer 1 of 3 (raw → `Result` calls in `result.rs` → the `CudaDevice`).
 
 #![allow(non_camel_case_types, reason = "names follow cuda.h")]
 
