@@ -15,7 +15,7 @@
 //! Every export is declared through [`boundary::ffi_fn!`]: `#[unsafe(no_mangle)] pub
 //! unsafe extern "C" fn`, body under a guard that turns a panic into
 //! `hipFileInternalError`. The exports use one process-wide driver
-//! (`hipfile_runtime::capi_support::global`), configured from `HIPFILE_*`.
+//! (`hipfile_runtime::driver::process::runtime`), configured from `HIPFILE_*`.
 //!
 //! # Example
 //!
@@ -31,6 +31,7 @@
 //! ```
 
 pub mod api;
+mod async_args;
 pub mod batch;
 pub mod boundary;
 pub mod cpu_ext;

@@ -3,9 +3,9 @@
 
 pub mod api;
 mod arm;
-pub mod async_io;
+mod buffer;
+pub mod async_op;
 pub mod batch;
-pub mod capi_support;
 pub mod config;
 pub mod device;
 pub mod driver;
@@ -21,6 +21,6 @@ pub mod stats;
 pub mod stream;
 mod sys;
 
-pub use async_io::{AsyncArgs, AsyncParams};
+pub use async_op::{AsyncParams, ParamSource};
 pub use driver::{Driver, HandleId};
 pub use error::{Error, IoError};

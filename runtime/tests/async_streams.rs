@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use async_support::*;
 use hipfile_core::Direction;
 use hipfile_runtime::device::StreamHandle;
-use hipfile_runtime::{AsyncArgs, AsyncParams, HandleId};
+use hipfile_runtime::{AsyncParams, HandleId};
 
 /// The A9 op count: hipFile's 127 on `cpu`; 40 on a GPU backend, where an enqueue
 /// blocks once about 55 of our ops wait behind a held stream (the submitting thread holds
@@ -52,10 +52,7 @@ fn a9_run(
         // SAFETY: `size` and `ops` outlive the ops (the stream is synchronized below,
         // and `ops` is never resized); the buffer lives as long as the device.
         let result = unsafe {
-            match direction {
-                Direction::Read => rig.driver.read_async(handle, buffer, args, stream),
-                Direction::Write => rig.driver.write_async(handle, buffer, args, stream),
-            }
+            submit_args(&rig.driver, direction, handle, buffer, args, stream)
         };
         result.expect("A9 op accepted");
     }
@@ -140,7 +137,7 @@ fn a9_shared_size_changed_while_held_applies_to_every_unfixed_op() {
         let gate = rig.pause(stream).expect("pause");
         for op in &ops {
             // SAFETY: as in `a9_run`.
-            unsafe { rig.driver.read_async(handle, buffer, a9_args(&size, op), stream) }
+            unsafe { submit_args(&rig.driver, Direction::Read, handle, buffer, a9_args(&size, op), stream) }
                 .expect("accepted");
         }
         size.size_bytes.store(12 * KIB, Ordering::SeqCst);

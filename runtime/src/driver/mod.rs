@@ -22,13 +22,17 @@ use hipfile_core::{
 };
 
 use crate::arm::ArmPoller;
-use crate::async_io::{AsyncStats, FileHazards};
+use crate::async_op::{AsyncStats, OpHost, WriteHazardTable};
+pub use crate::buffer::{BufferUse, RegisteredBuffer, ResolvedBuffer};
 use crate::config::Config;
 use crate::device::{Device, MemoryType};
 use crate::engine::{Engine, SyncRequest};
 use crate::error::{Error, IoError};
 use crate::file::FileHandle;
 use crate::stream::StreamTable;
+
+mod async_calls;
+pub mod process;
 
 /// The value a C caller holds as `hipFileHandle_t`: never 0 for a registered handle.
 ///
@@ -52,56 +56,6 @@ impl HandleId {
     }
 }
 
-/// A buffer registered with [`Driver::buf_register`].
-#[derive(Debug)]
-pub struct RegisteredBuffer {
-    /// Device address of the first byte (the exact pointer registered).
-    pub base_addr: u64,
-    /// Registered length in bytes (may be 0).
-    pub len_bytes: u64,
-    /// Device owning the memory.
-    pub device_ordinal: u32,
-    in_flight: AtomicUsize,
-}
-
-/// A buffer as an I/O call resolved it.
-#[derive(Clone, Debug)]
-pub struct ResolvedBuffer {
-    /// Base and usable length.
-    pub span: BufferSpan,
-    /// Device owning the memory.
-    pub device_ordinal: u32,
-    registered: Option<Arc<RegisteredBuffer>>,
-}
-
-impl ResolvedBuffer {
-    /// Whether the buffer is a registered one.
-    pub fn is_registered(&self) -> bool {
-        self.registered.is_some()
-    }
-
-    /// Counts an op on a registered buffer until the guard drops (deregistering it in
-    /// the meantime is refused with 5030, as hipFile does).
-    pub fn begin_use(&self) -> BufferUse {
-        if let Some(buffer) = &self.registered {
-            buffer.in_flight.fetch_add(1, Ordering::SeqCst);
-        }
-        BufferUse(self.registered.clone())
-    }
-}
-
-/// An op using a registered buffer; see [`ResolvedBuffer::begin_use`].
-#[derive(Debug)]
-pub struct BufferUse(Option<Arc<RegisteredBuffer>>);
-
-impl Drop for BufferUse {
-    fn drop(&mut self) {
-        if let Some(buffer) = &self.0 {
-            buffer.in_flight.fetch_sub(1, Ordering::SeqCst);
-        }
-    }
-}
-
 /// The driver: configuration, device, engine and registries.
 pub struct Driver {
     /// The configuration in force; replaced whole by [`Driver::configure`] before any
@@ -120,7 +74,7 @@ pub struct Driver {
     arm_poller: StartedOnUse<ArmPoller>,
     next_executor: AtomicUsize,
     streams: StreamTable,
-    hazards: Mutex<HashMap<usize, FileHazards>>,
+    hazards: WriteHazardTable,
     async_stats: AsyncStats,
 }
 
@@ -151,7 +105,7 @@ impl Driver {
             arm_poller: StartedOnUse::default(),
             next_executor: AtomicUsize::new(0),
             streams: StreamTable::new(Arc::clone(&device), prefetch_cap_bytes),
-            hazards: Mutex::new(HashMap::new()),
+            hazards: WriteHazardTable::default(),
             async_stats: AsyncStats::default(),
             device,
         })
@@ -163,18 +117,18 @@ impl Driver {
     /// # Errors
     /// The selected backend is not available in this build or finds no device.
     pub fn from_config(config: Config) -> Result<Arc<Driver>, Error> {
-        let device = select_device(&config)?;
-        Ok(Driver::new(config, device))
+        let selected = process::select_device(&config)?;
+        Ok(Driver::new(config, selected.device as Arc<dyn Device>))
     }
 
     /// The process-wide driver, built from the environment on first use. It is the
-    /// same driver the C API uses (`crate::capi_support::global`), so a program that
+    /// same driver the C API uses ([`process::runtime`]), so a program that
     /// mixes the Rust and C APIs sees one set of registrations.
     ///
     /// # Errors
     /// The device selected by `HIPFILE_DEVICE` is unavailable.
     pub fn global() -> Result<&'static Arc<Driver>, Error> {
-        crate::capi_support::global().map(|runtime| &runtime.driver)
+        process::runtime().map(|runtime| &runtime.driver)
     }
 
     /// The device.
@@ -186,7 +140,7 @@ impl Driver {
         &self.streams
     }
 
-    pub(crate) fn hazard_table(&self) -> &Mutex<HashMap<usize, FileHazards>> {
+    pub(crate) fn write_hazards(&self) -> &WriteHazardTable {
         &self.hazards
     }
 
@@ -594,7 +548,7 @@ impl Driver {
         let engine = self.engine()?;
         let _buffer_use = buffer.begin_use();
         if direction == Direction::Write {
-            self.note_write(&file);
+            crate::async_op::prefetch::note_write(&file);
         }
         let request = SyncRequest {
             file,
@@ -623,22 +577,38 @@ fn log_direct_path(fd: RawFd, file: &FileHandle) {
     }
 }
 
-fn select_device(config: &Config) -> Result<Arc<dyn Device>, Error> {
-    match crate::device::user::open_device(config.device, config.cpu_device_count) {
-        Ok(device) => Ok(device),
-        Err(reason) => {
-            log::error!("HIPFILE_DEVICE={:?}: {reason}", config.device);
-            Err(Error::new(OpError::DeviceNotFound))
-        }
-    }
-}
-
 fn read_lock<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
     lock.read().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 fn write_lock<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
     lock.write().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl OpHost for Driver {
+    fn engine(&self) -> Result<&Engine, Error> {
+        Driver::engine(self)
+    }
+
+    fn arm_poller(&self) -> Result<&ArmPoller, Error> {
+        Driver::arm_poller(self)
+    }
+
+    fn device(&self) -> &Arc<dyn Device> {
+        Driver::device(self)
+    }
+
+    fn page_size_bytes(&self) -> u64 {
+        Driver::page_size_bytes(self)
+    }
+
+    fn async_stats(&self) -> &AsyncStats {
+        Driver::async_stats(self)
+    }
+
+    fn write_hazards(&self) -> &WriteHazardTable {
+        Driver::write_hazards(self)
+    }
 }
 
 /// A part of the driver started on first use, whose failed start a later call tries
