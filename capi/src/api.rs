@@ -14,10 +14,10 @@ use std::sync::{Arc, OnceLock};
 use hipfile_core::{Direction, OpError, RawIo, UNKNOWN_ERROR_MESSAGE};
 use hipfile_runtime::config::Config;
 use hipfile_runtime::device::StreamHandle;
+use hipfile_runtime::driver::process;
 use hipfile_runtime::parameters::{
     BoolParameter, DriverProperties, SizeParameter, StringParameter,
 };
-use hipfile_runtime::driver::process;
 use hipfile_runtime::{Driver, Error, HandleId};
 
 use crate::async_args::AsyncArgs;

@@ -14,11 +14,11 @@ use core::ffi::{c_int, c_void};
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use hipfile_runtime::driver::process;
 use hipfile_runtime::device::cpu::CpuDevice;
 use hipfile_runtime::device::{
     Device, DeviceError, EventHandle, HostFn, MemoryType, PinnedRegion, StreamHandle,
 };
+use hipfile_runtime::driver::process;
 
 use crate::boundary::{HipStatus, ffi_fn, out_ptr};
 use crate::types::{CpuPointerInfo, cpu_memory};

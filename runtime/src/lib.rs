@@ -3,9 +3,9 @@
 
 pub mod api;
 mod arm;
-mod buffer;
 pub mod async_op;
 pub mod batch;
+mod buffer;
 pub mod config;
 pub mod device;
 pub mod driver;

@@ -70,9 +70,7 @@ fn submit_raw(
     // SAFETY: every non-NULL pointer in `args` points into an `AsyncParams` the calling
     // test keeps alive until it has synchronized `stream` (or the call failed); `buffer`
     // stays allocated as long as the device.
-    let result = unsafe {
-        submit_args(&rig.driver, direction, handle, buffer, args, stream)
-    };
+    let result = unsafe { submit_args(&rig.driver, direction, handle, buffer, args, stream) };
     code(result)
 }
 

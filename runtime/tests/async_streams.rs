@@ -51,9 +51,7 @@ fn a9_run(
         let args = a9_args(&size, op);
         // SAFETY: `size` and `ops` outlive the ops (the stream is synchronized below,
         // and `ops` is never resized); the buffer lives as long as the device.
-        let result = unsafe {
-            submit_args(&rig.driver, direction, handle, buffer, args, stream)
-        };
+        let result = unsafe { submit_args(&rig.driver, direction, handle, buffer, args, stream) };
         result.expect("A9 op accepted");
     }
     gate.release();
@@ -137,8 +135,17 @@ fn a9_shared_size_changed_while_held_applies_to_every_unfixed_op() {
         let gate = rig.pause(stream).expect("pause");
         for op in &ops {
             // SAFETY: as in `a9_run`.
-            unsafe { submit_args(&rig.driver, Direction::Read, handle, buffer, a9_args(&size, op), stream) }
-                .expect("accepted");
+            unsafe {
+                submit_args(
+                    &rig.driver,
+                    Direction::Read,
+                    handle,
+                    buffer,
+                    a9_args(&size, op),
+                    stream,
+                )
+            }
+            .expect("accepted");
         }
         size.size_bytes.store(12 * KIB, Ordering::SeqCst);
         gate.release();

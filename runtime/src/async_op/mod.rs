@@ -51,8 +51,8 @@ use std::sync::{Arc, Mutex};
 use hipfile_core::{Direction, OpEvent, OpMachine, OpState, Outcome, StreamFlags, ValidIo};
 
 use crate::arm::ArmPoller;
-use crate::device::Device;
 use crate::buffer::{BufferUse, ResolvedBuffer};
+use crate::device::Device;
 use crate::engine::Engine;
 use crate::error::Error;
 use crate::file::{ChangeStamp, FileHandle, OpGuard};

@@ -94,8 +94,7 @@ impl Driver {
         // Before the enqueue: once enqueued, the op may publish at any time.
         params.publish(0);
         let sequence = submit_lock.next();
-        let parts =
-            OpParts { direction, params: Arc::clone(&params), io, file, guard, sequence };
+        let parts = OpParts { direction, params: Arc::clone(&params), io, file, guard, sequence };
         let host: Arc<dyn OpHost> = Arc::clone(self) as Arc<dyn OpHost>;
         let op = AsyncOp::new(host, parts, &state, &buffer, engine.track_async_op());
         let Err(EnqueueError { error, nothing_queued }) = op.enqueue(engine) else {

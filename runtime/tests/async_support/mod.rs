@@ -30,12 +30,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, mpsc};
 use std::time::{Duration, Instant};
 
+use hipfile_core::RawIo;
 use hipfile_core::{Direction, OpError};
 use hipfile_runtime::config::{Config, DeviceSelection};
 use hipfile_runtime::device::cpu::CpuDevice;
 use hipfile_runtime::device::user::{StreamGate, UserDevice, backend_name, open_device};
 use hipfile_runtime::device::{Device, DeviceError, MemoryType, PinnedRegion, StreamHandle};
-use hipfile_core::RawIo;
 use hipfile_runtime::{AsyncParams, Driver, Error, HandleId, ParamSource};
 
 /// One KiB.
