@@ -20,6 +20,7 @@ pub mod parameters;
 pub mod stats;
 pub mod stream;
 mod sys;
+mod word;
 
 pub use async_op::{AsyncParams, ParamSource};
 pub use driver::{Driver, HandleId};

@@ -85,7 +85,7 @@ pub(crate) trait OpHost: Send + Sync + 'static {
     /// The engine (started on first use).
     fn engine(&self) -> Result<&Engine, Error>;
     /// The doorbell arm poller (started on first use).
-    fn arm_poller(&self) -> Result<&ArmPoller, Error>;
+    fn arm_poller(&self) -> Result<&ArmPoller<StreamState>, Error>;
     /// The device.
     fn device(&self) -> &Arc<dyn Device>;
     /// The host page size.

@@ -29,7 +29,7 @@ use crate::device::{Device, MemoryType};
 use crate::engine::{Engine, SyncRequest};
 use crate::error::{Error, IoError};
 use crate::file::FileHandle;
-use crate::stream::StreamTable;
+use crate::stream::{StreamState, StreamTable};
 
 mod async_calls;
 pub mod process;
@@ -71,7 +71,7 @@ pub struct Driver {
     files: RwLock<HashMap<HandleId, Arc<FileHandle>>>,
     buffers: RwLock<BTreeMap<u64, Arc<RegisteredBuffer>>>,
     engine: StartedOnUse<Engine>,
-    arm_poller: StartedOnUse<ArmPoller>,
+    arm_poller: StartedOnUse<ArmPoller<StreamState>>,
     next_executor: AtomicUsize,
     streams: StreamTable,
     hazards: WriteHazardTable,
@@ -467,7 +467,7 @@ impl Driver {
     ///
     /// # Errors
     /// `InternalError` when the thread cannot be started.
-    pub(crate) fn arm_poller(&self) -> Result<&ArmPoller, Error> {
+    pub(crate) fn arm_poller(&self) -> Result<&ArmPoller<StreamState>, Error> {
         self.arm_poller
             .get_or_start(|| {
                 let executors = self.config().executor_cpus.len();
@@ -590,7 +590,7 @@ impl OpHost for Driver {
         Driver::engine(self)
     }
 
-    fn arm_poller(&self) -> Result<&ArmPoller, Error> {
+    fn arm_poller(&self) -> Result<&ArmPoller<StreamState>, Error> {
         Driver::arm_poller(self)
     }
 
