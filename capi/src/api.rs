@@ -14,21 +14,24 @@ use std::sync::{Arc, OnceLock};
 use hipfile_core::{Direction, OpError, RawIo, UNKNOWN_ERROR_MESSAGE};
 use hipfile_runtime::config::Config;
 use hipfile_runtime::device::StreamHandle;
+use hipfile_runtime::driver::process;
 use hipfile_runtime::parameters::{
     BoolParameter, DriverProperties, SizeParameter, StringParameter,
 };
-use hipfile_runtime::{AsyncArgs, Driver, Error, HandleId, capi_support};
+use hipfile_runtime::{Driver, Error, HandleId};
+
+use crate::async_args::AsyncArgs;
 
 use crate::boundary::{ffi_fn, in_ref, out_ptr};
 use crate::types::{
     HipFileDescr, HipFileDriverProps, HipFileError, NvfsProps, VERSION, handle_type,
 };
 
-/// The C API's driver (built on first use; see `capi_support::global`). A C program has
+/// The C API's driver (built on first use; see `process::runtime`). A C program has
 /// no logger of its own: the library's messages go to stderr at `HIPFILE_LOG`'s level.
 pub(crate) fn driver() -> Result<&'static Arc<Driver>, Error> {
     hipfile_runtime::logging::install_stderr_logger();
-    capi_support::global().map(|runtime| &runtime.driver)
+    process::runtime().map(|runtime| &runtime.driver)
 }
 
 /// The static, NUL-terminated message of `value` ("Unknown hipFile error" for values
@@ -84,10 +87,7 @@ fn raw_io(size: usize, file_offset: i64, buffer_offset: i64) -> RawIo {
 
 /// `hipFileReadAsync` / `hipFileWriteAsync`: every check (driver open first, then the
 /// NULL pointers, then the handle, ...) is the driver's, in hipFile's order.
-///
-/// # Safety
-/// As the exports.
-unsafe fn io_async(
+fn io_async(
     direction: Direction,
     fh: *mut c_void,
     buffer_base: *mut c_void,
@@ -97,13 +97,7 @@ unsafe fn io_async(
     let driver = driver()?;
     let (handle, buffer, stream) =
         (HandleId(fh as usize), buffer_base as u64, StreamHandle(stream as usize));
-    // SAFETY: forwarded contract of hipFileReadAsync / hipFileWriteAsync.
-    unsafe {
-        match direction {
-            Direction::Read => driver.read_async(handle, buffer, args, stream),
-            Direction::Write => driver.write_async(handle, buffer, args, stream),
-        }
-    }
+    driver.submit_async_from(direction, handle, buffer, std::sync::Arc::new(args), stream)
 }
 
 ffi_fn! {
@@ -317,14 +311,16 @@ ffi_fn! {
         bytes_read_p: *mut isize,
         stream: *mut c_void,
     ) -> HipFileError {
-        let args = AsyncArgs {
-            size_p: size_p.cast_const(),
-            file_offset_p: file_offset_p.cast_const(),
-            buffer_offset_p: buffer_offset_p.cast_const(),
-            bytes_p: bytes_read_p,
+        // SAFETY: forwarded contract of the export.
+        let args = unsafe {
+            AsyncArgs::new(
+                size_p.cast_const(),
+                file_offset_p.cast_const(),
+                buffer_offset_p.cast_const(),
+                bytes_read_p,
+            )
         };
-        // SAFETY: forwarded contract.
-        unsafe { io_async(Direction::Read, fh, buffer_base, args, stream) }
+        io_async(Direction::Read, fh, buffer_base, args, stream)
     }
 
     /// `hipFileWriteAsync`: as `hipFileReadAsync`.
@@ -340,14 +336,16 @@ ffi_fn! {
         bytes_written_p: *mut isize,
         stream: *mut c_void,
     ) -> HipFileError {
-        let args = AsyncArgs {
-            size_p: size_p.cast_const(),
-            file_offset_p: file_offset_p.cast_const(),
-            buffer_offset_p: buffer_offset_p.cast_const(),
-            bytes_p: bytes_written_p,
+        // SAFETY: forwarded contract of the export.
+        let args = unsafe {
+            AsyncArgs::new(
+                size_p.cast_const(),
+                file_offset_p.cast_const(),
+                buffer_offset_p.cast_const(),
+                bytes_written_p,
+            )
         };
-        // SAFETY: forwarded contract.
-        unsafe { io_async(Direction::Write, fh, buffer_base, args, stream) }
+        io_async(Direction::Write, fh, buffer_base, args, stream)
     }
 
     /// `hipFileStreamRegister`: needs no driver and does not open it.

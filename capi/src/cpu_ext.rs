@@ -14,19 +14,19 @@ use core::ffi::{c_int, c_void};
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use hipfile_runtime::capi_support;
 use hipfile_runtime::device::cpu::CpuDevice;
 use hipfile_runtime::device::{
     DeviceError, DeviceEvents, DeviceInfo, EventHandle, HostFn, MemoryType, PinnedRegion,
     StreamHandle, StreamMemoryOps,
 };
+use hipfile_runtime::driver::process;
 
 use crate::boundary::{HipStatus, ffi_fn, out_ptr};
 use crate::types::{CpuPointerInfo, cpu_memory};
 
 /// The driver's device, when it is the cpu device.
 fn cpu() -> Result<&'static Arc<CpuDevice>, HipStatus> {
-    let runtime = capi_support::global().map_err(|_| HipStatus::NO_DEVICE)?;
+    let runtime = process::runtime().map_err(|_| HipStatus::NO_DEVICE)?;
     runtime.cpu.as_ref().ok_or(HipStatus::NO_DEVICE)
 }
 

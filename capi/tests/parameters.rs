@@ -104,7 +104,7 @@ fn settings_shape_the_engine_until_it_starts() {
     // SAFETY: a registered handle and 1 MiB of device memory.
     let read = unsafe { hipFileRead(fh, buffer, 1 << 20, 0, 0) };
     assert_eq!(read, 1 << 20);
-    let driver = &hipfile_runtime::capi_support::global().expect("driver").driver;
+    let driver = &hipfile_runtime::driver::process::runtime().expect("driver").driver;
     let engine = driver.engine().expect("engine");
     assert_eq!(engine.executor_count(), 1, "ExecutionMaxIOThreads");
     assert_eq!(engine.blocking_executor_count(), 1, "PreferIOUring false: blocking executor");

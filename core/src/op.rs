@@ -10,6 +10,8 @@
 //!      └────────────────┴──────────────▶ Done  │ Publish (once armed)
 //!  Submitted ──BindFailed──▶ Done(-5022)       ▼
 //!                                          Published (terminal)
+//!  Running ──Restage──▶ Running   (a prefetch found stale at arm is read again)
+//!  any state but Published ──Abort──▶ Published(-5030)   (the op dropped unfinished)
 //! ```
 //!
 //! The stream reaches the op exactly once (`Arm` or `BindFailed`); the result is
@@ -97,6 +99,12 @@ pub enum OpEvent {
     Fail(Outcome),
     /// The result was stored in `*bytes_p` and the stream released.
     Publish,
+    /// At arm, a prefetched read's staged data may be stale: the prefetch's jobs are
+    /// superseded and the op reads again in stream order (once, after `Prefetch`+`Arm`).
+    Restage,
+    /// The op is dropped unfinished (a panic, a lost job): it publishes -5030 from
+    /// whatever state it was in, so that its stream is still released.
+    Abort,
 }
 
 /// An event that is not legal in the op's current state.
@@ -114,6 +122,8 @@ pub struct OpMachine {
     state: OpState,
     armed: bool,
     prefetch_allowed: bool,
+    prefetched: bool,
+    restaged: bool,
     size_bytes: u64,
     transferred_bytes: u64,
 }
@@ -126,6 +136,8 @@ impl OpMachine {
             state: OpState::Submitted,
             armed: false,
             prefetch_allowed,
+            prefetched: false,
+            restaged: false,
             size_bytes,
             transferred_bytes: 0,
         }
@@ -144,6 +156,24 @@ impl OpMachine {
     /// Whether the stream has reached the op.
     pub const fn is_armed(&self) -> bool {
         self.armed
+    }
+
+    /// Whether a prefetch's staged data was dropped at arm ([`OpEvent::Restage`]): the
+    /// prefetch's jobs end without publishing; the job posted at arm publishes.
+    pub const fn prefetch_superseded(&self) -> bool {
+        self.restaged
+    }
+
+    /// Applies an event that the caller knows to be legal: an illegal one is a bug,
+    /// caught by `debug_assert!` in tests (in release builds the state stays unchanged
+    /// and the error is returned for the caller to report).
+    ///
+    /// # Errors
+    /// As [`OpMachine::apply`] (only in release builds; debug builds panic).
+    pub fn step(&mut self, event: OpEvent) -> Result<OpState, IllegalTransition> {
+        let result = self.apply(event);
+        debug_assert!(result.is_ok(), "illegal op transition: {result:?}");
+        result
     }
 
     /// Lowers the byte limit when the bound size is smaller than the submitted one.
@@ -202,10 +232,21 @@ impl OpMachine {
             ) => OpState::Done(outcome),
             // The result is stored and the stream released, once it reached the op.
             (OpState::Done(outcome), OpEvent::Publish) if self.armed => OpState::Published(outcome),
+            // A prefetch found stale at arm: its data is dropped and read again (once).
+            (OpState::Running, OpEvent::Restage) if self.prefetched && !self.restaged => {
+                OpState::Running
+            }
+            // The op is dropped unfinished: -5030, the stream is released anyway.
+            (state, OpEvent::Abort) if !matches!(state, OpState::Published(_)) => {
+                OpState::Published(Outcome::Library(OpError::InternalError))
+            }
             _ => return Err(illegal),
         };
-        if matches!(event, OpEvent::Arm | OpEvent::BindFailed) {
-            self.armed = true;
+        match event {
+            OpEvent::Arm | OpEvent::BindFailed => self.armed = true,
+            OpEvent::Prefetch => self.prefetched = true,
+            OpEvent::Restage => self.restaged = true,
+            _ => {}
         }
         self.state = next;
         Ok(next)
@@ -360,6 +401,51 @@ mod tests {
     }
 
     #[test]
+    fn stale_prefetch_restages_once() {
+        let mut op = OpMachine::new(4096, true);
+        run(&mut op, &[OpEvent::Prefetch, OpEvent::Arm]);
+        assert!(!op.prefetch_superseded());
+        run(&mut op, &[OpEvent::Restage]);
+        assert!(op.prefetch_superseded());
+        assert!(op.apply(OpEvent::Restage).is_err(), "restaged twice");
+        let state = run(&mut op, &[OpEvent::Transferred(4096), OpEvent::Finish, OpEvent::Publish]);
+        assert_eq!(state, OpState::Published(Outcome::Bytes(4096)));
+    }
+
+    #[test]
+    fn restage_needs_a_prefetch() {
+        let mut op = OpMachine::new(4096, true);
+        run(&mut op, &[OpEvent::Arm, OpEvent::Start]);
+        assert!(op.apply(OpEvent::Restage).is_err());
+    }
+
+    #[test]
+    fn abort_publishes_internal_error_from_any_unpublished_state() {
+        let internal = OpState::Published(Outcome::Library(OpError::InternalError));
+        let prefixes: [&[OpEvent]; 5] = [
+            &[],
+            &[OpEvent::Prefetch],
+            &[OpEvent::Arm],
+            &[OpEvent::Arm, OpEvent::Start],
+            &[OpEvent::BindFailed],
+        ];
+        for prefix in prefixes {
+            let mut op = OpMachine::new(4096, true);
+            run(&mut op, prefix);
+            assert_eq!(op.apply(OpEvent::Abort), Ok(internal), "after {prefix:?}");
+            assert!(op.apply(OpEvent::Abort).is_err(), "Published is terminal");
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "illegal op transition")]
+    #[cfg(debug_assertions)]
+    fn step_asserts_legality() {
+        let mut op = OpMachine::new(4096, false);
+        let _ = op.step(OpEvent::Publish);
+    }
+
+    #[test]
     fn bind_size_only_shrinks_before_start() {
         let mut op = OpMachine::new(8192, false);
         assert!(op.bind_size(16384).is_err());
@@ -367,5 +453,65 @@ mod tests {
         run(&mut op, &[OpEvent::Arm, OpEvent::Start]);
         assert!(op.apply(OpEvent::Transferred(8192)).is_err());
         assert!(op.bind_size(1).is_err());
+    }
+
+    mod model {
+        extern crate std;
+
+        use std::vec;
+
+        use proptest::prelude::*;
+
+        use super::*;
+
+        fn event() -> impl Strategy<Value = OpEvent> {
+            prop_oneof![
+                Just(OpEvent::Prefetch),
+                Just(OpEvent::Arm),
+                Just(OpEvent::BindFailed),
+                Just(OpEvent::Start),
+                (0u64..5000).prop_map(OpEvent::Transferred),
+                Just(OpEvent::Finish),
+                Just(OpEvent::Fail(Outcome::OsError(5))),
+                Just(OpEvent::Fail(Outcome::Bytes(1))),
+                Just(OpEvent::Publish),
+                Just(OpEvent::Restage),
+                Just(OpEvent::Abort),
+            ]
+        }
+
+        proptest! {
+            /// Whatever events arrive, a rejected one changes nothing, progress never
+            /// passes the size, Published is terminal and reached only once armed (or by
+            /// Abort), and a byte count is published only through Finish.
+            #[test]
+            fn any_event_sequence_keeps_the_invariants(
+                size in 0u64..10_000,
+                prefetch_allowed in any::<bool>(),
+                events in proptest::collection::vec(event(), 0..24),
+            ) {
+                let mut op = OpMachine::new(size, prefetch_allowed);
+                for event in events {
+                    let before = op;
+                    match op.apply(event) {
+                        Err(illegal) => {
+                            prop_assert_eq!(op, before);
+                            prop_assert_eq!(illegal.state, before.state());
+                        }
+                        Ok(next) => {
+                            prop_assert_eq!(next, op.state());
+                            prop_assert!(!matches!(before.state(), OpState::Published(_)));
+                            if let OpState::Published(_) = next {
+                                prop_assert!(before.is_armed() || event == OpEvent::Abort);
+                            }
+                            if event == OpEvent::Prefetch {
+                                prop_assert!(prefetch_allowed);
+                            }
+                        }
+                    }
+                    prop_assert!(op.transferred_bytes() <= size);
+                }
+            }
+        }
     }
 }

@@ -1,12 +1,12 @@
 //! The process-wide runtime the bindings act on: the same driver as `libhipfile`'s C API
-//! (`hipfile_runtime::capi_support::global`), built on first use from the `HIPFILE_*`
+//! (`hipfile_runtime::driver::process::runtime`), built on first use from the `HIPFILE_*`
 //! environment. Importing the module touches none of it, so it never fails at import.
 
 use std::sync::Arc;
 
 use hipfile_core::OpError;
 use hipfile_runtime::Driver;
-use hipfile_runtime::capi_support::{self, CapiRuntime};
+use hipfile_runtime::driver::process::{self, ProcessRuntime};
 use hipfile_runtime::device::cpu::CpuDevice;
 use pyo3::prelude::*;
 
@@ -16,8 +16,8 @@ use crate::errors::{from_error, op_error};
 ///
 /// # Errors
 /// `hipFileDeviceNotFound` (5029) when the device `HIPFILE_DEVICE` names is unavailable.
-pub fn runtime(py: Python<'_>) -> PyResult<&'static CapiRuntime> {
-    capi_support::global().map_err(|error| from_error(py, error))
+pub fn runtime(py: Python<'_>) -> PyResult<&'static ProcessRuntime> {
+    process::runtime().map_err(|error| from_error(py, error))
 }
 
 /// The process-wide driver.

@@ -23,7 +23,7 @@ use std::sync::{Arc, MutexGuard};
 use std::thread::{JoinHandle, ThreadId};
 use std::time::{Duration, Instant};
 
-use crate::stream::{ReleaseWord, StreamState};
+use crate::word::ReleaseWord;
 
 /// Which streams the poller watches, and its parking (model-checked with loom).
 #[path = "arm_handoff.rs"]
@@ -73,7 +73,13 @@ pub(crate) struct ArmQueue {
     next_due: AtomicU64,
 }
 
-impl HasPending<(u32, ArmFn)> for StreamState {
+/// A stream the poller can watch: it owns an [`ArmQueue`] (`crate::stream`'s state).
+pub(crate) trait ArmedStream: Send + Sync + 'static {
+    /// The stream's doorbell and the ops waiting for it.
+    fn arm_queue(&self) -> &ArmQueue;
+}
+
+impl<S: ArmedStream> HasPending<(u32, ArmFn)> for S {
     fn pending(&self) -> &Pending<(u32, ArmFn)> {
         &self.arm_queue().pending
     }
@@ -138,26 +144,26 @@ fn reached(rung: u32, sequence: u32) -> bool {
 }
 
 /// The poller thread and the streams it watches.
-pub(crate) struct ArmPoller {
-    shared: Arc<Shared>,
+pub(crate) struct ArmPoller<S> {
+    shared: Arc<Shared<S>>,
     thread: Option<JoinHandle<()>>,
     thread_id: ThreadId,
 }
 
-struct Shared {
+struct Shared<S> {
     /// The streams with ops waiting to be armed.
-    list: Watchlist<StreamState>,
+    list: Watchlist<S>,
     /// Bumped by every submission (restarts the poller's spin window).
     submissions: AtomicU64,
 }
 
-impl ArmPoller {
+impl<S: ArmedStream> ArmPoller<S> {
     /// Starts the poller thread; it spins only with `spin` (spare cores), else it goes
     /// straight to short sleeps.
     ///
     /// # Errors
     /// The thread could not be spawned.
-    pub(crate) fn start(spin: bool) -> std::io::Result<ArmPoller> {
+    pub(crate) fn start(spin: bool) -> std::io::Result<ArmPoller<S>> {
         let shared =
             Arc::new(Shared { list: Watchlist::default(), submissions: AtomicU64::new(0) });
         let for_thread = Arc::clone(&shared);
@@ -171,7 +177,7 @@ impl ArmPoller {
     /// Queues `arm` to run once `stream`'s doorbell reaches `sequence`. Called under the
     /// stream's submit lock, after the doorbell write was enqueued, so the queue stays in
     /// sequence order.
-    pub(crate) fn watch(&self, stream: &Arc<StreamState>, sequence: u32, arm: ArmFn) {
+    pub(crate) fn watch(&self, stream: &Arc<S>, sequence: u32, arm: ArmFn) {
         let must_list = stream.arm_queue().push(sequence, arm);
         self.shared.submissions.fetch_add(1, Ordering::Relaxed);
         // A stream already listed needs no wake-up (the poller parks only with an empty
@@ -183,7 +189,7 @@ impl ArmPoller {
     }
 }
 
-impl ArmPoller {
+impl<S> ArmPoller<S> {
     /// One line for [`crate::Driver::pending_report`]: streams watched, parked or not.
     pub(crate) fn describe(&self) -> String {
         let listed = self.shared.list.lock();
@@ -196,7 +202,7 @@ impl ArmPoller {
     }
 }
 
-impl Drop for ArmPoller {
+impl<S> Drop for ArmPoller<S> {
     fn drop(&mut self) {
         self.shared.list.stop();
         // The last driver reference may go away on the poller thread itself (an arm that
@@ -210,11 +216,11 @@ impl Drop for ArmPoller {
 }
 
 /// The poller thread's loop.
-fn poll_doorbells(shared: &Shared, spin: bool) {
+fn poll_doorbells<S: ArmedStream>(shared: &Shared<S>, spin: bool) {
     let (spin_after_submit, spin_after_arm) =
         if spin { (SPIN, SPIN_AFTER_ARM) } else { (Duration::ZERO, Duration::ZERO) };
     crate::sys::set_thread_timer_slack_ns(TIMER_SLACK_NS);
-    let mut streams: Vec<Arc<StreamState>> = Vec::new();
+    let mut streams: Vec<Arc<S>> = Vec::new();
     // The list generation `streams` was copied at; none yet.
     let mut copied_generation = u64::MAX;
     let mut due: Vec<ArmFn> = Vec::new();
@@ -282,6 +288,15 @@ mod tests {
 
     use super::*;
 
+    /// A stream that is only its arm queue.
+    struct TestStream(ArmQueue);
+
+    impl ArmedStream for TestStream {
+        fn arm_queue(&self) -> &ArmQueue {
+            &self.0
+        }
+    }
+
     fn queue_over(word: &mut u32) -> ArmQueue {
         let host_ptr: *mut u32 = word;
         ArmQueue::new(ReleaseWord { host_ptr, device_addr: host_ptr as u64 })
@@ -325,7 +340,7 @@ mod tests {
         let mut word = 0u32;
         let host_ptr: *mut u32 = &mut word;
         let doorbell = ReleaseWord { host_ptr, device_addr: host_ptr as u64 };
-        let stream = Arc::new(StreamState::for_arm_tests(ArmQueue::new(doorbell)));
+        let stream = Arc::new(TestStream(ArmQueue::new(doorbell)));
         let poller = ArmPoller::start(true).expect("start poller");
         let runs = Arc::new(AtomicUsize::new(0));
         for index in 0..3 {
@@ -358,7 +373,7 @@ mod tests {
         let mut word = 1 << 20;
         let host_ptr: *mut u32 = &mut word;
         let doorbell = ReleaseWord { host_ptr, device_addr: host_ptr as u64 };
-        let stream = Arc::new(StreamState::for_arm_tests(ArmQueue::new(doorbell)));
+        let stream = Arc::new(TestStream(ArmQueue::new(doorbell)));
         let poller = ArmPoller::start(true).expect("start poller");
         let runs = Arc::new(AtomicUsize::new(0));
         for index in 0..20_000 {

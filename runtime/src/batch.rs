@@ -233,7 +233,7 @@ impl Batch {
             }
         }
         if direction == Direction::Write {
-            self.driver.note_write(&file);
+            crate::async_op::prefetch::note_write(&file);
         }
         let run = Arc::new(EntryRun {
             slot,

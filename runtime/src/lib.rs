@@ -3,9 +3,9 @@
 
 pub mod api;
 mod arm;
-pub mod async_io;
+pub mod async_op;
 pub mod batch;
-pub mod capi_support;
+mod buffer;
 pub mod config;
 pub mod device;
 pub mod driver;
@@ -20,7 +20,8 @@ pub mod parameters;
 pub mod stats;
 pub mod stream;
 mod sys;
+mod word;
 
-pub use async_io::{AsyncArgs, AsyncParams};
+pub use async_op::{AsyncParams, ParamSource};
 pub use driver::{Driver, HandleId};
 pub use error::{Error, IoError};

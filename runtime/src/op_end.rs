@@ -1,4 +1,4 @@
-//! How an async op ends ([`crate::async_io`]): published once (its result in `*bytes_p`
+//! How an async op ends ([`crate::async_op`]): published once (its result in `*bytes_p`
 //! and the stream released), or abandoned (its submission was refused: nothing is
 //! published, and an arm that still runs only releases the word its doorbell reached).
 //!

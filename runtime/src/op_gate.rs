@@ -1,4 +1,4 @@
-//! The prefetch gate of an async read ([`crate::async_io`]): a prefetch of a fully FIXED
+//! The prefetch gate of an async read ([`crate::async_op`]): a prefetch of a fully FIXED
 //! read starts before its stream reaches the op (at submission, or later when the
 //! stream's prefetch window has room), and its jobs stage the data and then wait on the
 //! gate before copying to the device. The stream reaching the op (the arm) opens the gate

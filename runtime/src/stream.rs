@@ -24,9 +24,10 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use hipfile_core::{OpError, StreamFlags};
 
-use crate::arm::ArmQueue;
+use crate::arm::{ArmQueue, ArmedStream};
 use crate::device::{Device, PinnedRegion, StreamHandle};
 use crate::error::Error;
+pub(crate) use crate::word::ReleaseWord;
 
 /// Bytes of fully FIXED reads one stream may have prefetching at once: prefetch reads
 /// ahead of the stream into staging, so an unbounded burst would fill every arena with
@@ -80,38 +81,6 @@ impl PrefetchBudget {
 
 /// Words per pinned slab (one 4 KiB page).
 const WORDS_PER_SLAB: usize = 1024;
-
-/// A stream's release word: host pointer and device address of the same 4 bytes.
-#[derive(Clone, Copy)]
-pub(crate) struct ReleaseWord {
-    pub host_ptr: *mut u32,
-    pub device_addr: u64,
-}
-
-impl ReleaseWord {
-    /// The word's value as the host sees it now.
-    pub(crate) fn load(&self) -> u32 {
-        // SAFETY: the word lies in a pinned slab of the driver's WordPool, which outlives
-        // every stream state and op holding the word; it is aligned and only accessed
-        // atomically (by the host) or by the device's stream memory operations.
-        unsafe { std::sync::atomic::AtomicU32::from_ptr(self.host_ptr) }
-            .load(std::sync::atomic::Ordering::Acquire)
-    }
-
-    /// Stores `value` as the host (the poller's unit tests ring doorbells with it).
-    #[cfg(test)]
-    pub(crate) fn store(&self, value: u32) {
-        // SAFETY: as in `load`; the tests' words outlive every reader.
-        unsafe { std::sync::atomic::AtomicU32::from_ptr(self.host_ptr) }
-            .store(value, std::sync::atomic::Ordering::Release);
-    }
-}
-
-// SAFETY: a ReleaseWord is the address of pinned memory owned by the driver's WordPool,
-// which lives as long as the driver; it is only accessed atomically.
-unsafe impl Send for ReleaseWord {}
-// SAFETY: as above.
-unsafe impl Sync for ReleaseWord {}
 
 /// A stream state's release word and doorbell, and the sequence number both hold when
 /// the pair is quiescent (the last one its state handed out).
@@ -536,6 +505,12 @@ fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
 
 fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
     lock.write().unwrap_or_else(|p| p.into_inner())
+}
+
+impl ArmedStream for StreamState {
+    fn arm_queue(&self) -> &ArmQueue {
+        &self.arms
+    }
 }
 
 #[cfg(test)]

@@ -24,12 +24,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock, mpsc};
 use std::time::{Duration, Instant};
 
+use hipfile_core::RawIo;
 use hipfile_core::{Direction, OpError};
 use hipfile_runtime::config::{Config, DeviceSelection};
 use hipfile_runtime::device::cpu::CpuDevice;
 use hipfile_runtime::device::user::{StreamGate, UserDevice, backend_name, open_device};
 use hipfile_runtime::device::{Device, DeviceError, MemoryType, PinnedRegion, StreamHandle};
-use hipfile_runtime::{AsyncArgs, AsyncParams, Driver, Error, HandleId};
+use hipfile_runtime::{AsyncParams, Driver, Error, HandleId, ParamSource};
 
 /// One KiB.
 pub const KIB: usize = 1 << 10;
@@ -556,6 +557,59 @@ pub fn bytes(p: &AsyncParams) -> isize {
     p.bytes_done.load(Ordering::SeqCst)
 }
 
+/// Raw-form arguments: hipFile's parameter pointers, as the C API passes them (its own
+/// `ParamSource` lives in `hipfile-capi`; this is the tests' copy of that shape).
+#[derive(Clone, Copy, Debug)]
+pub struct AsyncArgs {
+    /// `size_t *size_p`.
+    pub size_p: *const usize,
+    /// `hoff_t *file_offset_p`.
+    pub file_offset_p: *const i64,
+    /// `hoff_t *buffer_offset_p`.
+    pub buffer_offset_p: *const i64,
+    /// `ssize_t *bytes_p`.
+    pub bytes_p: *mut isize,
+}
+
+// SAFETY: the tests keep what the pointers point to alive until the op has published
+// (`submit_args`'s contract); they are only accessed with volatile reads and writes.
+unsafe impl Send for AsyncArgs {}
+// SAFETY: as above.
+unsafe impl Sync for AsyncArgs {}
+
+// SAFETY: `submit_args`'s contract keeps every non-NULL pointer valid while the op holds
+// the args; `read` refuses NULL ones, and the runtime only reads or writes the result
+// slot after a successful `read`.
+unsafe impl ParamSource for AsyncArgs {
+    fn read(&self) -> Option<RawIo> {
+        let null = self.size_p.is_null()
+            || self.file_offset_p.is_null()
+            || self.buffer_offset_p.is_null()
+            || self.bytes_p.is_null();
+        if null {
+            return None;
+        }
+        // SAFETY: not NULL, and valid per the contract.
+        unsafe {
+            Some(RawIo {
+                size_bytes: self.size_p.read_volatile() as u64,
+                file_offset_bytes: self.file_offset_p.read_volatile(),
+                buffer_offset_bytes: self.buffer_offset_p.read_volatile(),
+            })
+        }
+    }
+
+    fn published(&self) -> isize {
+        // SAFETY: as in `read` (not NULL once `read` succeeded).
+        unsafe { self.bytes_p.read_volatile() }
+    }
+
+    fn publish(&self, bytes: isize) {
+        // SAFETY: as in `published`.
+        unsafe { self.bytes_p.write_volatile(bytes) };
+    }
+}
+
 /// Raw-form arguments pointing into `p` (the caller keeps `p` alive until the op is done).
 pub fn args_of(p: &AsyncParams) -> AsyncArgs {
     AsyncArgs {
@@ -564,6 +618,22 @@ pub fn args_of(p: &AsyncParams) -> AsyncArgs {
         buffer_offset_p: p.buffer_offset_bytes.as_ptr(),
         bytes_p: p.bytes_done.as_ptr(),
     }
+}
+
+/// Raw-form submission, as `hipFileReadAsync` / `hipFileWriteAsync` make it.
+///
+/// # Safety
+/// The non-NULL pointers in `args` stay valid until the op has published (or the call
+/// failed); `buffer` stays allocated until the stream has passed the op.
+pub unsafe fn submit_args(
+    driver: &Arc<Driver>,
+    direction: Direction,
+    handle: HandleId,
+    buffer: u64,
+    args: AsyncArgs,
+    stream: StreamHandle,
+) -> Result<(), Error> {
+    driver.submit_async_from(direction, handle, buffer, Arc::new(args), stream)
 }
 
 /// The hipFile code of a submission result (`Success` for `Ok`).

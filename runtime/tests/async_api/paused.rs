@@ -115,12 +115,8 @@ fn a10_size_shrunk_while_held_is_honoured() {
         let args = args_of(&p);
         // SAFETY: `p` outlives the op (the stream is synchronized below before it drops),
         // the buffer lives as long as the device.
-        let submitted = unsafe {
-            match direction {
-                Direction::Read => t.rig.driver.read_async(t.handle, t.buffer, args, stream),
-                Direction::Write => t.rig.driver.write_async(t.handle, t.buffer, args, stream),
-            }
-        };
+        let submitted =
+            unsafe { submit_args(&t.rig.driver, direction, t.handle, t.buffer, args, stream) };
         submitted.expect("accepted");
         p.size_bytes.fetch_sub(4096, Ordering::SeqCst);
         gate.release();

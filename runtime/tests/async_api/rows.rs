@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use hipfile_core::{Direction, OpError};
 use hipfile_runtime::device::StreamHandle;
-use hipfile_runtime::{AsyncArgs, AsyncParams, HandleId};
+use hipfile_runtime::{AsyncParams, HandleId};
 use hipfile_test_support::rig::*;
 
 const SIZE: usize = MIB;
@@ -56,7 +56,7 @@ impl Row {
     }
 }
 
-/// Raw-form submission through `read_async` / `write_async`.
+/// Raw-form submission through `submit_args` (the C API's form).
 fn submit_raw(
     rig: &Rig,
     direction: Direction,
@@ -68,12 +68,7 @@ fn submit_raw(
     // SAFETY: every non-NULL pointer in `args` points into an `AsyncParams` the calling
     // test keeps alive until it has synchronized `stream` (or the call failed); `buffer`
     // stays allocated as long as the device.
-    let result = unsafe {
-        match direction {
-            Direction::Read => rig.driver.read_async(handle, buffer, args, stream),
-            Direction::Write => rig.driver.write_async(handle, buffer, args, stream),
-        }
-    };
+    let result = unsafe { submit_args(&rig.driver, direction, handle, buffer, args, stream) };
     code(result)
 }
 

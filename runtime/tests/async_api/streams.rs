@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use hipfile_core::Direction;
 use hipfile_runtime::device::StreamHandle;
-use hipfile_runtime::{AsyncArgs, AsyncParams, HandleId};
+use hipfile_runtime::{AsyncParams, HandleId};
 use hipfile_test_support::rig::*;
 
 /// The A9 op count: hipFile's 127 on `cpu`; 40 on a GPU backend, where an enqueue
@@ -49,12 +49,7 @@ fn a9_run(
         let args = a9_args(&size, op);
         // SAFETY: `size` and `ops` outlive the ops (the stream is synchronized below,
         // and `ops` is never resized); the buffer lives as long as the device.
-        let result = unsafe {
-            match direction {
-                Direction::Read => rig.driver.read_async(handle, buffer, args, stream),
-                Direction::Write => rig.driver.write_async(handle, buffer, args, stream),
-            }
-        };
+        let result = unsafe { submit_args(&rig.driver, direction, handle, buffer, args, stream) };
         result.expect("A9 op accepted");
     }
     gate.release();
@@ -138,8 +133,17 @@ fn a9_shared_size_changed_while_held_applies_to_every_unfixed_op() {
         let gate = rig.pause(stream).expect("pause");
         for op in &ops {
             // SAFETY: as in `a9_run`.
-            unsafe { rig.driver.read_async(handle, buffer, a9_args(&size, op), stream) }
-                .expect("accepted");
+            unsafe {
+                submit_args(
+                    &rig.driver,
+                    Direction::Read,
+                    handle,
+                    buffer,
+                    a9_args(&size, op),
+                    stream,
+                )
+            }
+            .expect("accepted");
         }
         size.size_bytes.store(12 * KIB, Ordering::SeqCst);
         gate.release();

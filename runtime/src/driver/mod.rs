@@ -15,20 +15,27 @@
 use std::collections::{BTreeMap, HashMap};
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use hipfile_core::{
     BufferSpan, Direction, OpError, Outcome, RawIo, StreamFlags, ValidIo, validate,
 };
 
 use crate::arm::ArmPoller;
-use crate::async_io::{AsyncStats, FileHazards};
+use crate::async_op::{AsyncStats, OpHost, WriteHazardTable};
+pub use crate::buffer::{BufferUse, RegisteredBuffer, ResolvedBuffer};
 use crate::config::Config;
 use crate::device::{Device, MemoryType};
 use crate::engine::{Engine, SyncRequest};
 use crate::error::{Error, IoError};
 use crate::file::FileHandle;
-use crate::stream::StreamTable;
+use crate::stream::{StreamState, StreamTable};
+
+mod async_calls;
+pub mod process;
+mod started_on_use;
+
+use started_on_use::StartedOnUse;
 
 /// The value a C caller holds as `hipFileHandle_t`: never 0 for a registered handle.
 ///
@@ -52,56 +59,6 @@ impl HandleId {
     }
 }
 
-/// A buffer registered with [`Driver::buf_register`].
-#[derive(Debug)]
-pub struct RegisteredBuffer {
-    /// Device address of the first byte (the exact pointer registered).
-    pub base_addr: u64,
-    /// Registered length in bytes (may be 0).
-    pub len_bytes: u64,
-    /// Device owning the memory.
-    pub device_ordinal: u32,
-    in_flight: AtomicUsize,
-}
-
-/// A buffer as an I/O call resolved it.
-#[derive(Clone, Debug)]
-pub struct ResolvedBuffer {
-    /// Base and usable length.
-    pub span: BufferSpan,
-    /// Device owning the memory.
-    pub device_ordinal: u32,
-    registered: Option<Arc<RegisteredBuffer>>,
-}
-
-impl ResolvedBuffer {
-    /// Whether the buffer is a registered one.
-    pub fn is_registered(&self) -> bool {
-        self.registered.is_some()
-    }
-
-    /// Counts an op on a registered buffer until the guard drops (deregistering it in
-    /// the meantime is refused with 5030, as hipFile does).
-    pub fn begin_use(&self) -> BufferUse {
-        if let Some(buffer) = &self.registered {
-            buffer.in_flight.fetch_add(1, Ordering::SeqCst);
-        }
-        BufferUse(self.registered.clone())
-    }
-}
-
-/// An op using a registered buffer; see [`ResolvedBuffer::begin_use`].
-#[derive(Debug)]
-pub struct BufferUse(Option<Arc<RegisteredBuffer>>);
-
-impl Drop for BufferUse {
-    fn drop(&mut self) {
-        if let Some(buffer) = &self.0 {
-            buffer.in_flight.fetch_sub(1, Ordering::SeqCst);
-        }
-    }
-}
-
 /// The driver: configuration, device, engine and registries.
 pub struct Driver {
     /// The configuration in force; replaced whole by [`Driver::configure`] before any
@@ -117,10 +74,10 @@ pub struct Driver {
     files: RwLock<HashMap<HandleId, Arc<FileHandle>>>,
     buffers: RwLock<BTreeMap<u64, Arc<RegisteredBuffer>>>,
     engine: StartedOnUse<Engine>,
-    arm_poller: StartedOnUse<ArmPoller>,
+    arm_poller: StartedOnUse<ArmPoller<StreamState>>,
     next_executor: AtomicUsize,
     streams: StreamTable,
-    hazards: Mutex<HashMap<usize, FileHazards>>,
+    hazards: WriteHazardTable,
     async_stats: AsyncStats,
 }
 
@@ -151,7 +108,7 @@ impl Driver {
             arm_poller: StartedOnUse::default(),
             next_executor: AtomicUsize::new(0),
             streams: StreamTable::new(Arc::clone(&device), prefetch_cap_bytes),
-            hazards: Mutex::new(HashMap::new()),
+            hazards: WriteHazardTable::default(),
             async_stats: AsyncStats::default(),
             device,
         })
@@ -163,18 +120,18 @@ impl Driver {
     /// # Errors
     /// The selected backend is not available in this build or finds no device.
     pub fn from_config(config: Config) -> Result<Arc<Driver>, Error> {
-        let device = select_device(&config)?;
-        Ok(Driver::new(config, device))
+        let selected = process::select_device(&config)?;
+        Ok(Driver::new(config, selected.device as Arc<dyn Device>))
     }
 
     /// The process-wide driver, built from the environment on first use. It is the
-    /// same driver the C API uses (`crate::capi_support::global`), so a program that
+    /// same driver the C API uses ([`process::runtime`]), so a program that
     /// mixes the Rust and C APIs sees one set of registrations.
     ///
     /// # Errors
     /// The device selected by `HIPFILE_DEVICE` is unavailable.
     pub fn global() -> Result<&'static Arc<Driver>, Error> {
-        crate::capi_support::global().map(|runtime| &runtime.driver)
+        process::runtime().map(|runtime| &runtime.driver)
     }
 
     /// The device.
@@ -186,7 +143,7 @@ impl Driver {
         &self.streams
     }
 
-    pub(crate) fn hazard_table(&self) -> &Mutex<HashMap<usize, FileHazards>> {
+    pub(crate) fn write_hazards(&self) -> &WriteHazardTable {
         &self.hazards
     }
 
@@ -513,7 +470,7 @@ impl Driver {
     ///
     /// # Errors
     /// `InternalError` when the thread cannot be started.
-    pub(crate) fn arm_poller(&self) -> Result<&ArmPoller, Error> {
+    pub(crate) fn arm_poller(&self) -> Result<&ArmPoller<StreamState>, Error> {
         self.arm_poller
             .get_or_start(|| {
                 let executors = self.config().executor_cpus.len();
@@ -594,7 +551,7 @@ impl Driver {
         let engine = self.engine()?;
         let _buffer_use = buffer.begin_use();
         if direction == Direction::Write {
-            self.note_write(&file);
+            crate::async_op::prefetch::note_write(&file);
         }
         let request = SyncRequest {
             file,
@@ -623,16 +580,6 @@ fn log_direct_path(fd: RawFd, file: &FileHandle) {
     }
 }
 
-fn select_device(config: &Config) -> Result<Arc<dyn Device>, Error> {
-    match crate::device::user::open_device(config.device, config.cpu_device_count) {
-        Ok(device) => Ok(device),
-        Err(reason) => {
-            log::error!("HIPFILE_DEVICE={:?}: {reason}", config.device);
-            Err(Error::new(OpError::DeviceNotFound))
-        }
-    }
-}
-
 fn read_lock<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
     lock.read().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
@@ -641,92 +588,28 @@ fn write_lock<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
     lock.write().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// A part of the driver started on first use, whose failed start a later call tries
-/// again (at most every [`StartedOnUse::RETRY_INTERVAL`]; calls in between fail at once
-/// with the last reason). Each new reason is printed once.
-pub(crate) struct StartedOnUse<T> {
-    value: OnceLock<T>,
-    /// Serializes starts; the last failure and when it happened.
-    attempt: Mutex<Option<(std::time::Instant, String)>>,
-}
-
-impl<T> Default for StartedOnUse<T> {
-    fn default() -> StartedOnUse<T> {
-        StartedOnUse { value: OnceLock::new(), attempt: Mutex::new(None) }
-    }
-}
-
-impl<T> StartedOnUse<T> {
-    /// The shortest time between two start attempts.
-    pub(crate) const RETRY_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
-
-    /// The value, if it started.
-    pub(crate) fn get(&self) -> Option<&T> {
-        self.value.get()
+impl OpHost for Driver {
+    fn engine(&self) -> Result<&Engine, Error> {
+        Driver::engine(self)
     }
 
-    /// Why the last start failed, while it has not started.
-    pub(crate) fn last_failure(&self) -> Option<String> {
-        if self.value.get().is_some() {
-            return None;
-        }
-        let attempt = self.attempt.lock().unwrap_or_else(|p| p.into_inner());
-        attempt.as_ref().map(|(_, reason)| reason.clone())
+    fn arm_poller(&self) -> Result<&ArmPoller<StreamState>, Error> {
+        Driver::arm_poller(self)
     }
 
-    /// The value, started by `start` unless it is running or failed less than
-    /// [`StartedOnUse::RETRY_INTERVAL`] ago.
-    pub(crate) fn get_or_start(
-        &self,
-        start: impl FnOnce() -> Result<T, String>,
-    ) -> Result<&T, String> {
-        if let Some(value) = self.value.get() {
-            return Ok(value);
-        }
-        let mut attempt = self.attempt.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(value) = self.value.get() {
-            return Ok(value);
-        }
-        if let Some((at, reason)) = attempt.as_ref()
-            && at.elapsed() < Self::RETRY_INTERVAL
-        {
-            return Err(reason.clone());
-        }
-        match start() {
-            Ok(value) => {
-                *attempt = None;
-                Ok(self.value.get_or_init(|| value))
-            }
-            Err(reason) => {
-                let repeated = attempt.as_ref().is_some_and(|(_, last)| *last == reason);
-                if !repeated {
-                    log::error!("{reason} (tried again by a later call)");
-                }
-                *attempt = Some((std::time::Instant::now(), reason.clone()));
-                Err(reason)
-            }
-        }
+    fn device(&self) -> &Arc<dyn Device> {
+        Driver::device(self)
     }
-}
 
-#[cfg(test)]
-mod started_on_use_tests {
-    use super::StartedOnUse;
+    fn page_size_bytes(&self) -> u64 {
+        Driver::page_size_bytes(self)
+    }
 
-    #[test]
-    fn a_failed_start_is_tried_again_after_the_interval_and_then_kept() {
-        let part = StartedOnUse::<u32>::default();
-        assert_eq!(part.get_or_start(|| Err("no threads".into())), Err("no threads".into()));
-        assert_eq!(part.last_failure().as_deref(), Some("no threads"));
-        // Within the interval: the last reason, without a new attempt.
-        assert_eq!(
-            part.get_or_start(|| panic!("no attempt within the interval")),
-            Err("no threads".into())
-        );
-        std::thread::sleep(StartedOnUse::<u32>::RETRY_INTERVAL);
-        assert_eq!(part.get_or_start(|| Ok(7)), Ok(&7));
-        assert_eq!(part.get_or_start(|| panic!("started already")), Ok(&7));
-        assert_eq!(part.get(), Some(&7));
-        assert_eq!(part.last_failure(), None);
+    fn async_stats(&self) -> &AsyncStats {
+        Driver::async_stats(self)
+    }
+
+    fn write_hazards(&self) -> &WriteHazardTable {
+        Driver::write_hazards(self)
     }
 }

@@ -1,0 +1,258 @@
+//! The asynchronous, stream-ordered op behind `hipFileReadAsync` / `hipFileWriteAsync`
+//! (the calls themselves: [`crate::driver`]).
+//!
+//! # Protocol
+//! Submission (the caller's thread; never waits for earlier work of the stream):
+//! 1. Checks in hipFile's order: driver open (else 5022, and the driver opens), NULL
+//!    pointers (5022), file handle (5027), buffer (5013 / 5011), stream, arguments
+//!    (5022, `hipfile_core::validate`), buffer device = stream device (5022).
+//! 2. `*bytes_p = 0`. Size 0: done, nothing is enqueued. NULL stream: the I/O runs now
+//!    and `*bytes_p` holds the result when the call returns.
+//! 3. Under the stream's submit lock: take sequence k; enqueue a **write-value**
+//!    "doorbell word = k" and a **wait-value** "release word ≥ k" on the user's stream
+//!    ([`submit`]).
+//! 4. A read whose size and offsets are all FIXED is posted to the engine at once
+//!    (*prefetch*: disk → staging now; copies to the device wait for arm), unless an
+//!    unfinished write overlaps its range in the same file or the stream's window or the
+//!    driver's prefetch budget is full ([`prefetch`], `stream::PrefetchBudget`).
+//!
+//! Arm (the driver's arm poller, `crate::arm`, once the doorbell reaches k; O(1), no
+//! device calls, never waits for I/O; [`run`]): binds the parameters that are not FIXED
+//! through the op's [`ParamSource`], re-validates them (`*bytes_p = -5022` and release
+//! when invalid or the size grew), and posts the job to the stream's executor.
+//!
+//! Without stream memory operations on the device (`Device::supports_stream_memops`),
+//! no wait-value is enqueued: the arm host function itself holds the stream until the
+//! op has released it (the blocking fallback, [`host_fn`]; correct, slower).
+//!
+//! Completion (the executor): `*bytes_p` = byte count, `-errno`, or `-code`; then the
+//! release word is set to k — device-side after the copies for reads (write-value on the
+//! executor's internal stream), host-side for writes and for ops split over several
+//! executors. Every path releases the word: a user stream never hangs on us.
+//!
+//! # State
+//! The op's lifecycle is its [`OpMachine`] alone, changed only through
+//! [`AsyncOp::set_state`], which asserts legality. Two small hand-offs stay outside it
+//! because they must be decided atomically between threads and are model-checked with
+//! loom on these very files: [`op_gate`] (who owns the prefetch's channel: the arm or a
+//! prefetch starting late) and [`op_end`] (who publishes: exactly one finisher, never for
+//! an abandoned submission). The machine never decides either; it records the steps
+//! their winners take.
+
+mod host_fn;
+mod params;
+pub(crate) mod prefetch;
+mod run;
+mod submit;
+
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, Mutex};
+
+use hipfile_core::{Direction, OpEvent, OpMachine, OpState, Outcome, StreamFlags, ValidIo};
+
+use crate::arm::ArmPoller;
+use crate::buffer::{BufferUse, ResolvedBuffer};
+use crate::device::Device;
+use crate::engine::Engine;
+use crate::error::Error;
+use crate::file::{ChangeStamp, FileHandle, OpGuard};
+use crate::stream::StreamState;
+
+pub use params::{AsyncParams, ParamSource};
+pub(crate) use prefetch::{Hazard, WriteHazardTable};
+pub(crate) use submit::{EnqueueError, OpParts};
+
+/// The prefetch gate of an op (model-checked with loom).
+#[path = "../op_gate.rs"]
+mod op_gate;
+
+/// How an op ends: published once, or abandoned (model-checked with loom).
+#[path = "../op_end.rs"]
+mod op_end;
+
+/// The primitives [`op_gate`] and [`op_end`] are written against (loom's in their model
+/// tests).
+mod sync {
+    pub(crate) use std::sync::{Mutex, MutexGuard, atomic};
+}
+
+use op_end::OpEnd;
+use op_gate::OpGate;
+
+/// What an op needs of the driver that owns it (the driver implements it; the op holds
+/// it, which keeps the engine, the arm poller and the word pool alive until it ends).
+pub(crate) trait OpHost: Send + Sync + 'static {
+    /// The engine (started on first use).
+    fn engine(&self) -> Result<&Engine, Error>;
+    /// The doorbell arm poller (started on first use).
+    fn arm_poller(&self) -> Result<&ArmPoller<StreamState>, Error>;
+    /// The device.
+    fn device(&self) -> &Arc<dyn Device>;
+    /// The host page size.
+    fn page_size_bytes(&self) -> u64;
+    /// Counters of the async path.
+    fn async_stats(&self) -> &AsyncStats;
+    /// Unfinished writes per file (the prefetch hazard check).
+    fn write_hazards(&self) -> &WriteHazardTable;
+}
+
+/// Counters of the async path.
+#[derive(Debug, Default)]
+pub struct AsyncStats {
+    /// Ops submitted (size > 0, stream not NULL).
+    pub submitted: AtomicU64,
+    /// Reads that started before the stream reached them.
+    pub prefetched: AtomicU64,
+    /// Ops released device-side (write-value after the copies).
+    pub device_releases: AtomicU64,
+    /// Ops released host-side.
+    pub host_releases: AtomicU64,
+    /// Prefetched reads read again at arm because a write to their file was submitted
+    /// after the prefetch started.
+    pub prefetches_redone: AtomicU64,
+}
+
+/// One op in flight.
+pub(crate) struct AsyncOp {
+    host: Arc<dyn OpHost>,
+    /// Set when the op is dropped on an executor thread holding the last driver
+    /// reference: the driver is then dropped on a helper thread (an executor must not
+    /// join itself).
+    _host_guard: HostDropGuard,
+    direction: Direction,
+    /// When the call submitted it (statistics: submission to completion).
+    submitted_at: std::time::Instant,
+    params: Arc<dyn ParamSource>,
+    submitted: ValidIo,
+    flags: StreamFlags,
+    device_ordinal: u32,
+    stream: Arc<StreamState>,
+    sequence: u32,
+    file: Arc<FileHandle>,
+    resources: Mutex<Option<(OpGuard, BufferUse)>>,
+    /// The op's state: the only record of where it is.
+    machine: Mutex<OpMachine>,
+    /// The prefetch's gate: the arm opens it (one message per job of the prefetch).
+    gate: OpGate<flume::Sender<bool>>,
+    /// Whether this op holds part of its stream's prefetch window (a share of a budget,
+    /// given back exactly once by whoever swaps it out: not a state of the op).
+    holds_prefetch_window: AtomicBool,
+    /// The device lacks stream memory operations: the arm host function blocks until
+    /// the op has released its stream instead of the stream waiting on the release word.
+    blocking_fallback: bool,
+    /// Signalled when the op released its stream host-side (blocking fallback; an
+    /// abandoned op releases without publishing, so this is not the machine's state).
+    released_signal: (Mutex<bool>, std::sync::Condvar),
+    /// A fully FIXED read that the stream's prefetch window did not admit at submission:
+    /// it is queued on the stream and starts prefetching when the window has room.
+    wants_deferred_prefetch: bool,
+    /// Our write count of the file when the prefetch started (see [`prefetch`]).
+    prefetch_generation: AtomicU64,
+    /// The file's change stamp when the prefetch started.
+    prefetch_stamp: Mutex<Option<ChangeStamp>>,
+    hazard: Hazard,
+    end: OpEnd,
+    /// Counts the op among the engine's live async ops (caller-thread copies take the
+    /// path no held stream can stall while any is alive).
+    _alive: crate::engine::AsyncOpTicket,
+}
+
+impl AsyncOp {
+    pub(crate) fn new(
+        host: Arc<dyn OpHost>,
+        parts: OpParts,
+        state: &Arc<StreamState>,
+        buffer: &ResolvedBuffer,
+        alive: crate::engine::AsyncOpTicket,
+    ) -> Arc<AsyncOp> {
+        let range = prefetch::file_range(&parts.io);
+        let hazards = host.write_hazards();
+        let eligible = parts.direction == Direction::Read
+            && state.flags.all_fixed()
+            && hazards.may_prefetch(&parts.file, range);
+        let prefetch = eligible && state.admit_prefetch(parts.io.size_bytes());
+        let hazard = match parts.direction {
+            Direction::Write => {
+                prefetch::note_write(&parts.file);
+                hazards.add(&parts.file, range)
+            }
+            Direction::Read => Hazard::None,
+        };
+        let blocking_fallback = !host.device().supports_stream_memops(buffer.device_ordinal);
+        Arc::new(AsyncOp {
+            _host_guard: HostDropGuard(Some(Arc::clone(&host))),
+            host,
+            direction: parts.direction,
+            submitted_at: std::time::Instant::now(),
+            params: parts.params,
+            submitted: parts.io,
+            flags: state.flags,
+            device_ordinal: buffer.device_ordinal,
+            stream: Arc::clone(state),
+            sequence: parts.sequence,
+            file: parts.file,
+            resources: Mutex::new(Some((parts.guard, buffer.begin_use()))),
+            machine: Mutex::new(OpMachine::new(parts.io.size_bytes(), eligible)),
+            gate: OpGate::default(),
+            holds_prefetch_window: AtomicBool::new(prefetch),
+            blocking_fallback,
+            released_signal: (Mutex::new(false), std::sync::Condvar::new()),
+            wants_deferred_prefetch: eligible && !prefetch,
+            prefetch_generation: AtomicU64::new(0),
+            prefetch_stamp: Mutex::new(None),
+            hazard,
+            end: OpEnd::default(),
+            _alive: alive,
+        })
+    }
+
+    fn machine(&self) -> std::sync::MutexGuard<'_, OpMachine> {
+        self.machine.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The one place where the op's state changes: applies `event`, traces the change,
+    /// and treats an illegal transition as the bug it is (a panic in debug builds and
+    /// tests; in release builds it is logged and the state stays as it was).
+    fn set_state(&self, event: OpEvent) -> OpState {
+        let mut machine = self.machine();
+        let before = machine.state();
+        match machine.step(event) {
+            Ok(after) => {
+                log::trace!("async op {}: {before:?} --{event:?}--> {after:?}", self.sequence);
+                after
+            }
+            Err(illegal) => {
+                log::error!("async op {}: illegal transition {illegal:?}", self.sequence);
+                before
+            }
+        }
+    }
+}
+
+impl Drop for AsyncOp {
+    /// An op dropped before publishing (a panic, a lost job) still publishes -5030 and
+    /// releases the stream.
+    fn drop(&mut self) {
+        if self.end.unfinished() && self.end.claim_publish() {
+            self.set_state(OpEvent::Abort);
+            self.store_and_release(Outcome::Library(hipfile_core::OpError::InternalError));
+            self.release_host();
+        }
+    }
+}
+
+/// Holds the driver and, when it is the last reference and the op is dropped on an
+/// executor thread, drops it on a helper thread: dropping the driver stops the engine,
+/// which joins the executors, and an executor cannot join itself.
+struct HostDropGuard(Option<Arc<dyn OpHost>>);
+
+impl Drop for HostDropGuard {
+    fn drop(&mut self) {
+        let Some(host) = self.0.take() else { return };
+        if crate::engine::on_executor_thread() && Arc::strong_count(&host) == 1 {
+            let _ = std::thread::Builder::new()
+                .name("hipfile-driver-drop".into())
+                .spawn(move || drop(host));
+        }
+    }
+}

@@ -1,0 +1,214 @@
+//! Running an op once its stream reached it: the arm (bind, re-validate, post), the
+//! engine jobs (one, or one per part joined by the engine's `PartJoiner`), and the one
+//! publication of the result with the stream's release.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use hipfile_core::{Direction, OpError, OpEvent, OpState, Outcome, ValidIo, revalidate};
+
+use super::AsyncOp;
+use crate::engine::{Completion, Engine, IoJob, JobEnd, PartJoiner};
+use crate::file::OpGuard;
+
+impl AsyncOp {
+    /// The stream reached the op (on the arm poller, or in the host function of the
+    /// blocking fallback; O(1), no device calls).
+    pub(super) fn arm(self: Arc<Self>) {
+        if self.end.end_if_abandoned() {
+            self.release_host();
+            return;
+        }
+        // A deferred prefetch (see `try_start_deferred_prefetch`) either started before
+        // and is found here, or cannot start any more (`op_gate`).
+        if let Some((gate, parts)) = self.gate.reach() {
+            self.arm_prefetched(&gate, parts);
+            return;
+        }
+        let bound = self.params.read().and_then(|raw| {
+            revalidate(&self.submitted, raw, self.flags, self.host.page_size_bytes()).ok()
+        });
+        let Some(io) = bound else {
+            self.set_state(OpEvent::BindFailed);
+            self.publish(Outcome::Library(OpError::InvalidValue));
+            return;
+        };
+        {
+            let mut machine = self.machine();
+            // `revalidate` refuses a grown size, so this only ever lowers the limit.
+            let shrunk = machine.bind_size(io.size_bytes());
+            debug_assert!(shrunk.is_ok(), "bound size {} grew: {shrunk:?}", io.size_bytes());
+        }
+        self.set_state(OpEvent::Arm);
+        match self.host.engine() {
+            Ok(engine) => {
+                self.set_state(OpEvent::Start);
+                self.post(engine, io, None);
+            }
+            Err(error) => self.publish(Outcome::Library(error.code)),
+        }
+    }
+
+    /// The arm of an op whose prefetch runs: open its gate, or, when what it staged may
+    /// be stale, close the gate and read again in stream order.
+    fn arm_prefetched(self: &Arc<Self>, gate: &flume::Sender<bool>, parts: usize) {
+        self.set_state(OpEvent::Arm);
+        if self.prefetch_still_fresh() {
+            for _ in 0..parts {
+                let _ = gate.send(true);
+            }
+            return;
+        }
+        // A write to the file was submitted after the prefetch started, or the file
+        // changed (or may have) through another descriptor: what it staged may be
+        // stale. Its jobs are superseded before their gate closes.
+        self.set_state(OpEvent::Restage);
+        for _ in 0..parts {
+            let _ = gate.send(false);
+        }
+        self.host.async_stats().prefetches_redone.fetch_add(1, Ordering::Relaxed);
+        match self.host.engine() {
+            Ok(engine) => self.post(engine, self.submitted, None),
+            Err(error) => self.publish(Outcome::Library(error.code)),
+        }
+    }
+
+    /// Posts the op's job(s): one job on the stream's executor, or, for large ops, one
+    /// per part over several executors (host release once all parts finished).
+    pub(super) fn post(
+        self: &Arc<Self>,
+        engine: &Engine,
+        io: ValidIo,
+        gate: Option<flume::Receiver<bool>>,
+    ) {
+        let parts = engine.parts(io.file_offset_bytes(), io.size_bytes());
+        let fan_out = parts.len() > 1;
+        let joiner = Arc::new(PartJoiner::new(self.direction, parts.clone()));
+        for (index, &(offset, len)) in parts.iter().enumerate() {
+            let Some(guard) = self.share_guard() else {
+                self.publish(Outcome::Library(OpError::InternalError));
+                return;
+            };
+            let op = Arc::clone(self);
+            let joiner = Arc::clone(&joiner);
+            let prefetch_job = gate.is_some();
+            let done: crate::engine::JobDone = Box::new(move |end: JobEnd<'_>| {
+                if prefetch_job && op.machine().prefetch_superseded() {
+                    // Superseded by the job posted at arm.
+                } else if !fan_out {
+                    op.finish(end);
+                } else if let Some((outcome, _device_error)) =
+                    joiner.part_done(index, end.outcome, end.device_error)
+                {
+                    op.publish(outcome);
+                }
+            });
+            let job = IoJob {
+                file: Arc::clone(&self.file),
+                guard,
+                direction: self.direction,
+                file_offset_bytes: io.file_offset_bytes() + offset,
+                device_addr: io.device_addr() + offset,
+                len_bytes: len,
+                device_ordinal: self.device_ordinal,
+                wait_for_copies: fan_out || !self.releases_device_side(),
+                arm_gate: gate.clone(),
+                may_start: None,
+                done: Completion::new(Arc::clone(self.host.device()), done),
+            };
+            engine.post(self.stream.executor + index, job);
+        }
+    }
+
+    /// A guard for one job of the op, taken from the op's own (it exists until publish).
+    fn share_guard(&self) -> Option<OpGuard> {
+        let resources = self.resources.lock().unwrap_or_else(|p| p.into_inner());
+        resources.as_ref().map(|(guard, _)| guard.share())
+    }
+
+    fn releases_device_side(&self) -> bool {
+        self.direction == Direction::Read && !self.blocking_fallback
+    }
+
+    /// The single job of the op ended: publish, releasing device-side after the copies
+    /// when the job left them in flight.
+    fn finish(&self, end: JobEnd<'_>) {
+        if !self.end.claim_publish() {
+            return;
+        }
+        self.conclude(end.outcome);
+        if let (Some(stream), true) = (end.stream, self.releases_device_side()) {
+            let word = self.stream.word();
+            // SAFETY: the word lives as long as the driver (see enqueue).
+            let queued = unsafe {
+                end.device.write_value32_internal(stream, word.device_addr, self.sequence)
+            };
+            if queued.is_ok() {
+                self.host.async_stats().device_releases.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+        }
+        self.release_host();
+    }
+
+    /// Publishes an outcome and releases host-side (unless the op already published or
+    /// was abandoned).
+    fn publish(&self, outcome: Outcome) {
+        if self.end.claim_publish() {
+            self.conclude(outcome);
+            self.release_host();
+        }
+    }
+
+    /// The publication's winner: the machine reaches `Published`, `*bytes_p` is stored
+    /// and the op lets go of file, buffer and hazard entry.
+    fn conclude(&self, outcome: Outcome) {
+        let state = self.machine().state();
+        match (state, outcome) {
+            // The engine moved `n` bytes (short at end of file).
+            (OpState::Running, Outcome::Bytes(n)) => {
+                self.set_state(OpEvent::Transferred(n));
+                self.set_state(OpEvent::Finish);
+            }
+            // Already decided at arm (an invalid deferred parameter).
+            (OpState::Done(_), _) => {}
+            // The engine, or the arm before it, failed.
+            (_, failure) => {
+                self.set_state(OpEvent::Fail(failure));
+            }
+        }
+        let published = self.set_state(OpEvent::Publish);
+        let outcome = match published {
+            OpState::Published(outcome) => outcome,
+            _ => outcome,
+        };
+        self.store_and_release(outcome);
+    }
+
+    /// Stores `*bytes_p` and frees the op's hold on file, buffer and hazard table.
+    pub(super) fn store_and_release(&self, outcome: Outcome) {
+        crate::stats::global().record(
+            self.device_ordinal,
+            crate::stats::Api::Async,
+            self.direction,
+            self.submitted.size_bytes(),
+            outcome,
+            self.submitted_at.elapsed(),
+        );
+        self.params.publish(outcome.bytes_p_value() as isize);
+        self.host.write_hazards().remove(&self.file, self.hazard);
+        self.release_prefetch_window();
+        self.resources.lock().unwrap_or_else(|p| p.into_inner()).take();
+    }
+
+    /// Releases the stream host-side (the release word = the op's sequence).
+    pub(super) fn release_host(&self) {
+        if self.blocking_fallback {
+            self.signal_released();
+        }
+        let word = self.stream.word();
+        // SAFETY: the word lives as long as the driver (see enqueue).
+        unsafe { self.host.device().store_word_host(word.host_ptr, self.sequence) };
+        self.host.async_stats().host_releases.fetch_add(1, Ordering::Relaxed);
+    }
+}

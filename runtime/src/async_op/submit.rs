@@ -1,0 +1,141 @@
+//! Enqueuing a submitted op on its user stream: the doorbell arm (write-value, then
+//! wait-value) or the host-function arm, and undoing a refused submission.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use hipfile_core::{Direction, ValidIo};
+
+use super::{AsyncOp, ParamSource};
+use crate::device::{DeviceError, WriteThenWaitError};
+use crate::engine::Engine;
+use crate::error::Error;
+use crate::file::{FileHandle, OpGuard};
+use crate::stream::DeferredStart;
+
+/// What one submission consists of.
+pub(crate) struct OpParts {
+    /// Read or write.
+    pub(crate) direction: Direction,
+    /// Where the parameters come from and the result goes.
+    pub(crate) params: Arc<dyn ParamSource>,
+    /// The parameters as validated at submission.
+    pub(crate) io: ValidIo,
+    /// The file.
+    pub(crate) file: Arc<FileHandle>,
+    /// Keeps the file's descriptors open until the op ends.
+    pub(crate) guard: OpGuard,
+    /// The op's sequence number on its stream.
+    pub(crate) sequence: u32,
+}
+
+/// A failed enqueue; `nothing_queued` when the stream holds nothing of the op.
+pub(crate) struct EnqueueError {
+    pub(crate) error: Error,
+    pub(crate) nothing_queued: bool,
+}
+
+impl AsyncOp {
+    /// Enqueues the arm and the wait-value on the user's stream (the caller holds the
+    /// stream's submit lock) and starts a prefetch when allowed.
+    pub(crate) fn enqueue(self: &Arc<Self>, engine: &Engine) -> Result<(), EnqueueError> {
+        // The prefetch gate goes in place before the arm is enqueued (the arm may run at
+        // any moment and must find it); the prefetch job is posted once the enqueue
+        // succeeded (a gate opened early is buffered in the channel).
+        let admitted = self.holds_prefetch_window.load(Ordering::SeqCst);
+        let prefetch_gate = if admitted { self.start_prefetch(engine) } else { None };
+        let queued = if self.blocking_fallback {
+            self.enqueue_host_function_arm()
+        } else {
+            self.enqueue_doorbell_arm()
+        };
+        if let Err(error) = queued {
+            if error.nothing_queued {
+                self.abandon();
+            }
+            return Err(error);
+        }
+        self.host.async_stats().submitted.fetch_add(1, Ordering::Relaxed);
+        if let Some(receiver) = prefetch_gate {
+            self.host.async_stats().prefetched.fetch_add(1, Ordering::Relaxed);
+            self.post(engine, self.submitted, Some(receiver));
+        }
+        if self.wants_deferred_prefetch {
+            let op = Arc::downgrade(self);
+            self.stream.defer_prefetch(Box::new(move || match op.upgrade() {
+                Some(op) => op.try_start_deferred_prefetch(),
+                None => DeferredStart::Gone,
+            }));
+            self.stream.start_deferred();
+        }
+        Ok(())
+    }
+
+    /// Doorbell arm (see [`crate::arm`]): "write my sequence into the doorbell", then
+    /// "wait until the release word reaches it"; the poller runs the arm when the
+    /// doorbell rings.
+    fn enqueue_doorbell_arm(self: &Arc<Self>) -> Result<(), EnqueueError> {
+        let nothing_queued = |error| EnqueueError { error, nothing_queued: true };
+        let poller = self.host.arm_poller().map_err(nothing_queued)?;
+        let device = self.host.device();
+        let doorbell = self.stream.arm_queue().doorbell();
+        let word = self.stream.word();
+        // SAFETY: the doorbell and release words live in the driver's word pool as long
+        // as the driver, which outlives every op (ops hold an Arc of it).
+        let queued = unsafe {
+            device.stream_write_then_wait_value32(
+                self.stream.handle,
+                doorbell.device_addr,
+                self.sequence,
+                word.device_addr,
+                self.sequence,
+            )
+        };
+        let wait_failed = match queued.and_then(|()| injected_wait_failure()) {
+            Ok(()) => None,
+            Err(WriteThenWaitError::NothingQueued(error)) => {
+                return Err(nothing_queued(Error::device(error)));
+            }
+            Err(WriteThenWaitError::WaitNotQueued(error)) => Some(error),
+        };
+        // The doorbell will ring either way: the arm runs and, for an op whose wait could
+        // not be queued, finds it abandoned and only releases the word. Abandoned before
+        // the arm is watched: an arm that ran first would start the op (and publish it)
+        // after the caller was told the submission failed.
+        if wait_failed.is_some() {
+            self.abandon();
+        }
+        let op = Arc::clone(self);
+        poller.watch(&self.stream, self.sequence, Box::new(move || op.arm()));
+        match wait_failed {
+            None => Ok(()),
+            Some(error) => Err(EnqueueError { error: Error::device(error), nothing_queued: false }),
+        }
+    }
+
+    /// Marks the op as not submitted: it publishes nothing and only cleans up.
+    pub(crate) fn abandon(&self) {
+        self.end.abandon();
+        // A prefetch job in flight sees its gate disconnect and ends without copying.
+        self.gate.abandon();
+        self.release_prefetch_window();
+        self.host.write_hazards().remove(&self.file, self.hazard);
+        self.resources.lock().unwrap_or_else(|p| p.into_inner()).take();
+    }
+}
+
+/// A fault plan's refusal of the wait-value half of a doorbell arm (tests only; see
+/// [`crate::fault::Site::StreamWait`]).
+fn injected_wait_failure() -> Result<(), WriteThenWaitError> {
+    use crate::fault::{Fault, Site};
+    match crate::fault::at(Site::StreamWait) {
+        None => Ok(()),
+        Some(fault) => {
+            if let Fault::Delay(delay) = fault {
+                std::thread::sleep(delay);
+            }
+            let error = DeviceError::new(DeviceError::HIP_ERROR_INVALID_VALUE, "injected fault");
+            Err(WriteThenWaitError::WaitNotQueued(error))
+        }
+    }
+}
