@@ -15,16 +15,14 @@
 //! and RSS are flat from the second round on. Run for a glommio executor and for a
 //! blocking one (io_uring turned off).
 
-mod async_support;
-
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use async_support::*;
 use hipfile_runtime::HandleId;
 use hipfile_runtime::config::Config;
 use hipfile_runtime::device::StreamHandle;
 use hipfile_runtime::engine::JOB_QUEUE_CAPACITY;
+use hipfile_test_support::rig::*;
 
 const STREAMS: usize = 32;
 const SUBMITTERS: usize = 4;
