@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use hipfile_core::OpError;
 use hipfile_runtime::Driver;
-use hipfile_runtime::driver::process::{self, ProcessRuntime};
 use hipfile_runtime::device::cpu::CpuDevice;
+use hipfile_runtime::driver::process::{self, ProcessRuntime};
 use pyo3::prelude::*;
 
 use crate::errors::{from_error, op_error};
