@@ -286,6 +286,8 @@ pub struct Bench {
     pub verify: bool,
     /// `Some` with `--cold`.
     pub cold: Option<ColdInfo>,
+    /// `--profile`: profile every case.
+    pub profile: bool,
     next_seed: u64,
     cache_warm: bool,
 }
@@ -319,6 +321,7 @@ impl Bench {
             flags,
             verify,
             cold,
+            profile: false,
             next_seed: 2,
             cache_warm: true,
         })

@@ -131,6 +131,11 @@ pub struct RunArgs {
     /// Only hipfile-rs rows (no baselines).
     #[arg(long)]
     pub no_baselines: bool,
+    /// Under every row, where its CPU time went (per thread group, CPU-s/GiB) and, for
+    /// hipfile-rs rows, where the engine's executors spent their time (busy share; jobs
+    /// waiting for file reads and writes, device copies, staging).
+    #[arg(long)]
+    pub profile: bool,
     /// libcufile to load for the cuFile baseline instead of the default search.
     #[arg(long, value_name = "PATH")]
     pub cufile: Option<PathBuf>,

@@ -16,6 +16,7 @@ mod error;
 mod latency;
 mod mem;
 mod pattern;
+mod profile;
 mod report;
 mod runner;
 mod shards;

@@ -87,6 +87,9 @@ pub struct Row {
     pub rep_gib_per_s: Vec<f64>,
     /// `page cache`, `O_DIRECT` or `cold` (reads after a cache drop).
     pub cache: &'static str,
+    /// `--profile`: where the case's time went, over all its repetitions.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub profile: Option<crate::profile::Profile>,
 }
 
 impl Row {
@@ -119,6 +122,7 @@ impl Row {
             reps: samples.len(),
             rep_gib_per_s: rates.clone(),
             cache,
+            profile: None,
         };
         if let Some(error) = error {
             let (status, detail) = match error {

@@ -13,6 +13,7 @@ use crate::cli::{Mode, RunArgs, format_size};
 use crate::cufile::CuFile;
 use crate::error::{Result, fail};
 use crate::latency::{self, LatencyReport};
+use crate::profile::{Profile, ProfileStart};
 use crate::report::{self, Case, Row};
 use crate::workload::{self, Xfer, plan};
 use crate::{baselines, cufile, shards, svg, sweep, sys};
@@ -269,7 +270,12 @@ fn cache_label(b: &Bench, case: &Case) -> &'static str {
 
 fn run_case(b: &mut Bench, cf: Option<&CuFile>, case: &Case, reps: u32, bar: &ProgressBar) -> Row {
     let row = measure_case(b, cf, case, reps, bar);
-    bar.suspend(|| print!("{}", report::line(&row)));
+    bar.suspend(|| {
+        print!("{}", report::line(&row));
+        if let Some(profile) = &row.profile {
+            print!("{}", profile.lines());
+        }
+    });
     row
 }
 
@@ -288,8 +294,9 @@ fn measure_case(
         ops.len(),
         format_size(case.io_size)
     ));
-    let mut samples = Vec::new();
+    let mut samples: Vec<Sample> = Vec::new();
     let mut error = None;
+    let profile_start = b.profile.then(|| ProfileStart::take(b));
     for rep in 0..reps {
         match run_once(b, cf, case, &ops) {
             Ok(sample) => samples.push(sample),
@@ -301,7 +308,13 @@ fn measure_case(
         }
         bar.inc(1);
     }
-    Row::new(case, ops.len(), &samples, error, b.verify, cache_label(b, case))
+    let mut row = Row::new(case, ops.len(), &samples, error, b.verify, cache_label(b, case));
+    if let Some(start) = profile_start {
+        let bytes = samples.iter().map(|s| s.bytes).sum();
+        let timed_s = samples.iter().map(|s| s.seconds).sum();
+        row.profile = Some(Profile::since(&start, b, bytes, timed_s));
+    }
+    row
 }
 
 fn progress(total: u64, args: &RunArgs) -> ProgressBar {
@@ -494,6 +507,7 @@ pub fn main(args: &RunArgs) -> Result<bool> {
     let verify = !args.no_verify;
     let mut bench =
         Bench::new(env, path, keep, size, args.flags, verify, args.cold && !args.latency)?;
+    bench.profile = args.profile;
     let (cf, cufile_line) = open_cufile(&bench, args);
     println!("{cufile_line}");
     if args.latency {

@@ -13,6 +13,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use hipfile_core::Direction;
+use hipfile_runtime::engine::EnginePhases;
 
 #[allow(unused_imports, reason = "not every helper is used by every file")]
 use hipfile_test_support::cpu_rig::*;
@@ -83,6 +84,21 @@ impl Drop for Watchdog {
 }
 
 // ----------------------------------------------------------------------------------------
+/// The engine's phases once every executor is idle again (an executor adds its busy
+/// time when its last job has ended, just after the job reported its result).
+fn settled_phases(engine: &hipfile_runtime::engine::Engine) -> EnginePhases {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut last = engine.phases();
+    loop {
+        thread::sleep(Duration::from_millis(20));
+        let now = engine.phases();
+        if now == last || Instant::now() > deadline {
+            return now;
+        }
+        last = now;
+    }
+}
+
 // Tests
 // ----------------------------------------------------------------------------------------
 
@@ -111,10 +127,22 @@ fn reads_and_writes_stage_through_the_arena_and_leave_no_events_behind() {
     assert!(stats.arena_chunks >= (4 * MIB / CHUNK) as u64, "{stats:?}");
     assert_eq!(stats.fallback_chunks, 0, "{stats:?}");
     assert_eq!(stats.jobs, 2, "one job per executor: {stats:?}");
+    // The phase counters (`hipfile-bench --profile`) saw both jobs and every chunk.
+    let phases = settled_phases(engine);
+    assert_eq!(phases.chunks_read, (4 * MIB / CHUNK) as u64, "{phases:?}");
+    assert_eq!(phases.chunks_written, 0, "{phases:?}");
+    assert!(phases.job_ns > 0 && phases.read_wait_ns > 0, "{phases:?}");
+    assert!(phases.read_wait_ns <= phases.job_ns, "a job waits within its time: {phases:?}");
+    assert!(phases.busy_ns > 0, "{phases:?}");
+    assert_eq!(phases.write_wait_ns, 0, "{phases:?}");
     assert_eq!(driver.io_sync(Direction::Write, handle, buf, raw(2 * MIB, 0, 0)), Ok(2 * MIB));
     assert_eq!(device.live_events(), 0, "after a write");
     let after = engine.stats();
     assert!(after.arena_chunks >= stats.arena_chunks + (2 * MIB / CHUNK) as u64, "{after:?}");
+    let written = settled_phases(engine).since(&phases);
+    assert_eq!(written.chunks_written, (2 * MIB / CHUNK) as u64, "{written:?}");
+    assert_eq!((written.chunks_read, written.read_wait_ns), (0, 0), "{written:?}");
+    assert!(written.write_wait_ns > 0 && written.write_wait_ns <= written.job_ns, "{written:?}");
     assert_eq!(engine.executor_count(), 2);
     assert_eq!(engine.pinned_cap_bytes(), 2 * 8 * MIB + 4 * MIB);
     driver.handle_deregister(handle);

@@ -151,6 +151,115 @@ pub struct EngineStats {
     pub caller_thread_requests_beside_ops: AtomicU64,
     /// Jobs moved by a blocking executor (its glommio executor could not start).
     pub blocking_jobs: AtomicU64,
+    /// Where the executors' time goes (`hipfile-bench --profile`), in nanoseconds:
+    /// see [`EnginePhases`].
+    pub phases: EnginePhaseCounters,
+}
+
+/// The counters behind [`EnginePhases`].
+#[derive(Debug, Default)]
+pub struct EnginePhaseCounters {
+    busy_ns: AtomicU64,
+    job_ns: AtomicU64,
+    read_wait_ns: AtomicU64,
+    write_wait_ns: AtomicU64,
+    copy_wait_ns: AtomicU64,
+    staging_wait_ns: AtomicU64,
+    chunks_read: AtomicU64,
+    chunks_written: AtomicU64,
+}
+
+/// Where the glommio executors' time went, summed over executors (busy) or over jobs
+/// (the rest), in nanoseconds. Jobs of one executor overlap, so the waits of its jobs
+/// can add up to more than its busy time; a wait is time a job spent suspended on it
+/// (the executor serves other jobs meanwhile).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EnginePhases {
+    /// Time an executor had at least one job.
+    pub busy_ns: u64,
+    /// Jobs' time from start to completion.
+    pub job_ns: u64,
+    /// Jobs waiting for a chunk's file read (io_uring, or the blocking fallback).
+    pub read_wait_ns: u64,
+    /// Jobs waiting for a chunk's file write.
+    pub write_wait_ns: u64,
+    /// Jobs waiting for a device copy of staged bytes to complete.
+    pub copy_wait_ns: u64,
+    /// Jobs waiting for a share of the staging arena or a fallback chunk.
+    pub staging_wait_ns: u64,
+    /// Chunks read from files.
+    pub chunks_read: u64,
+    /// Chunks written to files.
+    pub chunks_written: u64,
+}
+
+impl EnginePhases {
+    /// What happened between `earlier` and `self`.
+    pub fn since(&self, earlier: &EnginePhases) -> EnginePhases {
+        EnginePhases {
+            busy_ns: self.busy_ns.saturating_sub(earlier.busy_ns),
+            job_ns: self.job_ns.saturating_sub(earlier.job_ns),
+            read_wait_ns: self.read_wait_ns.saturating_sub(earlier.read_wait_ns),
+            write_wait_ns: self.write_wait_ns.saturating_sub(earlier.write_wait_ns),
+            copy_wait_ns: self.copy_wait_ns.saturating_sub(earlier.copy_wait_ns),
+            staging_wait_ns: self.staging_wait_ns.saturating_sub(earlier.staging_wait_ns),
+            chunks_read: self.chunks_read.saturating_sub(earlier.chunks_read),
+            chunks_written: self.chunks_written.saturating_sub(earlier.chunks_written),
+        }
+    }
+}
+
+/// Which phase a wait is counted in.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Phase {
+    Busy,
+    Job,
+    ReadWait,
+    WriteWait,
+    CopyWait,
+    StagingWait,
+}
+
+impl EnginePhaseCounters {
+    fn counter(&self, phase: Phase) -> &AtomicU64 {
+        match phase {
+            Phase::Busy => &self.busy_ns,
+            Phase::Job => &self.job_ns,
+            Phase::ReadWait => &self.read_wait_ns,
+            Phase::WriteWait => &self.write_wait_ns,
+            Phase::CopyWait => &self.copy_wait_ns,
+            Phase::StagingWait => &self.staging_wait_ns,
+        }
+    }
+
+    /// Adds the time since `since` to `phase`.
+    pub(crate) fn add_since(&self, phase: Phase, since: std::time::Instant) {
+        let ns = u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.counter(phase).fetch_add(ns, Ordering::Relaxed);
+    }
+
+    /// Counts a chunk read from (or written to) a file.
+    pub(crate) fn count_chunk(&self, direction: Direction) {
+        let counter = match direction {
+            Direction::Read => &self.chunks_read,
+            Direction::Write => &self.chunks_written,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn snapshot(&self) -> EnginePhases {
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        EnginePhases {
+            busy_ns: load(&self.busy_ns),
+            job_ns: load(&self.job_ns),
+            read_wait_ns: load(&self.read_wait_ns),
+            write_wait_ns: load(&self.write_wait_ns),
+            copy_wait_ns: load(&self.copy_wait_ns),
+            staging_wait_ns: load(&self.staging_wait_ns),
+            chunks_read: load(&self.chunks_read),
+            chunks_written: load(&self.chunks_written),
+        }
+    }
 }
 
 impl EngineStats {
@@ -390,6 +499,11 @@ impl Engine {
             caller_thread_requests_beside_ops: load(&self.stats.caller_thread_requests_beside_ops),
             blocking_jobs: load(&self.stats.blocking_jobs),
         }
+    }
+
+    /// Where the executors' time went so far (see [`EnginePhases`]).
+    pub fn phases(&self) -> EnginePhases {
+        self.stats.phases.snapshot()
     }
 
     /// The most pinned staging memory the engine can hold: every arena plus the capped

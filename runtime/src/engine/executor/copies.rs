@@ -8,6 +8,7 @@ use std::time::Duration;
 use super::Executor;
 use super::read::Staging;
 use crate::device::{Device, DeviceError, EventHandle, InternalStream};
+use crate::engine::Phase;
 use crate::engine::staging::StagingShare;
 
 /// A device copy in flight and the staging it reads or writes.
@@ -91,10 +92,14 @@ impl Executor {
     /// [`EVENT_SPIN`] (copies of small chunks finish in microseconds, and a timer sleep
     /// costs ~50 µs of wake-up), then timer sleeps with backoff.
     pub(super) async fn wait_event(&self, event: &EventHandle) -> Result<(), DeviceError> {
+        if self.setup.device.event_done(event)? {
+            return Ok(());
+        }
         let started = std::time::Instant::now();
         let mut sleep_us = 10;
         loop {
             if self.setup.device.event_done(event)? {
+                self.phases().add_since(Phase::CopyWait, started);
                 return Ok(());
             }
             let waited = started.elapsed();

@@ -18,7 +18,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::io;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use glommio::io::DmaFile;
 use glommio::{LocalExecutorBuilder, Placement, PoolPlacement};
@@ -28,7 +28,7 @@ use hipfile_core::{
 
 use super::queue::{JobReceiver, Received};
 use super::staging::{Arena, FallbackChunk, FallbackPool, StagingBudget};
-use super::{EngineStats, IoJob};
+use super::{EnginePhaseCounters, EngineStats, IoJob, Phase};
 use crate::device::{Device, DeviceError, InternalStream};
 use crate::fault::{Fault, Site};
 use crate::file::FileHandle;
@@ -88,6 +88,8 @@ struct Executor {
     files: RefCell<HashMap<usize, FileEntry>>,
     probed_devices: RefCell<HashSet<(u32, u32)>>,
     active_jobs: Cell<usize>,
+    /// When `active_jobs` last rose from zero.
+    busy_since: Cell<Instant>,
     detached_copies: Cell<usize>,
     /// Admission to the arena (see [`StagingBudget`]).
     staging_budget: StagingBudget,
@@ -115,6 +117,7 @@ impl Executor {
             files: RefCell::new(HashMap::new()),
             probed_devices: RefCell::new(HashSet::new()),
             active_jobs: Cell::new(0),
+            busy_since: Cell::new(Instant::now()),
             detached_copies: Cell::new(0),
             staging_budget,
         })
@@ -127,10 +130,16 @@ impl Executor {
             match request {
                 Received::Io(job) => {
                     let me = Rc::clone(&self);
+                    if me.active_jobs.get() == 0 {
+                        me.busy_since.set(Instant::now());
+                    }
                     me.active_jobs.set(me.active_jobs.get() + 1);
                     glommio::spawn_local(async move {
                         me.run_job(job).await;
                         me.active_jobs.set(me.active_jobs.get() - 1);
+                        if me.active_jobs.get() == 0 {
+                            me.phases().add_since(Phase::Busy, me.busy_since.get());
+                        }
                     })
                     .detach();
                 }
@@ -176,7 +185,18 @@ impl Executor {
         Ok(stream)
     }
 
-    async fn run_job(self: &Rc<Self>, mut job: IoJob) {
+    /// The phase counters `hipfile-bench --profile` reads.
+    fn phases(&self) -> &EnginePhaseCounters {
+        &self.setup.stats.phases
+    }
+
+    async fn run_job(self: &Rc<Self>, job: IoJob) {
+        let started = Instant::now();
+        self.move_job(job).await;
+        self.phases().add_since(Phase::Job, started);
+    }
+
+    async fn move_job(self: &Rc<Self>, mut job: IoJob) {
         if let Some(may_start) = job.may_start.take()
             && !may_start()
         {
@@ -282,9 +302,14 @@ impl Executor {
     }
 
     async fn take_fallback(&self) -> Result<FallbackChunk, DeviceError> {
+        if let Some(chunk) = self.setup.fallback.try_take()? {
+            return Ok(chunk);
+        }
+        let started = Instant::now();
         let mut backoff_us = 5;
         loop {
             if let Some(chunk) = self.setup.fallback.try_take()? {
+                self.phases().add_since(Phase::StagingWait, started);
                 return Ok(chunk);
             }
             glommio::timer::sleep(Duration::from_micros(backoff_us)).await;

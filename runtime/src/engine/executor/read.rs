@@ -4,6 +4,7 @@
 use std::collections::VecDeque;
 use std::rc::Rc;
 use std::sync::Arc;
+use std::time::Instant;
 
 use glommio::Task;
 use glommio::io::ReadResult;
@@ -15,8 +16,8 @@ use super::{
     Executor, JobRange, glommio_errno, injected_chunk_fault, off_reactor, os_errno, uring_refuses,
 };
 use crate::device::{DeviceError, InternalStream};
-use crate::engine::EngineStats;
 use crate::engine::staging::{FallbackChunk, StagingShare};
+use crate::engine::{EngineStats, Phase};
 use crate::fault::Site;
 use crate::file::{FileHandle, pread_full};
 use crate::sys;
@@ -60,7 +61,10 @@ impl Executor {
                     self.staging_budget.take_for_prefetch(len)
                 } else {
                     let holds_none = reads.is_empty() && copies.is_empty();
-                    self.staging_budget.take(len, holds_none).await
+                    let asked = Instant::now();
+                    let share = self.staging_budget.take(len, holds_none).await;
+                    self.phases().add_since(Phase::StagingWait, asked);
+                    share
                 };
                 let Some(share) = share else { break };
                 chunks.next();
@@ -87,7 +91,10 @@ impl Executor {
                 }
                 continue;
             };
+            let awaited = Instant::now();
             let result = task.await;
+            self.phases().add_since(Phase::ReadWait, awaited);
+            self.phases().count_chunk(Direction::Read);
             if stop {
                 continue;
             }

@@ -4,6 +4,7 @@
 use std::collections::VecDeque;
 use std::rc::Rc;
 use std::sync::Arc;
+use std::time::Instant;
 
 use glommio::Task;
 use glommio::io::DmaBuffer;
@@ -15,8 +16,8 @@ use super::{
     Executor, JobRange, glommio_errno, injected_chunk_fault, off_reactor, os_errno, uring_refuses,
 };
 use crate::device::{DeviceError, EventHandle, InternalStream};
-use crate::engine::EngineStats;
 use crate::engine::staging::{FallbackChunk, StagingShare};
+use crate::engine::{EngineStats, Phase};
 use crate::fault::Site;
 use crate::file::{FileHandle, pwrite_full};
 use crate::sys;
@@ -51,7 +52,10 @@ impl Executor {
                 let Some(&chunk) = chunks.front() else { break };
                 let holds_none = staged.is_empty() && writes.is_empty();
                 let len = chunk.len_bytes as usize;
-                let Some(share) = self.staging_budget.take(len, holds_none).await else { break };
+                let asked = Instant::now();
+                let share = self.staging_budget.take(len, holds_none).await;
+                self.phases().add_since(Phase::StagingWait, asked);
+                let Some(share) = share else { break };
                 chunks.pop_front();
                 match self
                     .stage_from_device(
@@ -85,7 +89,11 @@ impl Executor {
             }
             if writes.len() >= depth || (staged.is_empty() && !writes.is_empty()) {
                 let (chunk, task) = writes.pop_front().expect("checked non-empty");
-                record_write(file, chunk, task.await, &mut written, &mut failure);
+                let awaited = Instant::now();
+                let result = task.await;
+                self.phases().add_since(Phase::WriteWait, awaited);
+                self.phases().count_chunk(Direction::Write);
+                record_write(file, chunk, result, &mut written, &mut failure);
             }
             if staged.is_empty() && writes.is_empty() && (chunks.is_empty() || failure.is_some()) {
                 break;
@@ -111,7 +119,11 @@ impl Executor {
         failure: &mut Option<(Outcome, Option<DeviceError>)>,
     ) {
         while let Some((chunk, task)) = writes.pop_front() {
-            record_write(file, chunk, task.await, written, failure);
+            let awaited = Instant::now();
+            let result = task.await;
+            self.phases().add_since(Phase::WriteWait, awaited);
+            self.phases().count_chunk(Direction::Write);
+            record_write(file, chunk, result, written, failure);
         }
     }
 

@@ -1,0 +1,247 @@
+//! `--profile`: where a case's CPU time and the engine's time went.
+//!
+//! - CPU time per thread group, from `/proc/self/task/*/schedstat` (nanoseconds on the
+//!   CPU; `stat`'s clock ticks where schedstat is missing), threads grouped by name with
+//!   digits replaced by `N` (`hipfile-io-N` = the executors, `iou-wrk-N` = the kernel's
+//!   io_uring workers that run punted requests, `hipfile-arm`, the bench's own threads);
+//!   threads that ended during the case are one group, from the process total.
+//! - The engine's phase counters ([`EnginePhases`]): executor busy time, and what its
+//!   jobs waited for (file reads and writes, device copies, staging).
+//!
+//! Both are taken over all repetitions of a case, verification included (it runs on
+//! the bench's main thread: profile with `--no-verify` to leave it out).
+
+use std::collections::BTreeMap;
+
+use hipfile_runtime::engine::EnginePhases;
+use serde::Serialize;
+
+use crate::bench::Bench;
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// CPU nanoseconds per thread group, and of the whole process.
+#[derive(Clone, Debug, Default)]
+struct ThreadCpu {
+    /// (thread id, group) → CPU ns.
+    threads: BTreeMap<(u32, String), u64>,
+    process_ns: u64,
+}
+
+impl ThreadCpu {
+    fn now() -> ThreadCpu {
+        let mut threads = BTreeMap::new();
+        if let Ok(tasks) = std::fs::read_dir("/proc/self/task") {
+            for task in tasks.flatten() {
+                let Some(tid) = task.file_name().to_str().and_then(|t| t.parse().ok()) else {
+                    continue;
+                };
+                let path = task.path();
+                let name = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
+                let ns = std::fs::read_to_string(path.join("schedstat"))
+                    .ok()
+                    .and_then(|s| s.split_whitespace().next()?.parse().ok())
+                    .or_else(|| stat_ns(&std::fs::read_to_string(path.join("stat")).ok()?));
+                if let Some(ns) = ns {
+                    threads.insert((tid, group_of(name.trim_end())), ns);
+                }
+            }
+        }
+        ThreadCpu { threads, process_ns: (crate::sys::cpu_seconds() * 1e9) as u64 }
+    }
+
+    /// CPU ns per group between `earlier` and `self`; threads that ended meanwhile as
+    /// `(ended threads)`.
+    fn since(&self, earlier: &ThreadCpu) -> BTreeMap<String, u64> {
+        let mut groups: BTreeMap<String, u64> = BTreeMap::new();
+        let mut live_ns = 0u64;
+        for ((tid, group), &ns) in &self.threads {
+            let before = earlier.threads.get(&(*tid, group.clone())).copied().unwrap_or(0);
+            let delta = ns.saturating_sub(before);
+            live_ns += delta;
+            *groups.entry(group.clone()).or_default() += delta;
+        }
+        let process = self.process_ns.saturating_sub(earlier.process_ns);
+        // getrusage and schedstat round differently: only a clear remainder is shown.
+        let ended = process.saturating_sub(live_ns);
+        if ended > process / 50 {
+            groups.insert("(ended threads)".into(), ended);
+        }
+        groups.retain(|_, ns| *ns > 0);
+        groups
+    }
+}
+
+/// Utime + stime of a `/proc/.../stat` line, in ns (clock ticks of 10 ms).
+fn stat_ns(stat: &str) -> Option<u64> {
+    // The command name may hold spaces: fields count from after its closing ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i)?.parse::<u64>().ok();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
+    Some((ticks(11)? + ticks(12)?) * 10_000_000)
+}
+
+/// A thread's group: its name with every run of digits replaced by `N`.
+fn group_of(name: &str) -> String {
+    let mut group = String::with_capacity(name.len());
+    let mut in_digits = false;
+    for c in name.chars() {
+        if c.is_ascii_digit() {
+            if !in_digits {
+                group.push('N');
+            }
+            in_digits = true;
+        } else {
+            group.push(c);
+            in_digits = false;
+        }
+    }
+    group
+}
+
+/// What `--profile` takes before a case.
+pub struct ProfileStart {
+    cpu: ThreadCpu,
+    engine: Option<(EnginePhases, u64)>,
+}
+
+impl ProfileStart {
+    /// Takes the counters now.
+    pub fn take(b: &Bench) -> ProfileStart {
+        ProfileStart { cpu: ThreadCpu::now(), engine: engine_counters(b) }
+    }
+}
+
+/// The engine's phases and jobs so far.
+fn engine_counters(b: &Bench) -> Option<(EnginePhases, u64)> {
+    b.env.driver.engine().ok().map(|engine| (engine.phases(), engine.stats().jobs))
+}
+
+/// Where a case's time went.
+#[derive(Clone, Debug, Serialize)]
+pub struct Profile {
+    /// CPU seconds per GiB moved, per thread group (largest first).
+    pub cpu_s_per_gib: Vec<(String, f64)>,
+    /// The engine's executors, where the case used them.
+    pub engine: Option<EngineProfile>,
+}
+
+/// The engine's share of a case.
+#[derive(Clone, Debug, Serialize)]
+pub struct EngineProfile {
+    /// Executor busy time (at least one job) as a fraction of executors × timed wall.
+    pub busy: f64,
+    /// Jobs' waits as fractions of the jobs' time: file reads, file writes, device
+    /// copies, staging.
+    pub read_wait: f64,
+    /// See `read_wait`.
+    pub write_wait: f64,
+    /// See `read_wait`.
+    pub copy_wait: f64,
+    /// See `read_wait`.
+    pub staging_wait: f64,
+    /// Mean job time, µs.
+    pub job_us: f64,
+    /// Chunks read and written.
+    pub chunks: u64,
+}
+
+impl Profile {
+    /// The profile since `start`, for `bytes` moved in `timed_s` timed seconds.
+    pub fn since(start: &ProfileStart, b: &Bench, bytes: u64, timed_s: f64) -> Profile {
+        let gib = (bytes as f64 / GIB).max(1e-12);
+        let mut cpu_s_per_gib: Vec<(String, f64)> = ThreadCpu::now()
+            .since(&start.cpu)
+            .into_iter()
+            .map(|(group, ns)| (group, ns as f64 * 1e-9 / gib))
+            .collect();
+        cpu_s_per_gib.sort_by(|a, b| b.1.total_cmp(&a.1));
+        let executors = b.env.config.executor_cpus.len().max(1) as f64;
+        let engine = match (start.engine, engine_counters(b)) {
+            (Some((before, jobs_before)), Some((after, jobs_after))) => {
+                let p = after.since(&before);
+                let jobs = jobs_after.saturating_sub(jobs_before).max(1);
+                (p.job_ns > 0).then(|| {
+                    let of_jobs = |ns: u64| ns as f64 / p.job_ns as f64;
+                    EngineProfile {
+                        busy: p.busy_ns as f64 * 1e-9 / (executors * timed_s.max(1e-9)),
+                        read_wait: of_jobs(p.read_wait_ns),
+                        write_wait: of_jobs(p.write_wait_ns),
+                        copy_wait: of_jobs(p.copy_wait_ns),
+                        staging_wait: of_jobs(p.staging_wait_ns),
+                        job_us: p.job_ns as f64 * 1e-3 / jobs as f64,
+                        chunks: p.chunks_read + p.chunks_written,
+                    }
+                })
+            }
+            _ => None,
+        };
+        Profile { cpu_s_per_gib, engine }
+    }
+
+    /// The profile's text lines (indented, under the row).
+    pub fn lines(&self) -> String {
+        let groups: Vec<String> =
+            self.cpu_s_per_gib.iter().map(|(group, s)| format!("{group} {s:.3}")).collect();
+        let mut out = format!("    cpu-s/GiB by thread: {}\n", groups.join(", "));
+        if let Some(e) = &self.engine {
+            let pct = |f: f64| f * 100.0;
+            out.push_str(&format!(
+                "    engine: executors busy {:.0}% of the wall; of job time: read wait {:.0}%, write wait {:.0}%, copy wait {:.0}%, staging wait {:.0}%; {:.0} us/job, {} chunks\n",
+                pct(e.busy),
+                pct(e.read_wait),
+                pct(e.write_wait),
+                pct(e.copy_wait),
+                pct(e.staging_wait),
+                e.job_us,
+                e.chunks
+            ));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thread_names_group_by_their_digits() {
+        assert_eq!(group_of("hipfile-io-12"), "hipfile-io-N");
+        assert_eq!(group_of("hipfile-io-3-blocking"), "hipfile-io-N-blocking");
+        assert_eq!(group_of("iou-wrk-40211"), "iou-wrk-N");
+        assert_eq!(group_of("hipfile-arm"), "hipfile-arm");
+    }
+
+    #[test]
+    fn stat_lines_give_utime_plus_stime() {
+        // pid (comm with a space) state ppid ... utime=7 stime=5 (fields 14, 15).
+        let line = "42 (a b) S 1 2 3 4 5 6 7 8 9 10 7 5 0 0 20 0 1 0";
+        assert_eq!(stat_ns(line), Some(12 * 10_000_000));
+    }
+
+    #[test]
+    fn busy_threads_show_in_their_group() {
+        let before = ThreadCpu::now();
+        let worker = std::thread::Builder::new()
+            .name("spin-7".into())
+            .spawn(move || {
+                let started = std::time::Instant::now();
+                let mut x = 0u64;
+                while started.elapsed() < std::time::Duration::from_millis(60) {
+                    x = x.wrapping_mul(31).wrapping_add(1);
+                }
+                std::hint::black_box(x);
+                ThreadCpu::now()
+            })
+            .expect("spawn");
+        let during = worker.join().expect("worker");
+        let groups = during.since(&before);
+        let spin_ns = groups.get("spin-N").copied().unwrap_or(0);
+        assert!(spin_ns >= 20_000_000, "the spinning thread's CPU: {groups:?}");
+        // The spinning thread is alive when counted: at most other tests' threads end.
+        let ended_ns = groups.get("(ended threads)").copied().unwrap_or(0);
+        assert!(ended_ns < spin_ns / 5, "{groups:?}");
+    }
+}
