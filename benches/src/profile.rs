@@ -23,8 +23,8 @@ const GIB: f64 = (1u64 << 30) as f64;
 /// CPU nanoseconds per thread group, and of the whole process.
 #[derive(Clone, Debug, Default)]
 struct ThreadCpu {
-    /// (thread id, group) → CPU ns.
-    threads: BTreeMap<(u32, String), u64>,
+    /// (thread id, group) → CPU ns, and clock ticks in the kernel (`stat`'s stime).
+    threads: BTreeMap<(u32, String), (u64, u64)>,
     process_ns: u64,
 }
 
@@ -38,48 +38,57 @@ impl ThreadCpu {
                 };
                 let path = task.path();
                 let name = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
+                let stat = std::fs::read_to_string(path.join("stat")).unwrap_or_default();
+                let ticks = stat_ticks(&stat);
                 let ns = std::fs::read_to_string(path.join("schedstat"))
                     .ok()
                     .and_then(|s| s.split_whitespace().next()?.parse().ok())
-                    .or_else(|| stat_ns(&std::fs::read_to_string(path.join("stat")).ok()?));
+                    .or(ticks.map(|(user, system)| (user + system) * TICK_NS));
                 if let Some(ns) = ns {
-                    threads.insert((tid, group_of(name.trim_end())), ns);
+                    let system_ticks = ticks.map_or(0, |(_, system)| system);
+                    threads.insert((tid, group_of(name.trim_end())), (ns, system_ticks));
                 }
             }
         }
         ThreadCpu { threads, process_ns: (crate::sys::cpu_seconds() * 1e9) as u64 }
     }
 
-    /// CPU ns per group between `earlier` and `self`; threads that ended meanwhile as
-    /// `(ended threads)`.
-    fn since(&self, earlier: &ThreadCpu) -> BTreeMap<String, u64> {
-        let mut groups: BTreeMap<String, u64> = BTreeMap::new();
+    /// CPU ns and kernel ns per group between `earlier` and `self`; threads that ended
+    /// meanwhile as `(ended threads)` (kernel share unknown).
+    fn since(&self, earlier: &ThreadCpu) -> BTreeMap<String, (u64, u64)> {
+        let mut groups: BTreeMap<String, (u64, u64)> = BTreeMap::new();
         let mut live_ns = 0u64;
-        for ((tid, group), &ns) in &self.threads {
-            let before = earlier.threads.get(&(*tid, group.clone())).copied().unwrap_or(0);
-            let delta = ns.saturating_sub(before);
+        for ((tid, group), &(ns, system)) in &self.threads {
+            let (ns_before, system_before) =
+                earlier.threads.get(&(*tid, group.clone())).copied().unwrap_or((0, 0));
+            let delta = ns.saturating_sub(ns_before);
             live_ns += delta;
-            *groups.entry(group.clone()).or_default() += delta;
+            let entry = groups.entry(group.clone()).or_default();
+            entry.0 += delta;
+            entry.1 += system.saturating_sub(system_before) * TICK_NS;
         }
         let process = self.process_ns.saturating_sub(earlier.process_ns);
         // getrusage and schedstat round differently: only a clear remainder is shown.
         let ended = process.saturating_sub(live_ns);
         if ended > process / 50 {
-            groups.insert("(ended threads)".into(), ended);
+            groups.insert("(ended threads)".into(), (ended, 0));
         }
-        groups.retain(|_, ns| *ns > 0);
+        groups.retain(|_, (ns, _)| *ns > 0);
         groups
     }
 }
 
-/// Utime + stime of a `/proc/.../stat` line, in ns (clock ticks of 10 ms).
-fn stat_ns(stat: &str) -> Option<u64> {
+/// Nanoseconds per clock tick of `/proc/.../stat` (USER_HZ is 100 on Linux).
+const TICK_NS: u64 = 10_000_000;
+
+/// (utime, stime) of a `/proc/.../stat` line, in clock ticks.
+fn stat_ticks(stat: &str) -> Option<(u64, u64)> {
     // The command name may hold spaces: fields count from after its closing ')'.
     let rest = &stat[stat.rfind(')')? + 1..];
     let fields: Vec<&str> = rest.split_whitespace().collect();
     let ticks = |i: usize| fields.get(i)?.parse::<u64>().ok();
     // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name.
-    Some((ticks(11)? + ticks(12)?) * 10_000_000)
+    Some((ticks(11)?, ticks(12)?))
 }
 
 /// A thread's group: its name with every run of digits replaced by `N`.
@@ -121,8 +130,9 @@ fn engine_counters(b: &Bench) -> Option<(EnginePhases, u64)> {
 /// Where a case's time went.
 #[derive(Clone, Debug, Serialize)]
 pub struct Profile {
-    /// CPU seconds per GiB moved, per thread group (largest first).
-    pub cpu_s_per_gib: Vec<(String, f64)>,
+    /// CPU seconds per GiB moved, per thread group (largest first), and the share of it
+    /// spent in the kernel (from clock ticks: coarse for short cases).
+    pub cpu_s_per_gib: Vec<(String, f64, f64)>,
     /// The engine's executors, where the case used them.
     pub engine: Option<EngineProfile>,
 }
@@ -150,11 +160,14 @@ pub struct EngineProfile {
 impl Profile {
     /// The profile since `start`, for `bytes` moved in `timed_s` timed seconds.
     pub fn since(start: &ProfileStart, b: &Bench, bytes: u64, timed_s: f64) -> Profile {
-        let gib = (bytes as f64 / GIB).max(1e-12);
-        let mut cpu_s_per_gib: Vec<(String, f64)> = ThreadCpu::now()
+        let gib = bytes as f64 / GIB;
+        let mut cpu_s_per_gib: Vec<(String, f64, f64)> = ThreadCpu::now()
             .since(&start.cpu)
             .into_iter()
-            .map(|(group, ns)| (group, ns as f64 * 1e-9 / gib))
+            .filter(|_| bytes > 0)
+            .map(|(group, (ns, system_ns))| {
+                (group, ns as f64 * 1e-9 / gib, (system_ns as f64 / ns as f64).min(1.0))
+            })
             .collect();
         cpu_s_per_gib.sort_by(|a, b| b.1.total_cmp(&a.1));
         let executors = b.env.config.executor_cpus.len().max(1) as f64;
@@ -182,9 +195,18 @@ impl Profile {
 
     /// The profile's text lines (indented, under the row).
     pub fn lines(&self) -> String {
-        let groups: Vec<String> =
-            self.cpu_s_per_gib.iter().map(|(group, s)| format!("{group} {s:.3}")).collect();
-        let mut out = format!("    cpu-s/GiB by thread: {}\n", groups.join(", "));
+        let groups: Vec<String> = self
+            .cpu_s_per_gib
+            .iter()
+            .map(|(group, s, system)| match group.as_str() {
+                "(ended threads)" => format!("{group} {s:.3}"),
+                _ => format!("{group} {s:.3} ({:.0}% sys)", system * 100.0),
+            })
+            .collect();
+        let mut out = match groups.is_empty() {
+            true => "    cpu-s/GiB by thread: - (no bytes moved)\n".to_string(),
+            false => format!("    cpu-s/GiB by thread: {}\n", groups.join(", ")),
+        };
         if let Some(e) = &self.engine {
             let pct = |f: f64| f * 100.0;
             out.push_str(&format!(
@@ -218,7 +240,7 @@ mod tests {
     fn stat_lines_give_utime_plus_stime() {
         // pid (comm with a space) state ppid ... utime=7 stime=5 (fields 14, 15).
         let line = "42 (a b) S 1 2 3 4 5 6 7 8 9 10 7 5 0 0 20 0 1 0";
-        assert_eq!(stat_ns(line), Some(12 * 10_000_000));
+        assert_eq!(stat_ticks(line), Some((7, 5)));
     }
 
     #[test]
@@ -238,10 +260,10 @@ mod tests {
             .expect("spawn");
         let during = worker.join().expect("worker");
         let groups = during.since(&before);
-        let spin_ns = groups.get("spin-N").copied().unwrap_or(0);
+        let (spin_ns, _) = groups.get("spin-N").copied().unwrap_or((0, 0));
         assert!(spin_ns >= 20_000_000, "the spinning thread's CPU: {groups:?}");
         // The spinning thread is alive when counted: at most other tests' threads end.
-        let ended_ns = groups.get("(ended threads)").copied().unwrap_or(0);
+        let (ended_ns, _) = groups.get("(ended threads)").copied().unwrap_or((0, 0));
         assert!(ended_ns < spin_ns / 5, "{groups:?}");
     }
 }
