@@ -11,7 +11,7 @@
 # Run with target/gpu-bundle built (tests/gpu/make-bundle.sh); results go to $OUT.
 cd "$(dirname "$0")/../.." || exit 1
 OUT=${OUT:-/tmp/hf-ab-out}; mkdir -p "$OUT"
-B=$PWD/target/gpu-bundle; H=$B/bin/hipfile-bench; F=/tmp/hf-ab
+B=$PWD/target/gpu-bundle; H=${BENCH:-$B/bin/hipfile-bench}; F=/tmp/hf-ab
 chmod +x $H
 export HIPFILE_DEVICE=cuda
 log=$OUT/ab.txt; : > $log

@@ -24,6 +24,8 @@ use crate::file::DirectPolicy;
 const DEVICE: &str = "HIPFILE_DEVICE";
 const THREADS: &str = "HIPFILE_THREADS";
 const IO_URING: &str = "HIPFILE_IO_URING";
+const BUFFERED_WRITES: &str = "HIPFILE_BUFFERED_WRITES";
+const REASON_BUFFERED_WRITES: &str = "must be thread or io_uring";
 const REASON_IO_URING: &str = "must be 1/on/true or 0/off/false";
 const CPUS: &str = "HIPFILE_CPUS";
 const CHUNK_KB: &str = "HIPFILE_CHUNK_KB";
@@ -133,7 +135,26 @@ pub const ENV_VARS: &[(&str, &str)] = &[
          ignored (default true)",
     ),
     (IO_URING, "the engine uses io_uring: 1/on/true or 0/off/false (default on)"),
+    (
+        BUFFERED_WRITES,
+        "how executors write page-cache (not O_DIRECT) chunks: thread (pwrite on the \
+         executor's blocking thread) or io_uring (default thread)",
+    ),
 ];
+
+/// How the executors write chunks that go through the page cache
+/// (`HIPFILE_BUFFERED_WRITES`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum BufferedWrites {
+    /// `pwrite` on the executor's blocking thread, from the staging in place. io_uring
+    /// hands buffered writes of a regular file to its io-wq workers, one at a time per
+    /// file and ring; on the H200 machine plain threads wrote 1.3-1.45x faster
+    /// (`benches/results/h200-levers-2026-12-04.txt`).
+    #[default]
+    Thread,
+    /// Through io_uring, like reads and O_DIRECT writes.
+    IoUring,
+}
 
 /// Which device backend to use (`HIPFILE_DEVICE`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -204,6 +225,8 @@ pub struct Config {
     /// Whether the engine uses io_uring (`HIPFILE_IO_URING`, default on); off: every
     /// executor runs blocking `pread`/`pwrite`.
     pub use_io_uring: bool,
+    /// How io_uring executors write page-cache chunks (`HIPFILE_BUFFERED_WRITES`).
+    pub buffered_writes: BufferedWrites,
 }
 
 impl Default for Config {
@@ -316,6 +339,18 @@ impl Config {
                 return Err(ConfigError { variable: IO_URING, value, reason: REASON_IO_URING });
             }
         };
+        config.buffered_writes = match get(BUFFERED_WRITES).as_deref().map(str::trim) {
+            None | Some("thread") => BufferedWrites::Thread,
+            Some("io_uring") => BufferedWrites::IoUring,
+            Some(other) => {
+                let value = other.to_string();
+                return Err(ConfigError {
+                    variable: BUFFERED_WRITES,
+                    value,
+                    reason: REASON_BUFFERED_WRITES,
+                });
+            }
+        };
         config.validate()?;
         Ok(config)
     }
@@ -397,6 +432,7 @@ impl Config {
             cpu_device_count: 1,
             allow_compat_mode: true,
             use_io_uring: true,
+            buffered_writes: BufferedWrites::Thread,
         }
     }
 

@@ -15,8 +15,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use hipfile_core::{Direction, OpError, RawIo};
+use hipfile_runtime::config::{BufferedWrites, Config};
 use hipfile_runtime::error::IoError;
 use hipfile_runtime::fault::{self, Fault, Plan, Rule, Site};
+use hipfile_runtime::file::DirectPolicy;
 use hipfile_runtime::{AsyncParams, HandleId};
 use hipfile_test_support::rig::*;
 
@@ -310,4 +312,44 @@ fn a_wait_that_could_not_be_queued_leaves_the_op_unrun_even_when_the_stream_reac
     rig.sync(stream);
     assert_eq!(bytes(&later), 64 * KIB as isize);
     assert_bytes(&rig.dev_bytes(buffer, 64 * KIB), &work.data[..64 * KIB], "the later op");
+}
+
+/// Engine writes of page-cache chunks go through `pwrite` on the executors' blocking
+/// threads by default (a `pwrite` fault reaches them, as EIO), and through io_uring
+/// with `HIPFILE_BUFFERED_WRITES=io_uring` (no `pwrite` is made: the write succeeds).
+#[test]
+fn buffered_engine_writes_take_pwrite_unless_io_uring_is_asked_for() {
+    let _serial = serial();
+    for (mode, through_pwrite) in [(BufferedWrites::Thread, true), (BufferedWrites::IoUring, false)]
+    {
+        let config = Config { buffered_writes: mode, direct: DirectPolicy::Off, ..small_config() };
+        let rig = Rig::with(1, config);
+        let data = pattern(31, MIB);
+        let file = TempFile::new("buffered-writes", &vec![0; MIB]);
+        let client = file.open_rw();
+        let handle = rig.driver.handle_register(client.as_raw_fd()).expect("register");
+        let buffer = rig.alloc(MIB);
+        rig.set_dev_bytes(buffer, &data);
+        // Four chunks: the engine, not the caller's thread.
+        let io = RawIo { size_bytes: MIB as u64, file_offset_bytes: 0, buffer_offset_bytes: 0 };
+        let guard = fault::install(Plan {
+            seed: 0xB0F,
+            rules: vec![every(Site::FileWrite, Fault::Errno(libc::EIO))],
+        });
+        let result = rig.driver.io_sync(Direction::Write, handle, buffer, io);
+        let injected = guard.injected()[0];
+        drop(guard);
+        if through_pwrite {
+            assert!(injected > 0, "{mode:?}: no pwrite was made");
+            assert!(matches!(result, Err(IoError::Os(libc::EIO))), "{mode:?}: {result:?}");
+        } else {
+            assert_eq!(injected, 0, "{mode:?}: a pwrite was made");
+            assert_eq!(result, Ok(MIB), "{mode:?}");
+            assert_bytes(&file.contents(), &data, "the file after the write");
+        }
+        // Without the fault, the write lands either way.
+        assert_eq!(rig.driver.io_sync(Direction::Write, handle, buffer, io), Ok(MIB), "{mode:?}");
+        assert_bytes(&file.contents(), &data, "the file after the clean write");
+        rig.driver.handle_deregister(handle);
+    }
 }

@@ -391,6 +391,7 @@ impl Engine {
                 chunks_in_flight: config.chunks_in_flight,
                 page_bytes: crate::sys::page_size_bytes(),
                 spin: executor::spare_cores_for_spinning(config.executor_cpus.len()),
+                buffered_writes: config.buffered_writes,
                 receiver,
                 ready,
             };

@@ -12,7 +12,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use hipfile_runtime::Driver;
-use hipfile_runtime::config::{Config, DeviceSelection};
+use hipfile_runtime::config::{BufferedWrites, Config, DeviceSelection};
 use hipfile_runtime::device::StreamHandle;
 use hipfile_runtime::device::cpu::{CpuDevice, StreamGate};
 use hipfile_runtime::file::DirectPolicy;
@@ -42,6 +42,7 @@ pub fn config(cpus: &[usize]) -> Config {
         direct: DirectPolicy::Auto,
         allow_compat_mode: true,
         use_io_uring: true,
+        buffered_writes: BufferedWrites::Thread,
     };
     config.validate().expect("test config is valid");
     config

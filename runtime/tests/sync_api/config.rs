@@ -8,8 +8,8 @@ use std::cell::RefCell;
 use std::collections::BTreeSet;
 
 use hipfile_runtime::config::{
-    Config, ConfigError, DEFAULT_MAX_EXECUTORS, DeviceSelection, ENV_VARS, MAX_EXECUTORS,
-    default_executor_count, usable_cpus,
+    BufferedWrites, Config, ConfigError, DEFAULT_MAX_EXECUTORS, DeviceSelection, ENV_VARS,
+    MAX_EXECUTORS, default_executor_count, usable_cpus,
 };
 use hipfile_runtime::file::DirectPolicy;
 use proptest::prelude::*;
@@ -428,6 +428,20 @@ fn io_uring_can_be_turned_off() {
         assert!(!parse_ok(&[("HIPFILE_IO_URING", off)]).use_io_uring, "{off}");
     }
     rejected(&[("HIPFILE_IO_URING", "maybe")], &cpus(4), "HIPFILE_IO_URING");
+}
+
+#[test]
+fn buffered_writes_take_a_thread_unless_io_uring_is_asked_for() {
+    assert_eq!(parse_ok(&[]).buffered_writes, BufferedWrites::Thread);
+    assert_eq!(
+        parse_ok(&[("HIPFILE_BUFFERED_WRITES", " thread ")]).buffered_writes,
+        BufferedWrites::Thread
+    );
+    assert_eq!(
+        parse_ok(&[("HIPFILE_BUFFERED_WRITES", "io_uring")]).buffered_writes,
+        BufferedWrites::IoUring
+    );
+    rejected(&[("HIPFILE_BUFFERED_WRITES", "uring")], &cpus(4), "HIPFILE_BUFFERED_WRITES");
 }
 
 #[test]

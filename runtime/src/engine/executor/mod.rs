@@ -48,6 +48,8 @@ pub(super) struct Setup {
     pub page_bytes: u64,
     /// Spin before parking ([`spare_cores_for_spinning`]).
     pub spin: bool,
+    /// How page-cache chunks are written.
+    pub buffered_writes: crate::config::BufferedWrites,
     pub receiver: JobReceiver,
     /// Told once the executor runs (its io_uring and arena are set up).
     pub ready: flume::Sender<()>,

@@ -2,8 +2,10 @@
 //! file (io_uring, blocking I/O where io_uring refuses), copies and disk overlapped.
 
 use std::collections::VecDeque;
+use std::mem::ManuallyDrop;
 use std::rc::Rc;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use glommio::Task;
@@ -15,6 +17,7 @@ use super::files::OpenFiles;
 use super::{
     Executor, JobRange, glommio_errno, injected_chunk_fault, off_reactor, os_errno, uring_refuses,
 };
+use crate::config::BufferedWrites;
 use crate::device::{DeviceError, EventHandle, InternalStream};
 use crate::engine::staging::{FallbackChunk, StagingShare};
 use crate::engine::{EngineStats, Phase};
@@ -218,6 +221,27 @@ impl Executor {
         };
         let uring = files.buffered.as_ref().filter(|_| !files.uring_refused.get());
         if uring.is_some()
+            && chunk.mode != ChunkMode::Direct
+            && self.setup.buffered_writes == BufferedWrites::Thread
+        {
+            injected_chunk_fault(Site::ChunkWrite).await?;
+            let (file, offset) = (Arc::clone(file), chunk.file_offset_bytes);
+            let written = match memory {
+                // The device copied into a pinned fallback chunk: the call owns it.
+                Some(memory) => {
+                    off_reactor(move || {
+                        // SAFETY: the chunk holds the `len` bytes the device copied (its
+                        // event was waited for) and is moved into this call.
+                        let bytes = unsafe { std::slice::from_raw_parts(memory.as_mut_ptr(), len) };
+                        pwrite_full(file.buffered_fd(), bytes, offset)
+                    })
+                    .await
+                }
+                None => pwrite_lent(buffer, len, file, offset).await,
+            };
+            return written.map_err(|e| os_errno(&e));
+        }
+        if uring.is_some()
             && let Some(memory) = memory.take()
         {
             // SAFETY: the copy into `memory` completed (its event was waited for); both
@@ -283,6 +307,53 @@ impl Executor {
     }
 }
 
+/// Writes the first `len` bytes of `buffer` at `offset` with `pwrite` on the executor's
+/// blocking thread, from the buffer in place: a DMA buffer cannot leave the executor's
+/// thread, so it stays here, lent to the call. Should this future be dropped before the
+/// call ends, the buffer is leaked rather than freed under it.
+async fn pwrite_lent(
+    buffer: DmaBuffer,
+    len: usize,
+    file: Arc<FileHandle>,
+    offset: u64,
+) -> std::io::Result<usize> {
+    let lent = Lent::new(buffer);
+    let (at, returned) = (lent.owner.as_ptr() as usize, Arc::clone(&lent.returned));
+    let written = off_reactor(move || {
+        // SAFETY: `at` points at the buffer's `len` (<= its size) bytes, the device copy
+        // into them completed, and `Lent` keeps them allocated until `returned` is set.
+        let bytes = unsafe { std::slice::from_raw_parts(at as *const u8, len) };
+        let written = pwrite_full(file.buffered_fd(), bytes, offset);
+        returned.store(true, Ordering::Release);
+        written
+    })
+    .await;
+    drop(lent);
+    written
+}
+
+/// Memory lent to a call on another thread: freed on drop once the call said it is done
+/// with it (`returned`), leaked otherwise.
+struct Lent<T> {
+    owner: ManuallyDrop<T>,
+    returned: Arc<AtomicBool>,
+}
+
+impl<T> Lent<T> {
+    fn new(owner: T) -> Lent<T> {
+        Lent { owner: ManuallyDrop::new(owner), returned: Arc::new(AtomicBool::new(false)) }
+    }
+}
+
+impl<T> Drop for Lent<T> {
+    fn drop(&mut self) {
+        if self.returned.load(Ordering::Acquire) {
+            // SAFETY: dropped once, here; the borrowing call has ended (`returned`).
+            unsafe { ManuallyDrop::drop(&mut self.owner) };
+        }
+    }
+}
+
 /// The chunks of a write job that reached the file: (offset in the range, bytes).
 #[derive(Default)]
 struct Written(Vec<(u64, u64)>);
@@ -328,4 +399,30 @@ fn record_write(
 pub(super) enum WriteStaging {
     Arena(DmaBuffer),
     Fallback(DmaBuffer, FallbackChunk),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Counts its drops.
+    struct Counted(Arc<std::sync::atomic::AtomicUsize>);
+
+    impl Drop for Counted {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn lent_memory_is_freed_only_once_the_borrower_returned_it() {
+        let drops = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let returned = Lent::new(Counted(Arc::clone(&drops)));
+        returned.returned.store(true, Ordering::Release);
+        drop(returned);
+        assert_eq!(drops.load(Ordering::SeqCst), 1, "returned: freed");
+        // Still lent (the call has not ended): leaked, never freed under the call.
+        drop(Lent::new(Counted(Arc::clone(&drops))));
+        assert_eq!(drops.load(Ordering::SeqCst), 1, "still lent: leaked");
+    }
 }
