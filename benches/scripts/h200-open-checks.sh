@@ -42,7 +42,7 @@ fi
 
 if want 2c; then
 echo "== 2c. #16: do io-wq workers (iou-wrk) take CPU in an 8-stream hot read on this kernel?"
-timeout -s KILL 60 benches/scripts/thread-cpu.sh 12 -- "$H" --mode read --streams 8 --io-size 16M \
+timeout -s KILL 60 "$H" --profile --mode read --streams 8 --io-size 16M \
   --no-baselines --reps 6 --file $F --file-size 2G > "$OUT/thread-cpu.txt" 2>&1
 head -12 "$OUT/thread-cpu.txt"
 fi

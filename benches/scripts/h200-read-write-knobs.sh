@@ -20,7 +20,7 @@ for round in 1 2; do
   done
 done
 echo "=== thread CPU, base read" >> "$log"
-timeout -s KILL 60 benches/scripts/thread-cpu.sh 10 -- "$H" --mode read --streams 8 --io-size 16M \
+timeout -s KILL 60 "$H" --profile --mode read --streams 8 --io-size 16M \
   --no-baselines --reps 8 --file $F --file-size 2G >> "$log" 2>&1
 rm -f $F
-grep -E "^===|^(READ|WRITE) +(ASYNC|SYNC|CPUONLY|CPU_GPU|GPU_COPY|CUFILE_SYNC) |ticks" "$log"
+grep -E "^===|^(READ|WRITE) +(ASYNC|SYNC|CPUONLY|CPU_GPU|GPU_COPY|CUFILE_SYNC) |cpu-s/GiB by thread" "$log"
