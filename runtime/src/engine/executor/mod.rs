@@ -281,11 +281,17 @@ impl Executor {
         Ok(config.plan(&io))
     }
 
+    /// A fallback chunk, waiting (timer sleeps, growing) while the pool has none free.
     async fn take_fallback(&self) -> Result<FallbackChunk, DeviceError> {
         let mut backoff_us = 5;
+        let mut waited = false;
         loop {
             if let Some(chunk) = self.setup.fallback.try_take()? {
                 return Ok(chunk);
+            }
+            if !waited {
+                waited = true;
+                EngineStats::add(&self.setup.stats.fallback_waits, 1);
             }
             glommio::timer::sleep(Duration::from_micros(backoff_us)).await;
             backoff_us = (backoff_us * 2).min(1000);
