@@ -172,16 +172,19 @@ impl Executor {
                 (ChunkMode::Direct, Some(direct)) => direct,
                 _ => buffered,
             };
-            injected_chunk_fault(Site::ChunkRead).await?;
-            match dma.read_at_aligned(chunk.file_offset_bytes, len).await {
+            // An injected errno stands for io_uring's own answer (EINVAL: a refusal).
+            let read = match injected_chunk_fault(Site::ChunkRead).await {
+                Ok(short) => dma
+                    .read_at_aligned(chunk.file_offset_bytes, len)
+                    .await
+                    .map(|result| if short { shortened(result) } else { result })
+                    .map_err(glommio_errno),
+                Err(errno) => Err(errno),
+            };
+            match read {
                 Ok(result) => return self.complete_short_read(file, chunk, result).await,
-                Err(error) => {
-                    let errno = glommio_errno(error);
-                    if !uring_refuses(errno) {
-                        return Err(errno);
-                    }
-                    files.uring_refused.set(true);
-                }
+                Err(errno) if !uring_refuses(errno) => return Err(errno),
+                Err(_) => files.uring_refused.set(true),
             }
         }
         EngineStats::add(&self.setup.stats.sync_retry_chunks, 1);
@@ -295,6 +298,15 @@ impl Executor {
                 Err(error)
             }
         }
+    }
+}
+
+/// `result` cut to its first half (whole pages; all of it under two pages), as an
+/// injected [`crate::fault::Fault::Short`] asks.
+fn shortened(result: ReadResult) -> ReadResult {
+    match (result.len() / 2) & !4095 {
+        0 => result,
+        half => ReadResult::slice(&result, 0, half).unwrap_or(result),
     }
 }
 

@@ -221,18 +221,20 @@ impl Executor {
                 (ChunkMode::Direct, Some(direct)) => direct,
                 _ => buffered,
             };
-            injected_chunk_fault(Site::ChunkWrite).await?;
-            match dma.write_rc_at(Rc::clone(&buffer), chunk.file_offset_bytes).await {
+            // An injected errno stands for io_uring's own answer (EINVAL: a refusal).
+            let write = match injected_chunk_fault(Site::ChunkWrite).await {
+                Ok(_) => dma
+                    .write_rc_at(Rc::clone(&buffer), chunk.file_offset_bytes)
+                    .await
+                    .map_err(glommio_errno),
+                Err(errno) => Err(errno),
+            };
+            match write {
                 Ok(n) if n >= len => return Ok(len),
                 // Short write (a limit or a signal): finish the rest below.
                 Ok(n) => written = n,
-                Err(error) => {
-                    let errno = glommio_errno(error);
-                    if !uring_refuses(errno) {
-                        return Err(errno);
-                    }
-                    files.uring_refused.set(true);
-                }
+                Err(errno) if uring_refuses(errno) => files.uring_refused.set(true),
+                Err(errno) => return Err(errno),
             }
         }
         EngineStats::add(&self.setup.stats.sync_retry_chunks, 1);
