@@ -11,10 +11,13 @@
 //! - a full arena: glommio hands out heap memory, copied into pinned fallback chunks
 //!   (`fallback_chunks` without `sync_retry_chunks`), and an exhausted fallback pool,
 //!   where chunks wait for one another (`fallback_waits`);
-//! - short io_uring reads before EOF (an injected `Fault::Short`), finished with
+//! - short io_uring reads before EOF (an injected `Fault::Short`), read again with
 //!   `pread`;
 //! - glommio and blocking executors in one engine (an executor whose glommio executor
-//!   cannot start is replaced by a blocking one; the others keep io_uring).
+//!   cannot start is replaced by a blocking one; the others keep io_uring);
+//! - refused files, a one-chunk fallback pool, two-chunk arenas and many requests at
+//!   once, under a watchdog: the pool once emptied into jobs that each waited for a chunk
+//!   that only a waiting job (itself, or another) would give back, and they hung.
 //!
 //! A crate of its own: its tests install process-wide fault plans and run one at a time
 //! ([`serial`]); a hang leaves a stuck engine behind ([`run_watched`]).
@@ -413,10 +416,10 @@ impl Parallel {
 // ----------------------------------------------------------------------------------------
 
 /// Every io_uring chunk read moves short (an injected `Fault::Short` keeps the first half
-/// of what it read): each chunk that holds data is finished with `pread`, and the read
+/// of what it read): each chunk that holds data is read again with `pread`, and the read
 /// of a file that ends inside a chunk returns exactly the file's bytes.
 #[test]
-fn short_io_uring_reads_before_eof_are_finished_with_pread() {
+fn short_io_uring_reads_before_eof_are_read_again_with_pread() {
     let _serial = serial();
     let rig = Rig::with(1, small_config());
     // Eight whole chunks and a ninth of 100 KiB (whole pages, for O_DIRECT).
@@ -447,9 +450,10 @@ fn short_io_uring_reads_before_eof_are_finished_with_pread() {
         assert_bytes(&rig.dev_bytes(buffer, 2 * OP), &want, &format!("{stream:?}"));
         let moved = delta(settled(&rig), before);
         println!("{stream:?}: {injected} short reads, {moved:?}");
-        // The nine chunks with data, each read short before EOF, each completed in a
+        // The nine chunks with data, each read short before EOF, each read again into a
         // fallback chunk.
-        assert_eq!((moved.fallback_chunks, moved.arena_chunks), (9, 0), "{stream:?}: {moved:?}");
+        let redone = (moved.sync_retry_chunks, moved.fallback_chunks, moved.arena_chunks);
+        assert_eq!(redone, (9, 9, 0), "{stream:?}: {moved:?}");
         assert!(injected >= 9, "{stream:?}: {injected} short reads injected");
     }
 }
@@ -489,5 +493,130 @@ fn glommio_and_blocking_executors_serve_one_engine() {
             Target::ProcMem => moved.sync_retry_chunks,
         };
         assert!(glommio > 0, "{target:?}: the glommio executor moved nothing: {moved:?}");
+    }
+}
+
+// ----------------------------------------------------------------------------------------
+// The fallback pool under contention: it must never deadlock
+// ----------------------------------------------------------------------------------------
+
+/// One job of more chunks than the fallback pool holds, on a file io_uring refuses: four
+/// chunks in flight per executor, one fallback chunk for both. A read job once took the
+/// chunk of its next read while its copy of the last one (reaped only after that read)
+/// held the only one; a write job waited for one while the chunk it had staged before
+/// held it. Both waited for ever.
+#[test]
+fn a_refused_job_longer_than_the_fallback_pool_completes() {
+    let _serial = serial();
+    let rig = Arc::new(Rig::with(1, starved()));
+    let data = pattern(12, 2 * OP);
+    let mem = Arc::new(ProcMemFile::new(4 * OP, &data));
+    let handle = rig.register(&mem.file);
+    let buffer = rig.alloc(2 * OP);
+    let fresh = pattern(13, 2 * OP);
+    let before = stats(&rig);
+    for (i, stream) in modes(&rig).into_iter().enumerate() {
+        let (at, to) = (i * OP, 2 * OP + i * OP);
+        let (work_rig, work_mem) = (Arc::clone(&rig), Arc::clone(&mem));
+        let piece = fresh[at..at + OP].to_vec();
+        let what = format!("a read and a write of {OP} B, {stream:?}");
+        let (read, read_bytes, wrote) = run_watched(&rig.driver, &what, LIMIT, move || {
+            let (rig, mem) = (&work_rig, &work_mem);
+            let read =
+                transfer(rig, Direction::Read, handle, mem.offset(at), buffer, at, OP, stream);
+            let read_bytes = rig.dev_bytes(buffer + at as u64, OP);
+            rig.set_dev_bytes(buffer + at as u64, &piece);
+            let wrote =
+                transfer(rig, Direction::Write, handle, mem.offset(to), buffer, at, OP, stream);
+            (read, read_bytes, wrote)
+        });
+        assert_eq!((read, wrote), (Ok(OP), Ok(OP)), "{what}");
+        assert_bytes(&read_bytes, &data[at..at + OP], &format!("{what}: read"));
+    }
+    assert_bytes(&mem.contents()[2 * OP..], &fresh, "the region written");
+    let moved = delta(settled(&rig), before);
+    println!("{moved:?}");
+    assert!(moved.sync_retry_chunks >= (4 * OP / CHUNK) as u64, "{moved:?}");
+    let engine = rig.driver.engine().expect("engine");
+    assert!(engine.fallback_pinned_bytes() <= CHUNK, "{}", engine.fallback_pinned_bytes());
+}
+
+/// A prefetching read of a refused file, on a stream the application holds, takes no
+/// fallback chunk before its stream reaches it: a read of the same file on another
+/// thread, which needs the pool's only chunk, completes while the stream is still held.
+/// (A prefetch's read task once took the chunk and kept it until its stream let it go.)
+#[test]
+fn a_prefetch_of_a_refused_file_holds_no_fallback_chunk_while_its_stream_is_held() {
+    let _serial = serial();
+    let rig = Arc::new(Rig::with(1, Config { prefetch_budget_bytes: Some(OP), ..starved() }));
+    let data = pattern(14, 2 * OP);
+    let mem = Arc::new(ProcMemFile::new(2 * OP, &data));
+    let handle = rig.register(&mem.file);
+    let buffer = rig.alloc(2 * OP);
+    // Size, file offset and buffer offset FIXED: the read is prefetched at submission.
+    let stream = rig.registered_stream(7);
+    let gate = rig.pause(stream).expect("pause");
+    let prefetched = rig.driver.async_stats().prefetched.load(std::sync::atomic::Ordering::SeqCst);
+    let held = params(CHUNK, mem.offset(0), 0);
+    rig.read(handle, buffer, &held, stream);
+    wait_until("the read's prefetch", || {
+        rig.driver.async_stats().prefetched.load(std::sync::atomic::Ordering::SeqCst) > prefetched
+    });
+    // Time for the prefetch to reach its chunk's read (and, as it once did, the pool).
+    std::thread::sleep(Duration::from_millis(200));
+    let (work_rig, offset) = (Arc::clone(&rig), mem.offset(OP));
+    let what = "a read while a prefetch's stream is held";
+    let read = run_watched(&rig.driver, what, Duration::from_secs(30), move || {
+        transfer(&work_rig, Direction::Read, handle, offset, buffer, OP, OP, None)
+    });
+    assert_eq!(read, Ok(OP), "{what}");
+    assert_bytes(&rig.dev_bytes(buffer + OP as u64, OP), &data[OP..], what);
+    assert_eq!(bytes(&held), 0, "the held read published before its stream reached it");
+    gate.release();
+    rig.sync(stream);
+    assert_eq!(bytes(&held), CHUNK as isize, "the prefetched read");
+    assert_bytes(&rig.dev_bytes(buffer, CHUNK), &data[..CHUNK], "the prefetched read");
+}
+
+/// Files io_uring refuses and files it serves, sixteen requests at once (sync and async,
+/// reads and writes), with short io_uring reads and io_uring refusing the served file in
+/// the middle of jobs: everything completes, right, under the watchdog, and chunks did
+/// wait for the pool. Staging: one fallback chunk and arenas of two, on glommio
+/// executors and on a glommio and a blocking executor; and the default configuration's
+/// proportions (arenas of 32 chunks, a pool of 16, 4 in flight), where this once hung
+/// too.
+#[test]
+fn refused_files_an_exhausted_pool_and_many_requests_never_hang() {
+    let _serial = serial();
+    for config in [starved(), mixed(starved()), staging(32 * CHUNK, 16 * CHUNK, 4)] {
+        let cap = config.pinned_fallback_cap_bytes;
+        let rig = Arc::new(Rig::with(1, config));
+        let blocking = rig.driver.engine().expect("engine").blocking_executor_count();
+        let before = stats(&rig);
+        let refused = Parallel::new(&rig, Target::ProcMem, 8, 3);
+        let served = Parallel::new(&rig, Target::File, 8, 3);
+        let rule = |site, fault, one_in, limit| Rule { site, fault, one_in, limit };
+        let plan = fault::install(Plan {
+            seed: 15,
+            rules: vec![
+                rule(Site::ChunkRead, Fault::Errno(libc::EOPNOTSUPP), 16, 1),
+                rule(Site::ChunkWrite, Fault::Errno(libc::EINVAL), 16, 1),
+                rule(Site::ChunkRead, Fault::Short, 4, 100),
+            ],
+        });
+        std::thread::scope(|scope| {
+            scope.spawn(|| served.go(&rig));
+            refused.go(&rig);
+        });
+        let injected = plan.injected();
+        drop(plan);
+        let moved = delta(settled(&rig), before);
+        println!("{blocking} blocking executor(s): injected {injected:?}, {moved:?}");
+        assert!(injected.iter().sum::<u64>() > 0, "no fault injected");
+        assert!(moved.fallback_waits > 0, "no chunk ever waited for the pool: {moved:?}");
+        assert!(moved.sync_retry_chunks > 0, "{moved:?}");
+        assert_eq!(moved.blocking_jobs > 0, blocking > 0, "{moved:?}");
+        let engine = rig.driver.engine().expect("engine");
+        assert!(engine.fallback_pinned_bytes() <= cap, "{}", engine.fallback_pinned_bytes());
     }
 }

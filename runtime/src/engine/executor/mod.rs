@@ -282,6 +282,8 @@ impl Executor {
     }
 
     /// A fallback chunk, waiting (timer sleeps, growing) while the pool has none free.
+    /// Callers wait only while their job holds no fallback chunk that it alone would give
+    /// back (`read::read_blocking`, `read::pinned_staging`, `write::stage_from_device`).
     async fn take_fallback(&self) -> Result<FallbackChunk, DeviceError> {
         let mut backoff_us = 5;
         let mut waited = false;
