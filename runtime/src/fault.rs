@@ -23,9 +23,12 @@ pub enum Site {
     FileRead,
     /// One `pwrite` of [`crate::file::pwrite_full`].
     FileWrite,
-    /// One engine chunk read through io_uring (before it is issued).
+    /// One engine chunk read through io_uring: an errno stands for io_uring's answer
+    /// (EINVAL or EOPNOTSUPP: io_uring refuses the file, and blocking I/O takes over);
+    /// [`Fault::Short`] keeps the first half of what it read (a short read before EOF).
     ChunkRead,
-    /// One engine chunk write through io_uring (before it is issued).
+    /// One engine chunk write through io_uring: an errno stands for io_uring's answer, as
+    /// at [`Site::ChunkRead`].
     ChunkWrite,
     /// A device copy the library asks for (engine streams and caller-thread copies); the
     /// copy is not enqueued.

@@ -195,9 +195,14 @@ impl BlockingExecutor {
                 "no pinned fallback staging (HIPFILE_PINNED_FALLBACK_MB is below one chunk)",
             ));
         }
+        let mut waited = false;
         loop {
             if let Some(chunk) = self.setup.fallback.try_take()? {
                 return Ok(chunk);
+            }
+            if !waited {
+                waited = true;
+                EngineStats::add(&self.setup.stats.fallback_waits, 1);
             }
             std::thread::sleep(CHUNK_RETRY);
         }

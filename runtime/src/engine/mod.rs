@@ -151,6 +151,9 @@ pub struct EngineStats {
     pub caller_thread_requests_beside_ops: AtomicU64,
     /// Jobs moved by a blocking executor (its glommio executor could not start).
     pub blocking_jobs: AtomicU64,
+    /// Times a chunk waited for a fallback chunk: the pool was at its cap, every chunk
+    /// taken (its backpressure).
+    pub fallback_waits: AtomicU64,
     /// Where the executors' time goes (`hipfile-bench --profile`), in nanoseconds:
     /// see [`EnginePhases`].
     pub phases: EnginePhaseCounters,
@@ -285,6 +288,8 @@ pub struct EngineStatsSnapshot {
     pub caller_thread_requests_beside_ops: u64,
     /// Jobs moved by a blocking executor.
     pub blocking_jobs: u64,
+    /// Waits for a fallback chunk while the pool had none free.
+    pub fallback_waits: u64,
 }
 
 struct ExecutorLink {
@@ -499,6 +504,7 @@ impl Engine {
             caller_thread_requests: load(&self.stats.caller_thread_requests),
             caller_thread_requests_beside_ops: load(&self.stats.caller_thread_requests_beside_ops),
             blocking_jobs: load(&self.stats.blocking_jobs),
+            fallback_waits: load(&self.stats.fallback_waits),
         }
     }
 

@@ -6,10 +6,12 @@
 //! - [`cpu_rig`]: drivers over a `cpu` device of their own, for the synchronous-I/O tests
 //!   that reach into the device (gates, host-visible device memory).
 //! - [`page_cache`]: dropping a file's cached pages, for tests of the O_DIRECT path.
+//! - [`proc_mem`]: a file io_uring refuses (`/proc/self/mem` over memory of the test).
 //! - [`raw`]: the one way tests spell a request's size and offsets.
 
 pub mod cpu_rig;
 pub mod page_cache;
+pub mod proc_mem;
 pub mod rig;
 
 use hipfile_core::RawIo;

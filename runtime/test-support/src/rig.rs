@@ -397,6 +397,30 @@ pub fn run_guarded<T: Send + 'static>(what: &str, work: impl FnOnce() -> T + Sen
     }
 }
 
+/// Runs `work` on a helper thread and fails the test if it has not finished within
+/// `limit`, with `driver`'s [`Driver::pending_report`] in the message. The helper is left
+/// behind, stuck, with what it holds (the driver too: a stuck engine is never joined).
+pub fn run_watched<T: Send + 'static>(
+    driver: &Arc<Driver>,
+    what: &str,
+    limit: Duration,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let (sender, receiver) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = sender.send(work());
+    });
+    match receiver.recv_timeout(limit) {
+        Ok(value) => value,
+        Err(mpsc::RecvTimeoutError::Timeout) => panic!(
+            "HANG: {what} did not finish within {} s\n{}",
+            limit.as_secs(),
+            driver.pending_report()
+        ),
+        Err(mpsc::RecvTimeoutError::Disconnected) => panic!("{what} panicked"),
+    }
+}
+
 /// Polls `condition` until it holds; fails the test after [`HANG_GUARD`].
 pub fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
     let deadline = Instant::now() + HANG_GUARD;

@@ -303,16 +303,24 @@ impl Executor {
         Ok(config.plan(&io))
     }
 
+    /// A fallback chunk, waiting (timer sleeps, growing) while the pool has none free.
+    /// Callers wait only while their job holds no fallback chunk that it alone would give
+    /// back (`read::read_blocking`, `read::pinned_staging`, `write::stage_from_device`).
     async fn take_fallback(&self) -> Result<FallbackChunk, DeviceError> {
         if let Some(chunk) = self.setup.fallback.try_take()? {
             return Ok(chunk);
         }
         let started = Instant::now();
         let mut backoff_us = 5;
+        let mut waited = false;
         loop {
             if let Some(chunk) = self.setup.fallback.try_take()? {
                 self.phases().add_since(Phase::StagingWait, started);
                 return Ok(chunk);
+            }
+            if !waited {
+                waited = true;
+                EngineStats::add(&self.setup.stats.fallback_waits, 1);
             }
             glommio::timer::sleep(Duration::from_micros(backoff_us)).await;
             backoff_us = (backoff_us * 2).min(1000);
@@ -357,17 +365,20 @@ async fn off_reactor<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'stati
     glommio::executor().spawn_blocking(work).await
 }
 
-/// An injected fault (crate::fault) before a chunk's io_uring read or write: the errno
-/// it fails with, or a delay; short and interrupted transfers are left to the
+/// An injected fault (crate::fault) at a chunk's io_uring read or write: the errno it
+/// fails with (taken as io_uring's own answer: EINVAL or EOPNOTSUPP is a refusal), a delay
+/// before it, or `true` for a read that moves short (it keeps its first half: see
+/// `read::shortened`); interrupted transfers and short writes are left to the
 /// `pread`/`pwrite` sites.
-async fn injected_chunk_fault(site: Site) -> Result<(), i32> {
+async fn injected_chunk_fault(site: Site) -> Result<bool, i32> {
     match crate::fault::at(site) {
         Some(Fault::Errno(errno)) => Err(errno),
         Some(Fault::Delay(delay)) => {
             glommio::timer::sleep(delay).await;
-            Ok(())
+            Ok(false)
         }
-        _ => Ok(()),
+        Some(Fault::Short) => Ok(site == Site::ChunkRead),
+        _ => Ok(false),
     }
 }
 

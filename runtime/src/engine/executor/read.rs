@@ -30,8 +30,9 @@ pub(super) enum Staging {
     Fallback(FallbackChunk),
 }
 
-/// A chunk read in flight: the chunk, its share of the arena, the read.
-type ChunkRead = (Chunk, StagingShare, Task<Result<Staging, i32>>);
+/// A chunk read in flight: the chunk, its share of the arena, the read (`Ok(None)`: io_uring
+/// could not serve the chunk, and the job reads it with blocking I/O, [`Executor::read_blocking`]).
+type ChunkRead = (Chunk, StagingShare, Task<Result<Option<Staging>, i32>>);
 
 impl Executor {
     pub(super) async fn read_range(
@@ -98,9 +99,24 @@ impl Executor {
             if stop {
                 continue;
             }
+            let result = match result {
+                Ok(Some(staging)) => Ok(staging),
+                Err(errno) => Err((Outcome::OsError(errno), None)),
+                // Read here, in the job's order, once the stream reached a prefetching op.
+                Ok(None) => {
+                    if let Some(gate) = arm_gate.take()
+                        && gate.recv_async().await != Ok(true)
+                    {
+                        failure = Some((Outcome::Library(OpError::InternalError), None));
+                        stop = true;
+                        continue;
+                    }
+                    self.read_blocking(file, chunk, &mut copies).await
+                }
+            };
             match result {
-                Err(errno) => {
-                    failure = Some((Outcome::OsError(errno), None));
+                Err(reason) => {
+                    failure = Some(reason);
                     stop = true;
                 }
                 Ok(staging) => {
@@ -158,42 +174,81 @@ impl Executor {
         files: &Rc<OpenFiles>,
         file: &Arc<FileHandle>,
         chunk: Chunk,
-    ) -> Task<Result<Staging, i32>> {
+    ) -> Task<Result<Option<Staging>, i32>> {
         let me = Rc::clone(self);
         let files = Rc::clone(files);
         let file = Arc::clone(file);
         glommio::spawn_local(async move { me.read_chunk(&files, &file, chunk).await })
     }
 
+    /// Reads a chunk through io_uring; `Ok(None)` when io_uring refuses the file or moved
+    /// the chunk short before EOF: the job then reads it with [`Executor::read_blocking`].
     async fn read_chunk(
         &self,
         files: &OpenFiles,
         file: &Arc<FileHandle>,
         chunk: Chunk,
-    ) -> Result<Staging, i32> {
+    ) -> Result<Option<Staging>, i32> {
         let len = chunk.len_bytes as usize;
-        if !files.uring_refused.get()
-            && let Some(buffered) = &files.buffered
-        {
-            let dma = match (chunk.mode, &files.direct) {
-                (ChunkMode::Direct, Some(direct)) => direct,
-                _ => buffered,
-            };
-            injected_chunk_fault(Site::ChunkRead).await?;
-            match dma.read_at_aligned(chunk.file_offset_bytes, len).await {
-                Ok(result) => return self.complete_short_read(file, chunk, result).await,
-                Err(error) => {
-                    let errno = glommio_errno(error);
-                    if !uring_refuses(errno) {
-                        return Err(errno);
-                    }
-                    files.uring_refused.set(true);
-                }
-            }
+        if files.uring_refused.get() {
+            return Ok(None);
         }
+        let Some(buffered) = &files.buffered else { return Ok(None) };
+        let dma = match (chunk.mode, &files.direct) {
+            (ChunkMode::Direct, Some(direct)) => direct,
+            _ => buffered,
+        };
+        // An injected errno stands for io_uring's own answer (EINVAL: a refusal).
+        let read = match injected_chunk_fault(Site::ChunkRead).await {
+            Ok(short) => dma
+                .read_at_aligned(chunk.file_offset_bytes, len)
+                .await
+                .map(|result| if short { shortened(result) } else { result })
+                .map_err(glommio_errno),
+            Err(errno) => Err(errno),
+        };
+        match read {
+            Ok(result) => short_before_eof(file, chunk, result),
+            Err(errno) if uring_refuses(errno) => {
+                files.uring_refused.set(true);
+                Ok(None)
+            }
+            Err(errno) => Err(errno),
+        }
+    }
+
+    /// Reads a chunk io_uring could not serve with blocking `pread` on the executor's
+    /// blocking thread, into a pinned fallback chunk.
+    ///
+    /// The job does it itself, in its order, and waits for a fallback chunk only after
+    /// its own copies gave theirs back: its reads in flight hold none (they stage in the
+    /// arena or glommio's memory), so it then waits holding none, and whoever holds the
+    /// chunks it waits for moves on without it. Taken in the read task instead (as it
+    /// once was), a chunk was waited for while the job held others that only it gives
+    /// back: the copies it reaps after that very read, the reads after it that finished
+    /// first. With fewer fallback chunks than reads in flight (one job's, or every
+    /// executor's together) the pool emptied into such holders and every waiter waited
+    /// for ever (`runtime/tests/engine_fallback.rs`).
+    async fn read_blocking(
+        &self,
+        file: &Arc<FileHandle>,
+        chunk: Chunk,
+        copies: &mut VecDeque<InFlightCopy>,
+    ) -> Result<Staging, (Outcome, Option<DeviceError>)> {
         EngineStats::add(&self.setup.stats.sync_retry_chunks, 1);
         crate::stats::count_sync_retry_chunk();
-        let staging = self.take_fallback().await.map_err(|_| libc::ENOMEM)?;
+        let no_memory = || (Outcome::OsError(libc::ENOMEM), None);
+        let staging = match self.setup.fallback.try_take() {
+            Ok(Some(staging)) => staging,
+            Ok(None) => {
+                self.reap(copies, 1)
+                    .await
+                    .map_err(|error| (Outcome::Library(OpError::HipDriverError), Some(error)))?;
+                self.take_fallback().await.map_err(|_| no_memory())?
+            }
+            Err(_) => return Err(no_memory()),
+        };
+        let len = chunk.len_bytes as usize;
         let (file, offset) = (Arc::clone(file), chunk.file_offset_bytes);
         let (staging, got) = off_reactor(move || {
             // SAFETY: the fallback chunk is `chunk_bytes` long, >= len, and exclusively
@@ -203,45 +258,8 @@ impl Executor {
             (staging, got)
         })
         .await;
-        let got = got.map_err(|e| os_errno(&e))?;
+        let got = got.map_err(|e| (Outcome::OsError(os_errno(&e)), None))?;
         Ok(Staging::Fallback(staging.with_valid_len(got)))
-    }
-
-    /// io_uring may return fewer bytes than asked before EOF (rare for files); finish the
-    /// chunk with a blocking read of the rest into fallback staging in that case, off the
-    /// reactor. (The size check is a `statx` of an open file, answered from its inode
-    /// without waiting for the disk, as `plan`'s page-cache query is.)
-    async fn complete_short_read(
-        &self,
-        file: &Arc<FileHandle>,
-        chunk: Chunk,
-        result: ReadResult,
-    ) -> Result<Staging, i32> {
-        let got = result.len();
-        if got == 0 || got >= chunk.len_bytes as usize {
-            return Ok(Staging::Read(result));
-        }
-        let size = file.size_bytes().map_err(|e| os_errno(&e))?;
-        if chunk.file_offset_bytes + got as u64 >= size {
-            return Ok(Staging::Read(result));
-        }
-        let staging = self.take_fallback().await.map_err(|_| libc::ENOMEM)?;
-        let len = chunk.len_bytes as usize;
-        // SAFETY: the fallback chunk holds `chunk_bytes` >= len bytes and is ours alone;
-        // `result` holds `got` readable bytes.
-        unsafe { sys::copy_bytes(staging.as_mut_ptr(), result.as_ptr(), got) };
-        drop(result);
-        let (file, offset) = (Arc::clone(file), chunk.file_offset_bytes + got as u64);
-        let (staging, rest) = off_reactor(move || {
-            // SAFETY: as above; the chunk is moved into this call, which hands it back.
-            let target =
-                unsafe { std::slice::from_raw_parts_mut(staging.as_mut_ptr().add(got), len - got) };
-            let rest = pread_full(file.buffered_fd(), target, offset);
-            (staging, rest)
-        })
-        .await;
-        let rest = rest.map_err(|e| os_errno(&e))?;
-        Ok(Staging::Fallback(staging.with_valid_len(got + rest)))
     }
 
     /// Returns staging the device may copy from: arena or fallback memory as is; other
@@ -302,6 +320,35 @@ impl Executor {
                 Err(error)
             }
         }
+    }
+}
+
+/// io_uring may return fewer bytes than asked before EOF (rare for files): `None`
+/// then, and the job reads the whole chunk again with blocking I/O. (The size check is
+/// a `statx` of an open file, answered from its inode without waiting for the disk, as
+/// `plan`'s page-cache query is.)
+fn short_before_eof(
+    file: &FileHandle,
+    chunk: Chunk,
+    result: ReadResult,
+) -> Result<Option<Staging>, i32> {
+    let got = result.len();
+    if got == 0 || got >= chunk.len_bytes as usize {
+        return Ok(Some(Staging::Read(result)));
+    }
+    let size = file.size_bytes().map_err(|e| os_errno(&e))?;
+    if chunk.file_offset_bytes + got as u64 >= size {
+        return Ok(Some(Staging::Read(result)));
+    }
+    Ok(None)
+}
+
+/// `result` cut to its first half (whole pages; all of it under two pages), as an
+/// injected [`crate::fault::Fault::Short`] asks.
+fn shortened(result: ReadResult) -> ReadResult {
+    match (result.len() / 2) & !4095 {
+        0 => result,
+        half => ReadResult::slice(&result, 0, half).unwrap_or(result),
     }
 }
 

@@ -59,18 +59,16 @@ impl Executor {
                 let share = self.staging_budget.take(len, holds_none).await;
                 self.phases().add_since(Phase::StagingWait, asked);
                 let Some(share) = share else { break };
-                chunks.pop_front();
-                match self
-                    .stage_from_device(
-                        files,
-                        stream,
-                        range.device_addr + chunk.op_offset_bytes,
-                        chunk,
-                    )
-                    .await
-                {
-                    Ok((event, staging)) => staged.push_back((chunk, event, staging, share)),
+                let source = range.device_addr + chunk.op_offset_bytes;
+                match self.stage_from_device(files, stream, source, chunk, holds_none).await {
+                    Ok(Some((event, staging))) => {
+                        chunks.pop_front();
+                        staged.push_back((chunk, event, staging, share));
+                    }
+                    // No fallback chunk free: write what the job holds first.
+                    Ok(None) => break,
                     Err(error) => {
+                        chunks.pop_front();
                         failure = Some((Outcome::Library(OpError::HipDriverError), Some(error)))
                     }
                 }
@@ -131,14 +129,23 @@ impl Executor {
     }
 
     /// Allocates staging for one chunk (arena DMA buffer, or fallback when the buffer
-    /// glommio hands out lies outside the arena) and enqueues the device → host copy.
+    /// glommio hands out lies outside the arena or io_uring refuses the file) and enqueues
+    /// the device → host copy.
+    ///
+    /// A fallback chunk is waited for only when the job `holds_none` (nothing staged or
+    /// being written); otherwise it is taken only if free, and `Ok(None)` says none was:
+    /// the job writes what it holds, which gives those chunks back, and stages this one
+    /// again. Waiting while holding staged chunks (as it once did) waited for ever once
+    /// the jobs waiting held every chunk of the pool: one job of more chunks than the pool
+    /// holds was enough (`runtime/tests/engine_fallback.rs`).
     async fn stage_from_device(
         &self,
         files: &OpenFiles,
         stream: &InternalStream,
         source: u64,
         chunk: Chunk,
-    ) -> Result<(EventHandle, WriteStaging), DeviceError> {
+        holds_none: bool,
+    ) -> Result<Option<(EventHandle, WriteStaging)>, DeviceError> {
         let len = chunk.len_bytes as usize;
         // DMA buffers come from the executor's io_memory whatever file hands them out.
         let mut buffer = match &files.buffered {
@@ -163,9 +170,16 @@ impl Executor {
             unsafe { self.setup.device.copy_from_device_async(stream, target, source, len)? };
             WriteStaging::Arena(buffer)
         } else {
+            let chunk_memory = if holds_none {
+                self.take_fallback().await?
+            } else {
+                match self.setup.fallback.try_take()? {
+                    Some(chunk_memory) => chunk_memory,
+                    None => return Ok(None),
+                }
+            };
             EngineStats::add(&self.setup.stats.fallback_chunks, 1);
             crate::stats::count_fallback_chunk();
-            let chunk_memory = self.take_fallback().await?;
             crate::fault::device_fault(Site::DeviceCopy)?;
             // SAFETY: the fallback chunk is pinned, ours, and >= len bytes; kept alive in
             // the returned staging until the copy's event is waited for.
@@ -182,7 +196,7 @@ impl Executor {
         let recorded = crate::fault::device_fault(Site::DeviceEvent)
             .and_then(|()| self.setup.device.record_event(stream));
         match recorded {
-            Ok(event) => Ok((event, staging)),
+            Ok(event) => Ok(Some((event, staging))),
             Err(error) => {
                 self.settle_unrecorded_copy(stream, staging);
                 Err(error)
@@ -219,12 +233,22 @@ impl Executor {
             WriteStaging::Arena(buffer) => (buffer, None),
             WriteStaging::Fallback(buffer, memory) => (buffer, Some(memory)),
         };
-        let uring = files.buffered.as_ref().filter(|_| !files.uring_refused.get());
-        if uring.is_some()
-            && chunk.mode != ChunkMode::Direct
+        let on_thread = chunk.mode != ChunkMode::Direct
             && self.setup.buffered_writes == BufferedWrites::Thread
-        {
-            injected_chunk_fault(Site::ChunkWrite).await?;
+            && files.buffered.is_some()
+            && !files.uring_refused.get();
+        // An injected errno stands for io_uring's own answer here too (EINVAL: a
+        // refusal, and the blocking retry below).
+        let injected = match on_thread {
+            true => injected_chunk_fault(Site::ChunkWrite).await,
+            false => Ok(false),
+        };
+        match injected {
+            Err(errno) if uring_refuses(errno) => files.uring_refused.set(true),
+            Err(errno) => return Err(errno),
+            Ok(_) => {}
+        }
+        if on_thread && !files.uring_refused.get() {
             let (file, offset) = (Arc::clone(file), chunk.file_offset_bytes);
             let written = match memory {
                 // The device copied into a pinned fallback chunk: the call owns it.
@@ -241,6 +265,7 @@ impl Executor {
             };
             return written.map_err(|e| os_errno(&e));
         }
+        let uring = files.buffered.as_ref().filter(|_| !files.uring_refused.get());
         if uring.is_some()
             && let Some(memory) = memory.take()
         {
@@ -257,52 +282,49 @@ impl Executor {
                 (ChunkMode::Direct, Some(direct)) => direct,
                 _ => buffered,
             };
-            injected_chunk_fault(Site::ChunkWrite).await?;
-            match dma.write_rc_at(Rc::clone(&buffer), chunk.file_offset_bytes).await {
+            // An injected errno stands for io_uring's own answer (EINVAL: a refusal).
+            let write = match injected_chunk_fault(Site::ChunkWrite).await {
+                Ok(_) => dma
+                    .write_rc_at(Rc::clone(&buffer), chunk.file_offset_bytes)
+                    .await
+                    .map_err(glommio_errno),
+                Err(errno) => Err(errno),
+            };
+            match write {
                 Ok(n) if n >= len => return Ok(len),
                 // Short write (a limit or a signal): finish the rest below.
                 Ok(n) => written = n,
-                Err(error) => {
-                    let errno = glommio_errno(error);
-                    if !uring_refuses(errno) {
-                        return Err(errno);
-                    }
-                    files.uring_refused.set(true);
-                }
+                Err(errno) if uring_refuses(errno) => files.uring_refused.set(true),
+                Err(errno) => return Err(errno),
             }
         }
         EngineStats::add(&self.setup.stats.sync_retry_chunks, 1);
         crate::stats::count_sync_retry_chunk();
-        // The rest goes through `pwrite` off the reactor, from pinned memory the call owns
-        // (a DMA buffer cannot leave this thread): the fallback chunk the device copied
-        // into, or one the rest is copied into.
-        let memory = match memory {
-            Some(memory) => memory,
+        // The rest goes through `pwrite` off the reactor, from memory the call owns (a DMA
+        // buffer cannot leave this thread): the fallback chunk the device copied into, or a
+        // heap copy of the rest. Never a fallback chunk waited for here: the job may hold
+        // others that it gives back only after this write (chunks staged after this one),
+        // so that wait could last for ever (see `write_range`).
+        let (file, offset) = (Arc::clone(file), chunk.file_offset_bytes + written as u64);
+        let rest = match memory {
+            Some(memory) => {
+                drop(buffer);
+                off_reactor(move || {
+                    // SAFETY: bytes `written..len` of the chunk are in `memory`, which is
+                    // moved into this call and dropped at its end.
+                    let rest = unsafe {
+                        std::slice::from_raw_parts(memory.as_mut_ptr().add(written), len - written)
+                    };
+                    pwrite_full(file.buffered_fd(), rest, offset)
+                })
+                .await
+            }
             None => {
-                let rest = self.take_fallback().await.map_err(|_| libc::ENOMEM)?;
-                // SAFETY: both hold at least `len` bytes and do not overlap; the fallback
-                // chunk is ours.
-                unsafe {
-                    sys::copy_bytes(
-                        rest.as_mut_ptr().add(written),
-                        buffer.as_bytes()[written..].as_ptr(),
-                        len - written,
-                    )
-                };
-                rest
+                let rest = buffer.as_bytes()[written..len].to_vec();
+                drop(buffer);
+                off_reactor(move || pwrite_full(file.buffered_fd(), &rest, offset)).await
             }
         };
-        drop(buffer);
-        let (file, offset) = (Arc::clone(file), chunk.file_offset_bytes + written as u64);
-        let rest = off_reactor(move || {
-            // SAFETY: bytes `written..len` of the chunk are in `memory`, which is moved
-            // into this call and dropped at its end.
-            let rest = unsafe {
-                std::slice::from_raw_parts(memory.as_mut_ptr().add(written), len - written)
-            };
-            pwrite_full(file.buffered_fd(), rest, offset)
-        })
-        .await;
         Ok(written + rest.map_err(|e| os_errno(&e))?)
     }
 }
