@@ -130,20 +130,8 @@ pub fn injected_total() -> u64 {
     INJECTED_TOTAL.load(Ordering::SeqCst)
 }
 
-/// The fault for this call at `site`, if the installed plan has one.
-/// At a device-layer site: an injected device error (HIP's invalid value, or out of
-/// memory for [`Site::PinnedAlloc`]) when the plan fails this call.
-pub(crate) fn device_fault(site: Site) -> Result<(), crate::device::DeviceError> {
-    use crate::device::DeviceError;
-    match at(site) {
-        None => Ok(()),
-        Some(_) if site == Site::PinnedAlloc => {
-            Err(DeviceError::new(DeviceError::HIP_ERROR_OUT_OF_MEMORY, "injected fault"))
-        }
-        Some(_) => Err(DeviceError::new(DeviceError::HIP_ERROR_INVALID_VALUE, "injected fault")),
-    }
-}
-
+/// The fault for this call at `site`, if the installed plan has one (device-layer
+/// sites: `device::injected_fault` turns it into a device error).
 pub(crate) fn at(site: Site) -> Option<Fault> {
     if !ACTIVE.load(Ordering::Relaxed) {
         return None;

@@ -166,7 +166,7 @@ impl WordPool {
     /// A new word, set to 0.
     fn fresh_word(&self, state: &mut WordPoolState) -> Result<ReleaseWord, Error> {
         if state.used_in_last_slab == WORDS_PER_SLAB {
-            let slab = crate::fault::device_fault(crate::fault::Site::PinnedAlloc)
+            let slab = crate::device::injected_fault(crate::fault::Site::PinnedAlloc)
                 .and_then(|()| self.device.alloc_pinned(WORDS_PER_SLAB * 4))
                 .map_err(Error::device)?;
             state.slabs.push(slab);

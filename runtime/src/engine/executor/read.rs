@@ -281,12 +281,12 @@ impl Executor {
             Staging::Read(_) => &self.setup.stats.arena_chunks,
         };
         EngineStats::add(counter, 1);
-        crate::fault::device_fault(Site::DeviceCopy)?;
+        crate::device::injected_fault(Site::DeviceCopy)?;
         // SAFETY: the staging (arena or pinned fallback chunk) holds `len` bytes and is
         // kept alive in the returned InFlightCopy until the event completes; `target`
         // lies in the job's validated device range.
         unsafe { device.copy_to_device_async(stream, target, staging_ptr(&staging), len)? };
-        match crate::fault::device_fault(Site::DeviceEvent)
+        match crate::device::injected_fault(Site::DeviceEvent)
             .and_then(|()| device.record_event(stream))
         {
             Ok(event) => Ok(InFlightCopy::new(event, staging, share)),
