@@ -11,6 +11,7 @@ pub mod device;
 pub mod driver;
 pub mod engine;
 pub mod error;
+mod executor_thread;
 pub mod explain;
 #[doc(hidden)]
 pub mod fault;

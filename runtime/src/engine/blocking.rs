@@ -38,7 +38,7 @@ pub(super) struct BlockingSetup {
 /// Starts the thread (named like the executors, so the device layer treats it as one).
 pub(super) fn spawn(setup: BlockingSetup) -> std::io::Result<std::thread::JoinHandle<()>> {
     std::thread::Builder::new()
-        .name(format!("{}{}-blocking", super::EXECUTOR_THREAD_PREFIX, setup.index))
+        .name(format!("{}{}-blocking", crate::executor_thread::EXECUTOR_THREAD_PREFIX, setup.index))
         .spawn(move || BlockingExecutor { setup, streams: HashMap::new() }.run())
 }
 

@@ -30,6 +30,7 @@ use hipfile_core::{Direction, OpError, Outcome};
 
 use crate::config::Config;
 use crate::device::{Device, DeviceError, InternalStream};
+use crate::executor_thread::on_executor_thread;
 use crate::file::{FileHandle, OpGuard};
 
 pub(crate) use executor::spare_cores_for_spinning;
@@ -37,14 +38,6 @@ pub(crate) use parts::PartJoiner;
 use parts::{combine, split_into_parts};
 pub use queue::JOB_QUEUE_CAPACITY;
 pub(crate) use staging::FallbackPool;
-
-/// Executor threads are named with this prefix and their index.
-pub const EXECUTOR_THREAD_PREFIX: &str = "hipfile-io-";
-
-/// Whether the calling thread is one of the engine's executors.
-pub(crate) fn on_executor_thread() -> bool {
-    std::thread::current().name().is_some_and(|name| name.starts_with(EXECUTOR_THREAD_PREFIX))
-}
 
 /// How a job ended, as the engine hands it to the job's `done` callback.
 pub(crate) struct JobEnd<'a> {

@@ -291,7 +291,7 @@ fn on_engine_thread() -> bool {
     ENGINE_THREAD.with(|cached| match cached.get() {
         Some(answer) => answer,
         None => {
-            let answer = crate::engine::on_executor_thread();
+            let answer = crate::executor_thread::on_executor_thread();
             cached.set(Some(answer));
             answer
         }

@@ -70,7 +70,7 @@ pub(super) fn spawn(setup: Setup) -> glommio::Result<glommio::ExecutorJoinHandle
     let builder = LocalExecutorBuilder::new(Placement::Fixed(setup.cpu));
     let builder = if setup.spin { builder.spin_before_park(SPIN_BEFORE_PARK) } else { builder };
     builder
-        .name(&format!("{}{}", super::EXECUTOR_THREAD_PREFIX, setup.index))
+        .name(&format!("{}{}", crate::executor_thread::EXECUTOR_THREAD_PREFIX, setup.index))
         .io_memory(setup.arena_bytes)
         // The thread of `off_reactor`: unbound, so that it never waits for the core of
         // an executor spinning before it parks (glommio's default binds it there).
