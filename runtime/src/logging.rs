@@ -102,15 +102,4 @@ mod tests {
         assert_eq!(parse_level("loud"), None);
         assert_eq!(parse_level(""), None);
     }
-
-    #[test]
-    fn the_level_parameter_sets_and_shows_the_filter() {
-        let before = log::max_level();
-        set_level("debug").expect("a level");
-        assert_eq!(level_name(), "DEBUG");
-        assert_eq!(crate::parameters::StringParameter::LoggingLevel.get(), "DEBUG");
-        assert!(set_level("loud").is_err());
-        assert_eq!(level_name(), "DEBUG", "a bad name changes nothing");
-        log::set_max_level(before);
-    }
 }

@@ -432,4 +432,16 @@ mod tests {
         assert!(StringParameter::LogDir.set("/tmp").is_err());
         StringParameter::LogDir.set("").expect("its own value");
     }
+
+    #[test]
+    fn the_level_parameter_sets_and_shows_the_filter() {
+        use crate::logging::{level_name, set_level};
+        let before = log::max_level();
+        set_level("debug").expect("a level");
+        assert_eq!(level_name(), "DEBUG");
+        assert_eq!(StringParameter::LoggingLevel.get(), "DEBUG");
+        assert!(set_level("loud").is_err());
+        assert_eq!(level_name(), "DEBUG", "a bad name changes nothing");
+        log::set_max_level(before);
+    }
 }
