@@ -9,25 +9,17 @@ use glommio::Task;
 use glommio::io::ReadResult;
 use hipfile_core::{Chunk, ChunkMode, Direction, OpError, Outcome};
 
-use super::copies::InFlightCopy;
+use super::copies::{InFlightCopy, Staging};
 use super::files::OpenFiles;
 use super::{
     Executor, JobRange, glommio_errno, injected_chunk_fault, off_reactor, os_errno, uring_refuses,
 };
 use crate::device::{DeviceError, InternalStream};
 use crate::engine::EngineStats;
-use crate::engine::staging::{FallbackChunk, StagingShare};
+use crate::engine::staging::StagingShare;
 use crate::fault::Site;
 use crate::file::{FileHandle, pread_full};
 use crate::sys;
-
-/// What a chunk's bytes sit in while the device copies them.
-pub(super) enum Staging {
-    /// A glommio read result, inside the registered arena.
-    Read(ReadResult),
-    /// A pinned fallback chunk.
-    Fallback(FallbackChunk),
-}
 
 /// A chunk read in flight: the chunk, its share of the arena, the read.
 type ChunkRead = (Chunk, StagingShare, Task<Result<Staging, i32>>);
