@@ -579,9 +579,9 @@ impl CudaDevice {
     fn destroy_entry(&self, entry: &InternalEntry) -> Result<(), DeviceError> {
         if let Some(&scratch) = entry.scratch.get() {
             // SAFETY: our stream; once it is idle nothing uses its scratch.
-            unsafe { result::stream_synchronize_unchecked(&self.api, entry.stream) };
+            let _ = unsafe { result::stream_synchronize_status(&self.api, entry.stream) };
             // SAFETY: allocated in copy_through_scratch, freed once.
-            unsafe { result::mem_free_unchecked(&self.api, scratch) };
+            let _ = unsafe { result::mem_free_status(&self.api, scratch) };
         }
         // SAFETY: our own stream, of the current context.
         unsafe { result::stream_destroy(&self.api, entry.stream) }
@@ -780,7 +780,7 @@ impl HostMemory for CudaDevice {
                 unsafe { result::mem_host_get_device_pointer_status(&self.api, host) };
             if mapped != CUDA_SUCCESS {
                 // SAFETY: frees what we allocated above, once.
-                unsafe { result::mem_free_host_unchecked(&self.api, host) };
+                let _ = unsafe { result::mem_free_host_status(&self.api, host) };
                 return Err(result::error(&self.api, mapped, "cuMemHostGetDevicePointer"));
             }
             Ok(PinnedRegion { host_ptr: host.cast(), device_addr, len_bytes })
@@ -809,7 +809,7 @@ impl HostMemory for CudaDevice {
                 unsafe { result::mem_host_get_device_pointer_status(&self.api, host_ptr.cast()) };
             if mapped != CUDA_SUCCESS {
                 // SAFETY: undo the registration above.
-                unsafe { result::mem_host_unregister_unchecked(&self.api, host_ptr.cast()) };
+                let _ = unsafe { result::mem_host_unregister_status(&self.api, host_ptr.cast()) };
                 return Err(result::error(&self.api, mapped, "cuMemHostGetDevicePointer"));
             }
             Ok(device_addr)
