@@ -41,7 +41,7 @@ use hipfile_core::Direction;
 
 use sys::*;
 
-use super::gpu::{GpuEvent, OwnedHandles};
+use super::gpu::{DeviceEntry, GpuBackend, OwnedHandles};
 use super::user::UserDevice;
 use super::{
     DeviceCopies, DeviceError, DeviceEvents, DeviceInfo, DeviceKind, EventHandle, HostFn,
@@ -103,7 +103,7 @@ fn min_copy_bytes_from_environment() -> usize {
 
 /// An internal stream and the device it belongs to (boxed; an `InternalStream` of this
 /// device holds the box's address; see [`CudaDevice::internal`]).
-struct InternalEntry {
+pub(crate) struct InternalEntry {
     stream: CUstream,
     ordinal: u32,
     /// Device scratch of [`CudaDevice::scratch_bytes`] for host → device copies into the
@@ -113,12 +113,18 @@ struct InternalEntry {
 
 /// An event and its device (boxed behind an `EventHandle` of this device by
 /// [`OwnedHandles`]).
-struct EventEntry {
+pub(crate) struct EventEntry {
     event: CUevent,
     ordinal: u32,
 }
 
-impl GpuEvent for EventEntry {
+impl DeviceEntry for InternalEntry {
+    fn ordinal(&self) -> u32 {
+        self.ordinal
+    }
+}
+
+impl DeviceEntry for EventEntry {
     fn ordinal(&self) -> u32 {
         self.ordinal
     }
@@ -710,6 +716,24 @@ fn retain_primary(api: &Api, ordinal: c_int) -> Result<(CUcontext, bool), String
     Ok((context, supports))
 }
 
+impl GpuBackend for CudaDevice {
+    type Stream = InternalEntry;
+    type Event = EventEntry;
+
+    fn handles(&self) -> &OwnedHandles<InternalEntry, EventEntry> {
+        &self.handles
+    }
+
+    /// The device's engine context ([`CudaDevice::in_engine_context`]).
+    fn in_device<R>(
+        &self,
+        ordinal: u32,
+        work: impl FnOnce() -> Result<R, DeviceError>,
+    ) -> Result<R, DeviceError> {
+        self.in_engine_context(ordinal, work)
+    }
+}
+
 impl DeviceInfo for CudaDevice {
     fn kind(&self) -> DeviceKind {
         DeviceKind::Cuda
@@ -847,8 +871,7 @@ impl DeviceCopies for CudaDevice {
         source: *const u8,
         len_bytes: usize,
     ) -> Result<(), DeviceError> {
-        let entry = self.handles.stream(stream)?;
-        self.in_engine_context(entry.ordinal, || {
+        self.on_stream(stream, |entry| {
             // SAFETY: caller's contract (pinned source, valid device range); the engine
             // context is current and owns the stream.
             // The engine's copies release user streams: always bounced.
@@ -863,16 +886,14 @@ impl DeviceCopies for CudaDevice {
         source: u64,
         len_bytes: usize,
     ) -> Result<(), DeviceError> {
-        let entry = self.handles.stream(stream)?;
-        self.in_engine_context(entry.ordinal, || {
+        self.on_stream(stream, |entry| {
             // SAFETY: caller's contract; the engine context is current and owns the stream.
             unsafe { result::memcpy_dtoh_async(&self.api, target, source, len_bytes, entry.stream) }
         })
     }
 
     fn synchronize_internal(&self, stream: &InternalStream) -> Result<(), DeviceError> {
-        let entry = self.handles.stream(stream)?;
-        self.in_engine_context(entry.ordinal, || {
+        self.on_stream(stream, |entry| {
             // SAFETY: our stream, of the engine context.
             unsafe { result::stream_synchronize(&self.api, entry.stream) }
         })
@@ -884,8 +905,7 @@ impl DeviceCopies for CudaDevice {
         word_device_addr: u64,
         value: u32,
     ) -> Result<(), DeviceError> {
-        let entry = self.handles.stream(stream)?;
-        self.in_engine_context(entry.ordinal, || {
+        self.on_stream(stream, |entry| {
             // SAFETY: caller's contract: a live pinned word (portable, so mapped in the
             // engine context too).
             unsafe {
@@ -951,13 +971,11 @@ impl DeviceCopies for CudaDevice {
 
 impl DeviceEvents for CudaDevice {
     fn record_event(&self, stream: &InternalStream) -> Result<EventHandle, DeviceError> {
-        let entry = self.handles.stream(stream)?;
-        self.in_engine_context(entry.ordinal, || self.record_event_in_context(entry))
+        self.on_stream(stream, |entry| self.record_event_in_context(entry))
     }
 
     fn event_done(&self, event: &EventHandle) -> Result<bool, DeviceError> {
-        let entry = self.handles.event(event)?;
-        self.in_engine_context(entry.ordinal, || {
+        self.on_event(event, |entry| {
             // SAFETY: a live event of ours.
             unsafe { result::event_query(&self.api, entry.event) }
         })
