@@ -10,7 +10,7 @@
 //!
 //! The check at a site is one relaxed atomic load while no plan is installed.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -93,7 +93,6 @@ struct Installed {
 
 static ACTIVE: AtomicBool = AtomicBool::new(false);
 static INSTALLED: Mutex<Option<Installed>> = Mutex::new(None);
-static INJECTED_TOTAL: AtomicU64 = AtomicU64::new(0);
 
 fn installed() -> MutexGuard<'static, Option<Installed>> {
     INSTALLED.lock().unwrap_or_else(PoisonError::into_inner)
@@ -125,22 +124,13 @@ impl Drop for PlanGuard {
     }
 }
 
-/// Faults injected since the process started, all plans together.
-pub fn injected_total() -> u64 {
-    INJECTED_TOTAL.load(Ordering::SeqCst)
-}
-
 /// The fault for this call at `site`, if the installed plan has one (device-layer
 /// sites: `device::injected_fault` turns it into a device error).
 pub(crate) fn at(site: Site) -> Option<Fault> {
     if !ACTIVE.load(Ordering::Relaxed) {
         return None;
     }
-    let fault = installed().as_mut()?.decide(site);
-    if fault.is_some() {
-        INJECTED_TOTAL.fetch_add(1, Ordering::SeqCst);
-    }
-    fault
+    installed().as_mut()?.decide(site)
 }
 
 impl Installed {

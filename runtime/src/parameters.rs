@@ -22,7 +22,7 @@ const KIB: usize = 1 << 10;
 pub const API_VERSION: (u32, u32, u32) = (0, 2, 0);
 
 /// Entries one batch may hold (hipFile's batch capacity, 1..=128).
-pub const MAX_BATCH_ENTRIES: u32 = hipfile_core::MAX_BATCH_ENTRIES as u32;
+pub(crate) const MAX_BATCH_ENTRIES: u32 = hipfile_core::MAX_BATCH_ENTRIES as u32;
 
 /// `hipFileSizeTConfigParameter_t`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -7,12 +7,12 @@
 //! has a host pointer and a device address (equal on the `cpu` device).
 
 pub mod cpu;
-pub mod cuda;
+pub(crate) mod cuda;
 mod error;
 mod gpu;
 mod handle;
 #[cfg(feature = "rocm")]
-pub mod rocm;
+pub(crate) mod rocm;
 pub mod user;
 
 use core::ffi::c_void;

@@ -38,7 +38,6 @@ impl Driver {
             return Err(Error::new(OpError::MemoryAlreadyRegistered));
         }
         let buffer = RegisteredBuffer {
-            base_addr,
             len_bytes,
             device_ordinal: info.device_ordinal,
             in_flight: AtomicUsize::new(0),
@@ -71,7 +70,7 @@ impl Driver {
     /// # Errors
     /// NULL → `InvalidValue`; not device memory → `HipMemoryTypeInvalid`; a device error
     /// → `HipDriverError`.
-    pub fn resolve_buffer(&self, base_addr: u64) -> Result<ResolvedBuffer, Error> {
+    pub(crate) fn resolve_buffer(&self, base_addr: u64) -> Result<ResolvedBuffer, Error> {
         if base_addr == 0 {
             return Err(Error::new(OpError::InvalidValue));
         }

@@ -26,7 +26,7 @@ use hipfile_core::OpError;
 
 use crate::arm::ArmPoller;
 use crate::async_op::{AsyncStats, OpHost, WriteHazardTable};
-pub use crate::buffer::{BufferUse, RegisteredBuffer, ResolvedBuffer};
+use crate::buffer::RegisteredBuffer;
 use crate::config::Config;
 use crate::device::Device;
 use crate::engine::Engine;
@@ -99,23 +99,13 @@ impl Driver {
         })
     }
 
-    /// A driver over the device `config.device` selects (`auto`: the first backend that
-    /// finds a device; `cpu` always does).
-    ///
-    /// # Errors
-    /// The selected backend is not available in this build or finds no device.
-    pub fn from_config(config: Config) -> Result<Arc<Driver>, Error> {
-        let selected = process::select_device(&config)?;
-        Ok(Driver::new(config, selected.device as Arc<dyn Device>))
-    }
-
     /// The process-wide driver, built from the environment on first use. It is the
     /// same driver the C API uses ([`process::runtime`]), so a program that
     /// mixes the Rust and C APIs sees one set of registrations.
     ///
     /// # Errors
     /// The device selected by `HIPFILE_DEVICE` is unavailable.
-    pub fn global() -> Result<&'static Arc<Driver>, Error> {
+    pub(crate) fn global() -> Result<&'static Arc<Driver>, Error> {
         process::runtime().map(|runtime| &runtime.driver)
     }
 
@@ -268,7 +258,7 @@ impl Driver {
     }
 
     /// Opens the driver implicitly (0 → 1) for the calls that do so.
-    pub fn ensure_open(&self) {
+    pub(crate) fn ensure_open(&self) {
         let _lock = self.lock_lifecycle();
         if self.refcount.load(Ordering::SeqCst) == 0 {
             self.refcount.store(1, Ordering::SeqCst);

@@ -1,6 +1,6 @@
 //! The process-wide driver and the one device selection.
 //!
-//! The C API and [`Driver::global`] share one driver per process, built on first use
+//! The C API and the Rust API ([`runtime`]) share one driver per process, built on first use
 //! from the environment ([`Config::global`]). The cpu HIP runtime
 //! (`libhipfile_hip_cpu.so`) allocates "device" memory, creates streams and copies
 //! through `libhipfile`'s `hipfileCpu*` extension functions, which must act on the
@@ -8,9 +8,8 @@
 //! [`Driver::device`] only gives an `Arc<dyn Device>`, which cannot be downcast, so the
 //! selection keeps the typed handle too.
 //!
-//! Device selection, the one of the library ([`open_selected`]; [`select_device`] for a
-//! configuration, behind [`Driver::from_config`] and the process-wide driver;
-//! [`open_device`] for tools and tests): `HIPFILE_DEVICE`; `auto` tries rocm (when built
+//! Device selection, the one of the library ([`open_selected`]; `select_device` for a
+//! configuration, behind the process-wide driver; [`open_device`] for tools and tests): `HIPFILE_DEVICE`; `auto` tries rocm (when built
 //! with the feature), then cuda, then falls back to cpu.
 
 use std::sync::{Arc, OnceLock};
@@ -27,14 +26,10 @@ use crate::device::rocm::RocmDevice;
 use crate::device::user::UserDevice;
 use crate::error::Error;
 
-/// The process-wide driver, its device as an application sees it, and, on the cpu
-/// device, the typed device.
+/// The process-wide driver and, on the cpu device, the typed device.
 pub struct ProcessRuntime {
-    /// The driver every `hipFile*` export and [`Driver::global`] use.
+    /// The driver every `hipFile*` export and the Rust API's process-wide calls use.
     pub driver: Arc<Driver>,
-    /// The driver's device (the same object) with the application's operations:
-    /// allocation, streams, copies (the Python package allocates through it).
-    pub device: Arc<dyn UserDevice>,
     /// The driver's device when it is the `cpu` device (the same object).
     pub cpu: Option<Arc<CpuDevice>>,
 }
@@ -60,8 +55,8 @@ pub fn runtime() -> Result<&'static ProcessRuntime, Error> {
 
 fn build(config: Config) -> Result<ProcessRuntime, Error> {
     let SelectedDevice { device, cpu } = select_device(&config)?;
-    let driver = Driver::new(config, Arc::clone(&device) as Arc<dyn Device>);
-    Ok(ProcessRuntime { driver, device, cpu })
+    let driver = Driver::new(config, device as Arc<dyn Device>);
+    Ok(ProcessRuntime { driver, cpu })
 }
 
 /// The device a selection opened.
@@ -129,7 +124,7 @@ fn open_rocm() -> Result<Arc<dyn UserDevice>, String> {
 /// # Errors
 /// An explicitly selected backend is not built or finds no device
 /// (`hipFileDeviceNotFound`; the reason is logged).
-pub fn select_device(config: &Config) -> Result<SelectedDevice, Error> {
+pub(crate) fn select_device(config: &Config) -> Result<SelectedDevice, Error> {
     open_selected(config.device, config.cpu_device_count).map_err(|reason| {
         log::error!("HIPFILE_DEVICE={:?}: {reason}", config.device);
         Error::new(OpError::DeviceNotFound)

@@ -55,7 +55,7 @@ const MAX_SCRATCH_BYTES: usize = 1 << 20;
 
 /// Where [`DeviceCopies::copy_now`] runs a caller-thread copy (`HIPFILE_CUDA_CALLER_COPY`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CallerCopy {
+pub(crate) enum CallerCopy {
     /// The default. While no async op of the process may hold an application stream, on
     /// a pooled stream of the *primary* context, as the application's own `cudaMemcpy`
     /// would: no op of ours can then wait on it, and there it scales with threads (on the
@@ -146,7 +146,7 @@ struct EngineContext {
 static ENGINE_CONTEXTS: Mutex<Vec<Option<EngineContext>>> = Mutex::new(Vec::new());
 
 /// NVIDIA GPUs through the CUDA driver API.
-pub struct CudaDevice {
+pub(crate) struct CudaDevice {
     api: Api,
     /// The boxes behind this object's `InternalStream` and `EventHandle` values (owner
     /// checked) and the idle events per device (made in the engine context).
@@ -195,7 +195,7 @@ const MAX_CONNECTIONS: &str = "32";
 /// always completes). 32 queues make that sharing rarer, so hipFile sets the variable
 /// when it starts CUDA itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum HardwareQueues {
+pub(crate) enum HardwareQueues {
     /// The application set `CUDA_DEVICE_MAX_CONNECTIONS` (its value).
     FromEnvironment(String),
     /// hipFile set it to 32 before CUDA started (`cuInit`).
@@ -206,7 +206,7 @@ pub enum HardwareQueues {
 
 impl HardwareQueues {
     /// One line for `hipfile-bench check` and reports.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         match self {
             HardwareQueues::FromEnvironment(value) => {
                 format!("{MAX_CONNECTIONS_VARIABLE}={value} (set by the application)")
@@ -310,7 +310,7 @@ impl CudaDevice {
     /// # Errors
     /// libcuda is missing (a clear message, never a panic), `cuInit` fails, or there is
     /// no device.
-    pub fn open() -> Result<Arc<CudaDevice>, String> {
+    pub(crate) fn open() -> Result<Arc<CudaDevice>, String> {
         let api = Api::load()?;
         // CUDA reads CUDA_DEVICE_MAX_CONNECTIONS in cuInit (measured on the H200: set
         // after cuInit, even before any context exists, it has no effect). Before cuInit
@@ -494,23 +494,8 @@ impl CudaDevice {
     }
 
     /// Whether device `ordinal`'s engine work runs in a context of its own (for reports).
-    pub fn engine_isolated(&self, ordinal: u32) -> bool {
+    pub(crate) fn engine_isolated(&self, ordinal: u32) -> bool {
         self.engine_context(ordinal).is_ok_and(|context| context.isolated)
-    }
-
-    /// Free and total device memory of `ordinal` (`cuMemGetInfo`), in bytes.
-    ///
-    /// # Errors
-    /// The driver lacks the call, or it fails.
-    pub fn memory_info(&self, ordinal: u32) -> Result<(usize, usize), DeviceError> {
-        if self.api.cuMemGetInfo.is_none() {
-            return Err(DeviceError::new(
-                DeviceError::HIP_ERROR_NOT_SUPPORTED,
-                "cuMemGetInfo missing",
-            ));
-        }
-        self.make_current(ordinal)?;
-        result::mem_get_info(&self.api)
     }
 
     /// Ensures some context is current (the caller's own, else device 0's primary).

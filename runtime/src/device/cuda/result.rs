@@ -162,17 +162,6 @@ pub(super) fn ctx_get_device_status(api: &Api) -> (CUresult, CUdevice) {
     (code, device)
 }
 
-/// `cuMemGetInfo_v2`: `(free, total)` bytes of the current context's device.
-pub(super) fn mem_get_info(api: &Api) -> Result<(usize, usize), DeviceError> {
-    let get = api
-        .cuMemGetInfo
-        .ok_or(DeviceError::new(DeviceError::HIP_ERROR_NOT_SUPPORTED, "cuMemGetInfo missing"))?;
-    let (mut free, mut total) = (0usize, 0usize);
-    // SAFETY: valid out-pointers; the caller made a context of the device current.
-    status(api, unsafe { get(&mut free, &mut total) }, "cuMemGetInfo")?;
-    Ok((free, total))
-}
-
 /// `cuMemHostAlloc(len_bytes, flags)`: pinned host memory.
 pub(super) fn mem_host_alloc(
     api: &Api,

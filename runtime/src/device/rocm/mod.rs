@@ -91,7 +91,7 @@ struct HostCall {
 }
 
 /// AMD GPUs through the HIP runtime.
-pub struct RocmDevice {
+pub(crate) struct RocmDevice {
     count: u32,
     /// The boxes behind this object's `InternalStream` and `EventHandle` values (owner
     /// checked) and the idle events per device.
@@ -156,7 +156,7 @@ impl RocmDevice {
     /// # Errors
     /// `hipInit` or `hipGetDeviceCount` fails (no AMD GPU or no kernel driver), or there is
     /// no device: a clear message, never a panic.
-    pub fn open() -> Result<Arc<RocmDevice>, String> {
+    pub(crate) fn open() -> Result<Arc<RocmDevice>, String> {
         result::init()?;
         let count = result::get_device_count()?;
         if count <= 0 {

@@ -37,20 +37,20 @@ use files::{FileEntry, OpenFiles};
 
 /// Everything an executor thread needs, moved into it at start.
 pub(super) struct Setup {
-    pub index: usize,
-    pub cpu: usize,
-    pub device: Arc<dyn Device>,
-    pub fallback: Arc<FallbackPool>,
-    pub stats: Arc<EngineStats>,
-    pub chunk_bytes: usize,
-    pub arena_bytes: usize,
-    pub chunks_in_flight: usize,
-    pub page_bytes: u64,
+    pub(crate) index: usize,
+    pub(crate) cpu: usize,
+    pub(crate) device: Arc<dyn Device>,
+    pub(crate) fallback: Arc<FallbackPool>,
+    pub(crate) stats: Arc<EngineStats>,
+    pub(crate) chunk_bytes: usize,
+    pub(crate) arena_bytes: usize,
+    pub(crate) chunks_in_flight: usize,
+    pub(crate) page_bytes: u64,
     /// Spin before parking ([`spare_cores_for_spinning`]).
-    pub spin: bool,
-    pub receiver: JobReceiver,
+    pub(crate) spin: bool,
+    pub(crate) receiver: JobReceiver,
     /// Told once the executor runs (its io_uring and arena are set up).
-    pub ready: flume::Sender<()>,
+    pub(crate) ready: flume::Sender<()>,
 }
 
 /// How long an executor keeps polling after its last work before it parks: a job posted
