@@ -22,6 +22,8 @@ pub mod explain;
 #[doc(hidden)]
 pub mod fault;
 pub mod file;
+#[cfg(test)]
+mod layering;
 pub mod logging;
 pub mod parameters;
 pub mod stats;
