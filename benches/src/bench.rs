@@ -9,7 +9,8 @@ use std::time::Instant;
 
 use hipfile_runtime::config::{Config, DeviceSelection, usable_cpus};
 use hipfile_runtime::device::Device;
-use hipfile_runtime::device::user::{UserDevice, backend_name, open_device};
+use hipfile_runtime::device::user::{UserDevice, backend_name};
+use hipfile_runtime::driver::process::open_device;
 use hipfile_runtime::file::{DirectPolicy, pread_full};
 use hipfile_runtime::{Driver, HandleId};
 

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use hipfile_runtime::Driver;
 use hipfile_runtime::config::{Config, DeviceSelection, ENV_VARS};
 use hipfile_runtime::device::Device;
-use hipfile_runtime::device::user::{UserDevice, backend_name, open_device};
+use hipfile_runtime::device::user::{UserDevice, backend_name};
+use hipfile_runtime::driver::process::open_device;
 
 use crate::cli::{CheckArgs, DeviceArg};
 use crate::cufile;

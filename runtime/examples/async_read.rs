@@ -15,7 +15,8 @@ use std::sync::atomic::Ordering;
 use hipfile_core::Direction;
 use hipfile_runtime::config::Config;
 use hipfile_runtime::device::Device;
-use hipfile_runtime::device::user::{StreamGate, UserDevice, open_device};
+use hipfile_runtime::device::user::{StreamGate, UserDevice};
+use hipfile_runtime::driver::process::open_device;
 use hipfile_runtime::{AsyncParams, Driver};
 
 const SLICE_BYTES: usize = 4 << 20;

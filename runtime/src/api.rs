@@ -100,7 +100,7 @@ impl HipFile {
     }
 
     /// Opens the process-wide driver, configured from the `HIPFILE_*` environment
-    /// ([`Driver::global`]).
+    /// ([`crate::driver::process::runtime`]'s driver).
     ///
     /// # Errors
     /// The device selected by `HIPFILE_DEVICE` is not available

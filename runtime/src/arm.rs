@@ -38,7 +38,7 @@ mod sync {
 use handoff::{HasPending, Pending, Watchlist};
 
 /// Name of the poller thread.
-pub const ARM_THREAD_NAME: &str = "hipfile-arm";
+pub(crate) const ARM_THREAD_NAME: &str = "hipfile-arm";
 
 /// How long the poller keeps spinning after an op was submitted or it was woken (also
 /// with no op waiting, so that the next op of a burst finds it awake): an op on an idle

@@ -66,7 +66,8 @@ use hipfile_core::{
     batch_capacity, validate,
 };
 
-use crate::driver::{BufferUse, Driver, HandleId, ResolvedBuffer};
+use crate::buffer::{BufferUse, ResolvedBuffer};
+use crate::driver::{Driver, HandleId};
 use crate::engine::{Completion, IoJob, JobEnd, PartJoiner};
 use crate::error::Error;
 use crate::file::FileHandle;

@@ -47,10 +47,10 @@ pub const MAX_EXECUTORS: usize = 256;
 pub const DEFAULT_MAX_EXECUTORS: usize = 16;
 /// Executors the default configuration always allows, CPUs permitting: below this many
 /// no CPU is left aside for the application and the arm poller.
-pub const DEFAULT_MIN_EXECUTORS: usize = 8;
+pub(crate) const DEFAULT_MIN_EXECUTORS: usize = 8;
 
 /// The default executor count for `usable` CPUs: one per CPU up to
-/// [`DEFAULT_MIN_EXECUTORS`]; beyond, two CPUs stay free for the application and the arm
+/// `DEFAULT_MIN_EXECUTORS` (8); beyond, two CPUs stay free for the application and the arm
 /// poller (so that the poller and idle executors may spin, see
 /// `engine::spare_cores_for_spinning`), up to [`DEFAULT_MAX_EXECUTORS`]. Hot page-cache
 /// reads are bound by the executors' copies out of the page cache: on the 16-core H200
@@ -60,13 +60,13 @@ pub fn default_executor_count(usable: usize) -> usize {
     usable.min(DEFAULT_MIN_EXECUTORS).max(usable.saturating_sub(2).min(DEFAULT_MAX_EXECUTORS))
 }
 /// Smallest staging chunk (`HIPFILE_CHUNK_KB=4`).
-pub const MIN_CHUNK_BYTES: usize = 4 * KIB;
+pub(crate) const MIN_CHUNK_BYTES: usize = 4 * KIB;
 /// Largest staging chunk (`HIPFILE_CHUNK_KB=65536`).
-pub const MAX_CHUNK_BYTES: usize = 64 * MIB;
+pub(crate) const MAX_CHUNK_BYTES: usize = 64 * MIB;
 /// Largest `HIPFILE_QUEUE_DEPTH`.
-pub const MAX_CHUNKS_IN_FLIGHT: usize = 64;
+pub(crate) const MAX_CHUNKS_IN_FLIGHT: usize = 64;
 /// Largest `HIPFILE_CPU_DEVICES`.
-pub const MAX_CPU_DEVICES: u32 = 16;
+pub(crate) const MAX_CPU_DEVICES: u32 = 16;
 
 const DEFAULT_CHUNK_KB: usize = 1024;
 const DEFAULT_STAGING_MB: usize = 32;
@@ -274,6 +274,8 @@ impl Config {
     ///
     /// # Errors
     /// The first variable with an invalid value, or an invalid combination.
+    ///
+    /// Public for the integration tests; embedders do not need it.
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
         Config::from_lookup_with_cpus(lookup, &usable_cpus())
     }
@@ -283,6 +285,8 @@ impl Config {
     ///
     /// # Errors
     /// The first variable with an invalid value, or an invalid combination.
+    ///
+    /// Public for the integration tests; embedders do not need it.
     pub fn from_lookup_with_cpus(
         lookup: impl Fn(&str) -> Option<String>,
         usable_cpus: &[usize],

@@ -10,7 +10,7 @@
 //!
 //! The check at a site is one relaxed atomic load while no plan is installed.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -96,7 +96,6 @@ struct Installed {
 
 static ACTIVE: AtomicBool = AtomicBool::new(false);
 static INSTALLED: Mutex<Option<Installed>> = Mutex::new(None);
-static INJECTED_TOTAL: AtomicU64 = AtomicU64::new(0);
 
 fn installed() -> MutexGuard<'static, Option<Installed>> {
     INSTALLED.lock().unwrap_or_else(PoisonError::into_inner)
@@ -128,34 +127,13 @@ impl Drop for PlanGuard {
     }
 }
 
-/// Faults injected since the process started, all plans together.
-pub fn injected_total() -> u64 {
-    INJECTED_TOTAL.load(Ordering::SeqCst)
-}
-
-/// The fault for this call at `site`, if the installed plan has one.
-/// At a device-layer site: an injected device error (HIP's invalid value, or out of
-/// memory for [`Site::PinnedAlloc`]) when the plan fails this call.
-pub(crate) fn device_fault(site: Site) -> Result<(), crate::device::DeviceError> {
-    use crate::device::DeviceError;
-    match at(site) {
-        None => Ok(()),
-        Some(_) if site == Site::PinnedAlloc => {
-            Err(DeviceError::new(DeviceError::HIP_ERROR_OUT_OF_MEMORY, "injected fault"))
-        }
-        Some(_) => Err(DeviceError::new(DeviceError::HIP_ERROR_INVALID_VALUE, "injected fault")),
-    }
-}
-
+/// The fault for this call at `site`, if the installed plan has one (device-layer
+/// sites: `device::injected_fault` turns it into a device error).
 pub(crate) fn at(site: Site) -> Option<Fault> {
     if !ACTIVE.load(Ordering::Relaxed) {
         return None;
     }
-    let fault = installed().as_mut()?.decide(site);
-    if fault.is_some() {
-        INJECTED_TOTAL.fetch_add(1, Ordering::SeqCst);
-    }
-    fault
+    installed().as_mut()?.decide(site)
 }
 
 impl Installed {

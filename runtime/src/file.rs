@@ -38,6 +38,8 @@ const BLKGETSIZE64: libc::Ioctl = libc::_IOR::<libc::size_t>(0x12, 114);
 const TMPFS_MAGIC: u64 = 0x0102_1994;
 
 /// The access mode of a descriptor (`fcntl(F_GETFL) & O_ACCMODE`).
+///
+/// Public for the integration tests; embedders do not need it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum AccessMode {
     /// `O_RDONLY`.
@@ -51,6 +53,8 @@ pub enum AccessMode {
 impl AccessMode {
     /// The mode in `flags` (as returned by `fcntl(F_GETFL)`), `None` for the value 3
     /// (`O_ACCMODE` itself: neither read nor write, used for ioctl-only opens).
+    ///
+    /// Public for the integration tests; embedders do not need it.
     pub fn from_flags(flags: libc::c_int) -> Option<AccessMode> {
         match flags & libc::O_ACCMODE {
             libc::O_RDONLY => Some(AccessMode::ReadOnly),
@@ -61,17 +65,19 @@ impl AccessMode {
     }
 
     /// `true` for `ReadOnly` and `ReadWrite`.
-    pub fn can_read(self) -> bool {
+    pub(crate) fn can_read(self) -> bool {
         matches!(self, AccessMode::ReadOnly | AccessMode::ReadWrite)
     }
 
     /// `true` for `WriteOnly` and `ReadWrite`.
-    pub fn can_write(self) -> bool {
+    pub(crate) fn can_write(self) -> bool {
         matches!(self, AccessMode::WriteOnly | AccessMode::ReadWrite)
     }
 }
 
 /// What a registered descriptor refers to.
+///
+/// Public for the integration tests; embedders do not need it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum FileKind {
     /// A regular file.
@@ -84,7 +90,7 @@ pub enum FileKind {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum DirectPolicy {
     /// Use O_DIRECT where the file supports it, except for reads of ranges the page cache
-    /// holds entirely ([`FileHandle::read_hits_page_cache`]).
+    /// holds entirely (`FileHandle::read_hits_page_cache`).
     #[default]
     Auto,
     /// O_DIRECT wherever the file supports it, cached or not; [`FileHandle::direct_policy`]
@@ -177,7 +183,7 @@ impl Identity {
 /// Why a handle has no O_DIRECT descriptor (every byte of it goes through the page
 /// cache).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum NoDirectReason {
+pub(crate) enum NoDirectReason {
     /// The policy said so: `HIPFILE_ODIRECT=off`, or this handle's own policy
     /// ([`crate::Driver::handle_register_with`]).
     PolicyOff,
@@ -245,6 +251,8 @@ impl FileHandle {
     ///   an `O_PATH` descriptor, or has the access mode 3 (neither read nor write).
     ///
     /// A missing O_DIRECT path is never an error: [`FileHandle::direct_fd`] is `None`.
+    ///
+    /// Public for the integration tests; embedders do not need it.
     pub fn open(fd: RawFd, direct: DirectPolicy) -> Result<FileHandle, OpError> {
         if fd < 0 {
             return Err(OpError::InternalError);
@@ -289,16 +297,22 @@ impl FileHandle {
     }
 
     /// The descriptor the client registered (not ours: never closed by us).
+    ///
+    /// Public for the integration tests; embedders do not need it.
     pub fn client_fd(&self) -> RawFd {
         self.client_fd
     }
 
     /// The client's access mode, which our descriptors share.
+    ///
+    /// Public for the integration tests; embedders do not need it.
     pub fn access(&self) -> AccessMode {
         self.access
     }
 
     /// `true` when the file was opened for reading.
+    ///
+    /// Public for the integration tests; embedders do not need it.
     pub fn can_read(&self) -> bool {
         self.access.can_read()
     }
@@ -310,7 +324,7 @@ impl FileHandle {
     /// device: on the H200 machine a hot 4 GiB checkpoint read through O_DIRECT came at
     /// the disk's 2 GiB/s. One `cachestat` call (`mmap` + `mincore` on older kernels);
     /// `false` when the check fails.
-    pub fn read_hits_page_cache(&self, offset_bytes: u64, len_bytes: u64) -> bool {
+    pub(crate) fn read_hits_page_cache(&self, offset_bytes: u64, len_bytes: u64) -> bool {
         if self.policy != DirectPolicy::Auto || self.direct.is_none() || len_bytes == 0 {
             return false;
         }
@@ -329,21 +343,29 @@ impl FileHandle {
     }
 
     /// `true` when the file was opened for writing.
+    ///
+    /// Public for the integration tests; embedders do not need it.
     pub fn can_write(&self) -> bool {
         self.access.can_write()
     }
 
     /// Regular file or block device.
+    ///
+    /// Public for the integration tests; embedders do not need it.
     pub fn kind(&self) -> FileKind {
         self.kind
     }
 
     /// Major and minor number of the device holding the file (`st_dev`).
+    ///
+    /// Public for the integration tests; embedders do not need it.
     pub fn device_id(&self) -> (u32, u32) {
         self.identity.device_id
     }
 
     /// Inode number.
+    ///
+    /// Public for the integration tests; embedders do not need it.
     pub fn inode(&self) -> u64 {
         self.identity.inode
     }
@@ -355,6 +377,8 @@ impl FileHandle {
     }
 
     /// Our buffered (page cache) descriptor.
+    ///
+    /// Public for the integration tests; embedders do not need it.
     pub fn buffered_fd(&self) -> RawFd {
         self.buffered.as_raw_fd()
     }
@@ -366,11 +390,15 @@ impl FileHandle {
     }
 
     /// O_DIRECT alignment of the file; `None` exactly when [`FileHandle::direct_fd`] is.
+    ///
+    /// Public for the integration tests; embedders do not need it.
     pub fn dio_alignment(&self) -> Option<DioAlignment> {
         self.dio
     }
 
     /// The policy the handle was opened with.
+    ///
+    /// Public for the integration tests; embedders do not need it.
     pub fn direct_policy(&self) -> DirectPolicy {
         self.policy
     }
@@ -380,6 +408,8 @@ impl FileHandle {
     ///
     /// # Errors
     /// The OS error of `statx` or `ioctl`.
+    ///
+    /// Public for the integration tests; embedders do not need it.
     pub fn size_bytes(&self) -> io::Result<u64> {
         match self.kind {
             FileKind::Regular => Ok(statx_fd(self.buffered_fd(), libc::STATX_SIZE)?.stx_size),
@@ -392,6 +422,8 @@ impl FileHandle {
     ///
     /// # Errors
     /// [`OpError::HandleNotRegistered`] once [`FileHandle::mark_deregistered`] was called.
+    ///
+    /// Public for the integration tests; embedders do not need it.
     pub fn begin_op(self: &Arc<Self>) -> Result<OpGuard, OpError> {
         if self.is_deregistered() {
             return Err(OpError::HandleNotRegistered);
@@ -409,17 +441,21 @@ impl FileHandle {
 
     /// Marks the handle deregistered: later [`FileHandle::begin_op`] calls fail; ops
     /// already in flight continue.
+    ///
+    /// Public for the integration tests; embedders do not need it.
     pub fn mark_deregistered(&self) {
         self.deregistered.store(true, Ordering::SeqCst);
     }
 
     /// `true` after [`FileHandle::mark_deregistered`].
+    ///
+    /// Public for the integration tests; embedders do not need it.
     pub fn is_deregistered(&self) -> bool {
         self.deregistered.load(Ordering::SeqCst)
     }
 
     /// Why the handle has no O_DIRECT descriptor (`None` when it has one).
-    pub fn no_direct_reason(&self) -> Option<NoDirectReason> {
+    pub(crate) fn no_direct_reason(&self) -> Option<NoDirectReason> {
         self.no_direct
     }
 
@@ -440,11 +476,15 @@ impl FileHandle {
     }
 
     /// Number of live [`OpGuard`]s.
+    ///
+    /// Public for the integration tests; embedders do not need it.
     pub fn ops_in_flight(&self) -> usize {
         self.in_flight.load(Ordering::SeqCst)
     }
 
     /// Adds `len_bytes` to the counter of `direction` and `mode`.
+    ///
+    /// Public for the integration tests; embedders do not need it.
     pub fn record_bytes(&self, direction: Direction, mode: ChunkMode, len_bytes: u64) {
         let counter = match (direction, mode) {
             (Direction::Read, ChunkMode::Direct) => &self.direct_read_bytes,
@@ -469,6 +509,8 @@ impl FileHandle {
 
 /// An op in flight on a handle (see [`FileHandle::begin_op`]); dereferences to the
 /// handle.
+///
+/// Public for the integration tests; embedders do not need it.
 #[derive(Debug)]
 pub struct OpGuard {
     handle: Arc<FileHandle>,
@@ -476,6 +518,8 @@ pub struct OpGuard {
 
 impl OpGuard {
     /// The handle, as the shared pointer the guard holds.
+    ///
+    /// Public for the integration tests; embedders do not need it.
     pub fn handle(&self) -> &Arc<FileHandle> {
         &self.handle
     }
@@ -723,7 +767,7 @@ impl OpGuard {
     /// Another guard for the same op (e.g. one per part of an op split over executors).
     /// Unlike [`FileHandle::begin_op`] it succeeds after deregistration: the op was
     /// admitted before, and ops in flight complete.
-    pub fn share(&self) -> OpGuard {
+    pub(crate) fn share(&self) -> OpGuard {
         self.handle.in_flight.fetch_add(1, Ordering::SeqCst);
         OpGuard { handle: Arc::clone(&self.handle) }
     }

@@ -1,20 +1,29 @@
 //! hipfile-runtime: driver state, the glommio I/O engine, device backends and the Rust
 //! API of hipfile-rs.
+//!
+//! The public surface is what embedders (the C API, the Python package, the benches, the
+//! integration tests) use; everything else is `pub(crate)` or private, and
+//! `unreachable_pub` keeps it so.
+
+#![deny(unreachable_pub)]
 
 pub mod api;
 mod arm;
-pub mod async_op;
+mod async_op;
 pub mod batch;
 mod buffer;
 pub mod config;
 pub mod device;
 pub mod driver;
 pub mod engine;
-pub mod error;
+mod error;
+mod executor_thread;
 pub mod explain;
 #[doc(hidden)]
 pub mod fault;
 pub mod file;
+#[cfg(test)]
+mod layering;
 pub mod logging;
 pub mod parameters;
 pub mod stats;

@@ -3,12 +3,12 @@
 //! `libhipfile`, `hipfile-bench` — get [`install_stderr_logger`]: one line per message on
 //! stderr (`hipfile: warning: ...`), at the level `HIPFILE_LOG` names (`off`, `error`,
 //! `warn` — the default —, `info`, `debug`, `trace`). The level can change later through
-//! hipFile's `LoggingLevel` parameter ([`set_level`]).
+//! hipFile's `LoggingLevel` parameter ([`crate::parameters::StringParameter::LoggingLevel`]).
 
 use log::{Level, LevelFilter, Log, Metadata, Record};
 
 /// The variable that sets the level of the stderr logger.
-pub const LOG_VARIABLE: &str = "HIPFILE_LOG";
+pub(crate) const LOG_VARIABLE: &str = "HIPFILE_LOG";
 
 struct StderrLogger;
 
@@ -36,7 +36,7 @@ impl Log for StderrLogger {
 
 /// A level by name (any case: `off`, `error`, `warn`/`warning`, `info`, `debug`,
 /// `trace`), or `None`.
-pub fn parse_level(name: &str) -> Option<LevelFilter> {
+pub(crate) fn parse_level(name: &str) -> Option<LevelFilter> {
     match name.trim().to_ascii_lowercase().as_str() {
         "warning" => Some(LevelFilter::Warn),
         other => other.parse().ok(),
@@ -66,7 +66,7 @@ fn install() {
 
 /// The level in force, as hipFile's `LoggingLevel` parameter shows it (`OFF`, `ERROR`,
 /// `WARN`, `INFO`, `DEBUG`, `TRACE`).
-pub fn level_name() -> &'static str {
+pub(crate) fn level_name() -> &'static str {
     match log::max_level() {
         LevelFilter::Off => "OFF",
         LevelFilter::Error => "ERROR",
@@ -82,7 +82,7 @@ pub fn level_name() -> &'static str {
 ///
 /// # Errors
 /// `InvalidValue` when the name is not a level (nothing changes).
-pub fn set_level(name: &str) -> Result<(), crate::error::Error> {
+pub(crate) fn set_level(name: &str) -> Result<(), crate::error::Error> {
     let level = parse_level(name)
         .ok_or_else(|| crate::error::Error::new(hipfile_core::OpError::InvalidValue))?;
     log::set_max_level(level);
@@ -101,16 +101,5 @@ mod tests {
         assert_eq!(parse_level("Trace"), Some(LevelFilter::Trace));
         assert_eq!(parse_level("loud"), None);
         assert_eq!(parse_level(""), None);
-    }
-
-    #[test]
-    fn the_level_parameter_sets_and_shows_the_filter() {
-        let before = log::max_level();
-        set_level("debug").expect("a level");
-        assert_eq!(level_name(), "DEBUG");
-        assert_eq!(crate::parameters::StringParameter::LoggingLevel.get(), "DEBUG");
-        assert!(set_level("loud").is_err());
-        assert_eq!(level_name(), "DEBUG", "a bad name changes nothing");
-        log::set_max_level(before);
     }
 }

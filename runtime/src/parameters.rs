@@ -22,7 +22,7 @@ const KIB: usize = 1 << 10;
 pub const API_VERSION: (u32, u32, u32) = (0, 2, 0);
 
 /// Entries one batch may hold (hipFile's batch capacity, 1..=128).
-pub const MAX_BATCH_ENTRIES: u32 = hipfile_core::MAX_BATCH_ENTRIES as u32;
+pub(crate) const MAX_BATCH_ENTRIES: u32 = hipfile_core::MAX_BATCH_ENTRIES as u32;
 
 /// `hipFileSizeTConfigParameter_t`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -431,5 +431,17 @@ mod tests {
         assert_eq!(properties.feature_flags, 0b1110, "batch, streams, parallel I/O");
         assert!(StringParameter::LogDir.set("/tmp").is_err());
         StringParameter::LogDir.set("").expect("its own value");
+    }
+
+    #[test]
+    fn the_level_parameter_sets_and_shows_the_filter() {
+        use crate::logging::{level_name, set_level};
+        let before = log::max_level();
+        set_level("debug").expect("a level");
+        assert_eq!(level_name(), "DEBUG");
+        assert_eq!(StringParameter::LoggingLevel.get(), "DEBUG");
+        assert!(set_level("loud").is_err());
+        assert_eq!(level_name(), "DEBUG", "a bad name changes nothing");
+        log::set_max_level(before);
     }
 }

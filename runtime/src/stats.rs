@@ -20,17 +20,17 @@ use std::time::Duration;
 use hipfile_core::{ChunkMode, Direction, Outcome};
 
 /// `"hipfile1"`: the page's first word.
-pub const STATS_MAGIC: u64 = u64::from_le_bytes(*b"hipfile1");
+pub(crate) const STATS_MAGIC: u64 = u64::from_le_bytes(*b"hipfile1");
 /// Layout version (bumped with any change of [`StatsPage`]).
-pub const STATS_VERSION: u64 = 1;
+pub(crate) const STATS_VERSION: u64 = 1;
 /// Devices counted separately (higher ordinals count as the last).
 pub const STATS_DEVICES: usize = 8;
 /// Latency buckets: bucket 0 is < 1 µs, bucket `i` is [2^(i-1), 2^i) µs, the last is
 /// everything from 2^(N-2) µs (about 1 s) up.
-pub const LATENCY_BUCKETS: usize = 22;
+pub(crate) const LATENCY_BUCKETS: usize = 22;
 /// Size buckets: bucket 0 is < 1 KiB, bucket `i` is [2^(i+9), 2^(i+10)) bytes, the
 /// last is everything from 2^(N+8) bytes (1 GiB) up.
-pub const SIZE_BUCKETS: usize = 22;
+pub(crate) const SIZE_BUCKETS: usize = 22;
 
 /// The API a request came through.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -60,41 +60,41 @@ impl Api {
 /// Counters of one (device, API, direction).
 #[repr(C)]
 #[derive(Debug, Default)]
-pub struct ClassCounters {
+pub(crate) struct ClassCounters {
     /// Requests finished (successful or not).
-    pub ops: AtomicU64,
+    pub(crate) ops: AtomicU64,
     /// Bytes moved by successful requests.
-    pub bytes: AtomicU64,
+    pub(crate) bytes: AtomicU64,
     /// Requests that failed.
-    pub errors: AtomicU64,
+    pub(crate) errors: AtomicU64,
     /// Sum of latencies, ns (call to completion; async: submission to completion).
-    pub latency_ns_sum: AtomicU64,
+    pub(crate) latency_ns_sum: AtomicU64,
     /// Latency histogram (see [`LATENCY_BUCKETS`]).
-    pub latency_buckets: [AtomicU64; LATENCY_BUCKETS],
+    pub(crate) latency_buckets: [AtomicU64; LATENCY_BUCKETS],
     /// Request size histogram (see [`SIZE_BUCKETS`]).
-    pub size_buckets: [AtomicU64; SIZE_BUCKETS],
+    pub(crate) size_buckets: [AtomicU64; SIZE_BUCKETS],
 }
 
 /// Bytes and requests by the path they took.
 #[repr(C)]
 #[derive(Debug, Default)]
-pub struct PathCounters {
+pub(crate) struct PathCounters {
     /// Bytes read with O_DIRECT.
-    pub direct_read_bytes: AtomicU64,
+    pub(crate) direct_read_bytes: AtomicU64,
     /// Bytes read through the page cache.
-    pub buffered_read_bytes: AtomicU64,
+    pub(crate) buffered_read_bytes: AtomicU64,
     /// Bytes written with O_DIRECT.
-    pub direct_write_bytes: AtomicU64,
+    pub(crate) direct_write_bytes: AtomicU64,
     /// Bytes written through the page cache.
-    pub buffered_write_bytes: AtomicU64,
+    pub(crate) buffered_write_bytes: AtomicU64,
     /// Sync requests moved on the caller's thread (one chunk: `pread` + one copy).
-    pub caller_thread_requests: AtomicU64,
+    pub(crate) caller_thread_requests: AtomicU64,
     /// Jobs run by the engine's executors.
-    pub engine_jobs: AtomicU64,
+    pub(crate) engine_jobs: AtomicU64,
     /// Chunks staged through the pinned fallback pool (the executor's arena was full).
-    pub fallback_chunks: AtomicU64,
+    pub(crate) fallback_chunks: AtomicU64,
     /// Chunks redone with blocking `pread`/`pwrite` after io_uring refused them.
-    pub sync_retry_chunks: AtomicU64,
+    pub(crate) sync_retry_chunks: AtomicU64,
 }
 
 /// The shared page: header, per-class counters, path counters.
@@ -102,17 +102,17 @@ pub struct PathCounters {
 #[derive(Debug)]
 pub struct StatsPage {
     /// [`STATS_MAGIC`] once the page is ready.
-    pub magic: AtomicU64,
+    pub(crate) magic: AtomicU64,
     /// [`STATS_VERSION`].
-    pub version: AtomicU64,
+    pub(crate) version: AtomicU64,
     /// The process.
-    pub pid: AtomicU64,
+    pub(crate) pid: AtomicU64,
     /// When statistics started (Unix time, ns).
-    pub started_unix_ns: AtomicU64,
+    pub(crate) started_unix_ns: AtomicU64,
     /// `[device][api][direction]` (direction 0 read, 1 write).
-    pub classes: [[[ClassCounters; 2]; 3]; STATS_DEVICES],
+    pub(crate) classes: [[[ClassCounters; 2]; 3]; STATS_DEVICES],
     /// Paths.
-    pub paths: PathCounters,
+    pub(crate) paths: PathCounters,
 }
 
 const _: () = assert!(
@@ -127,7 +127,7 @@ impl StatsPage {
     }
 
     /// Records one finished request.
-    pub fn record(
+    pub(crate) fn record(
         &self,
         device_ordinal: u32,
         api: Api,
@@ -152,7 +152,7 @@ impl StatsPage {
     }
 
     /// Records bytes moved by `mode` (see [`crate::file::FileHandle::record_bytes`]).
-    pub fn record_path_bytes(&self, direction: Direction, mode: ChunkMode, bytes: u64) {
+    pub(crate) fn record_path_bytes(&self, direction: Direction, mode: ChunkMode, bytes: u64) {
         if !recording() {
             return;
         }
@@ -174,7 +174,7 @@ impl StatsPage {
     }
 
     /// A copy of every word.
-    pub fn snapshot(&self) -> StatsSnapshot {
+    pub(crate) fn snapshot(&self) -> StatsSnapshot {
         let words: Vec<u64> = self.words().iter().map(|w| w.load(Ordering::Relaxed)).collect();
         StatsSnapshot::from_words(&words)
     }
@@ -241,13 +241,15 @@ fn add_path(counter: impl FnOnce(&PathCounters) -> &AtomicU64) {
 }
 
 /// The latency bucket of `nanos`.
-pub fn latency_bucket(nanos: u64) -> usize {
+pub(crate) fn latency_bucket(nanos: u64) -> usize {
     let micros = nanos / 1000;
     let bucket = if micros == 0 { 0 } else { micros.ilog2() as usize + 1 };
     bucket.min(LATENCY_BUCKETS - 1)
 }
 
 /// The size bucket of `bytes`.
+///
+/// Public for the integration tests; embedders do not need it.
 pub fn size_bucket(bytes: u64) -> usize {
     let kib = bytes >> 10;
     let bucket = if kib == 0 { 0 } else { kib.ilog2() as usize + 1 };
@@ -255,12 +257,13 @@ pub fn size_bucket(bytes: u64) -> usize {
 }
 
 /// Lower bound of latency bucket `i`, µs.
-pub fn latency_bucket_floor_us(i: usize) -> u64 {
+pub(crate) fn latency_bucket_floor_us(i: usize) -> u64 {
     if i == 0 { 0 } else { 1 << (i - 1) }
 }
 
 /// Lower bound of size bucket `i`, bytes.
-pub fn size_bucket_floor_bytes(i: usize) -> u64 {
+#[cfg(test)]
+fn size_bucket_floor_bytes(i: usize) -> u64 {
     if i == 0 { 0 } else { 1 << (i + 9) }
 }
 

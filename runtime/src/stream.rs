@@ -33,6 +33,8 @@ pub(crate) use crate::word::ReleaseWord;
 /// ahead of the stream into staging, so an unbounded burst would fill every arena with
 /// data the stream is not ready for; reads beyond the window start when the stream
 /// reaches them.
+///
+/// Public for the integration tests; embedders do not need it.
 pub const PREFETCH_WINDOW_BYTES: u64 = 32 << 20;
 
 /// The prefetch bytes all streams of a driver may hold at once: half the engine's
@@ -166,7 +168,7 @@ impl WordPool {
     /// A new word, set to 0.
     fn fresh_word(&self, state: &mut WordPoolState) -> Result<ReleaseWord, Error> {
         if state.used_in_last_slab == WORDS_PER_SLAB {
-            let slab = crate::fault::device_fault(crate::fault::Site::PinnedAlloc)
+            let slab = crate::device::injected_fault(crate::fault::Site::PinnedAlloc)
                 .and_then(|()| self.device.alloc_pinned(WORDS_PER_SLAB * 4))
                 .map_err(Error::device)?;
             state.slabs.push(slab);
@@ -195,17 +197,17 @@ impl Drop for WordPool {
 }
 
 /// What the library knows about one stream.
-pub struct StreamState {
+pub(crate) struct StreamState {
     /// The user's stream.
-    pub handle: StreamHandle,
+    pub(crate) handle: StreamHandle,
     /// Registration flags (empty for unregistered streams).
-    pub flags: StreamFlags,
+    pub(crate) flags: StreamFlags,
     /// The stream's device.
-    pub device_ordinal: u32,
+    pub(crate) device_ordinal: u32,
     /// The executor the stream's ops run on.
-    pub executor: usize,
+    pub(crate) executor: usize,
     /// Whether the user registered it.
-    pub registered: bool,
+    pub(crate) registered: bool,
     word: ReleaseWord,
     arms: ArmQueue,
     next_sequence: Mutex<u32>,

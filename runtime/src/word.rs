@@ -5,8 +5,8 @@
 /// A stream's release word: host pointer and device address of the same 4 bytes.
 #[derive(Clone, Copy)]
 pub(crate) struct ReleaseWord {
-    pub host_ptr: *mut u32,
-    pub device_addr: u64,
+    pub(crate) host_ptr: *mut u32,
+    pub(crate) device_addr: u64,
 }
 
 impl ReleaseWord {

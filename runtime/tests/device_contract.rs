@@ -13,10 +13,11 @@ use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 
 use hipfile_core::{Direction, OpError};
 use hipfile_runtime::config::{Config, DeviceSelection};
-use hipfile_runtime::device::user::{StreamGate, UserDevice, open_device};
+use hipfile_runtime::device::user::{StreamGate, UserDevice};
 use hipfile_runtime::device::{
     Device, DeviceError, DeviceKind, EventHandle, InternalStream, MemoryType,
 };
+use hipfile_runtime::driver::process::open_device;
 use hipfile_runtime::{AsyncParams, Driver, HandleId};
 
 fn selection() -> DeviceSelection {

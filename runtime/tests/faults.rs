@@ -15,8 +15,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use hipfile_core::{Direction, OpError, RawIo};
+use hipfile_runtime::IoError;
 use hipfile_runtime::config::{BufferedWrites, Config};
-use hipfile_runtime::error::IoError;
 use hipfile_runtime::fault::{self, Fault, Plan, Rule, Site};
 use hipfile_runtime::file::DirectPolicy;
 use hipfile_runtime::{AsyncParams, HandleId};

@@ -249,7 +249,7 @@ struct HostDropGuard(Option<Arc<dyn OpHost>>);
 impl Drop for HostDropGuard {
     fn drop(&mut self) {
         let Some(host) = self.0.take() else { return };
-        if crate::engine::on_executor_thread() && Arc::strong_count(&host) == 1 {
+        if crate::executor_thread::on_executor_thread() && Arc::strong_count(&host) == 1 {
             let _ = std::thread::Builder::new()
                 .name("hipfile-driver-drop".into())
                 .spawn(move || drop(host));

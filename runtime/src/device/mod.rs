@@ -7,17 +7,20 @@
 //! has a host pointer and a device address (equal on the `cpu` device).
 
 pub mod cpu;
-pub mod cuda;
+pub(crate) mod cuda;
+mod error;
 mod gpu;
 mod handle;
 #[cfg(feature = "rocm")]
-pub mod rocm;
+pub(crate) mod rocm;
 pub mod user;
 
 use core::ffi::c_void;
-use core::fmt;
 
 use hipfile_core::Direction;
+
+pub use error::DeviceError;
+pub(crate) use error::injected_fault;
 
 /// A user stream, as the C API passes it (`hipStream_t` / `CUstream` cast to an integer).
 /// `StreamHandle(0)` is the NULL (default) stream.
@@ -80,50 +83,6 @@ pub struct PointerInfo {
     /// Length in bytes of that allocation.
     pub allocation_len_bytes: u64,
 }
-
-/// An error from a device runtime: the backend's raw code and a description.
-///
-/// `hip_error` is the `hipError_t` value a C caller sees in `hipFileError_t::hip_drv_err`
-/// (the backend maps its native code to HIP's numbering).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DeviceError {
-    /// The `hipError_t` number.
-    pub hip_error: i32,
-    /// What failed.
-    pub what: &'static str,
-}
-
-impl DeviceError {
-    /// `hipErrorInvalidValue`.
-    pub const HIP_ERROR_INVALID_VALUE: i32 = 1;
-    /// `hipErrorOutOfMemory`.
-    pub const HIP_ERROR_OUT_OF_MEMORY: i32 = 2;
-    /// `hipErrorNotInitialized`.
-    pub const HIP_ERROR_NOT_INITIALIZED: i32 = 3;
-    /// `hipErrorInvalidDevice`.
-    pub const HIP_ERROR_INVALID_DEVICE: i32 = 101;
-    /// `hipErrorInvalidResourceHandle` (unknown stream or event).
-    pub const HIP_ERROR_INVALID_HANDLE: i32 = 400;
-    /// `hipErrorNotReady`.
-    pub const HIP_ERROR_NOT_READY: i32 = 600;
-    /// `hipErrorNotSupported`.
-    pub const HIP_ERROR_NOT_SUPPORTED: i32 = 801;
-    /// `hipErrorUnknown`.
-    pub const HIP_ERROR_UNKNOWN: i32 = 999;
-
-    /// Builds an error.
-    pub const fn new(hip_error: i32, what: &'static str) -> Self {
-        DeviceError { hip_error, what }
-    }
-}
-
-impl fmt::Display for DeviceError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} (hipError {})", self.what, self.hip_error)
-    }
-}
-
-impl std::error::Error for DeviceError {}
 
 /// Pinned, device-mapped host memory allocated by a backend.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

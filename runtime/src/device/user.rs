@@ -14,11 +14,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
 use super::cpu::CpuDevice;
-use super::cuda::CudaDevice;
-#[cfg(feature = "rocm")]
-use super::rocm::RocmDevice;
 use super::{Device, DeviceError, DeviceKind, PinnedRegion, StreamHandle};
-use crate::config::DeviceSelection;
 
 /// Application-side operations on a device (see the module docs).
 pub trait UserDevice: Device {
@@ -225,36 +221,6 @@ impl UserDevice for CpuDevice {
     ) -> Result<(), DeviceError> {
         // SAFETY: forwarded contract.
         unsafe { self.memset_async(stream, target, value, len_bytes) }
-    }
-}
-
-/// Opens the backend `selection` names. `Auto` tries `rocm` (built with the cargo
-/// feature `rocm`, and HIP finds an AMD GPU), then `cuda` (libcuda loads and finds a
-/// device), then falls back to `cpu` with `cpu_device_count` devices.
-///
-/// # Errors
-/// An explicitly selected backend is unavailable (the message says why).
-pub fn open_device(
-    selection: DeviceSelection,
-    cpu_device_count: u32,
-) -> Result<Arc<dyn UserDevice>, String> {
-    match selection {
-        DeviceSelection::Cpu => Ok(CpuDevice::new(cpu_device_count)),
-        DeviceSelection::Cuda => CudaDevice::open().map(|d| d as Arc<dyn UserDevice>),
-        #[cfg(feature = "rocm")]
-        DeviceSelection::Rocm => RocmDevice::open().map(|d| d as Arc<dyn UserDevice>),
-        #[cfg(not(feature = "rocm"))]
-        DeviceSelection::Rocm => Err("the rocm backend is not built (cargo feature `rocm`)".into()),
-        DeviceSelection::Auto => {
-            #[cfg(feature = "rocm")]
-            if let Ok(device) = RocmDevice::open() {
-                return Ok(device);
-            }
-            match CudaDevice::open() {
-                Ok(device) => Ok(device),
-                Err(_) => Ok(CpuDevice::new(cpu_device_count)),
-            }
-        }
     }
 }
 

@@ -5,8 +5,9 @@ use std::sync::Arc;
 
 use hipfile_core::{Direction, OpError, ValidIo, validate};
 
-use super::{Driver, HandleId, ResolvedBuffer};
+use super::{Driver, HandleId};
 use crate::async_op::{AsyncOp, AsyncParams, EnqueueError, OpHost, OpParts, ParamSource};
+use crate::buffer::ResolvedBuffer;
 use crate::device::StreamHandle;
 use crate::error::Error;
 use crate::file::FileHandle;
@@ -34,7 +35,12 @@ impl Driver {
     /// must stay allocated until the stream has passed the op, as for any GPU work.
     ///
     /// # Errors
-    /// See [`crate::async_op`] for the checks and their order.
+    /// In hipFile's order: driver closed or a NULL pointer (`InvalidValue`; a closed
+    /// driver opens), the file handle, the buffer, the stream, the arguments
+    /// (`hipfile_core::validate`), buffer and stream on different devices
+    /// (`InvalidValue`); then the engine's start and the enqueue on the stream.
+    /// Parameters the stream's flags do not fix are checked again when the stream
+    /// reaches the op; a failure then is published in `params.bytes_done`.
     pub fn submit_async(
         self: &Arc<Self>,
         direction: Direction,

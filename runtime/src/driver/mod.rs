@@ -1,5 +1,5 @@
 //! Driver state: hipFile's refcounted driver, and the registries of file handles and
-//! buffers (streams: see the async module).
+//! buffers (streams: [`crate::stream`]).
 //!
 //! Refcount rules (hipFile's, behaviour.md §3.4):
 //! - [`Driver::open`] increments and always succeeds; [`Driver::close`] decrements, and
@@ -11,53 +11,38 @@
 //!
 //! The I/O path takes no process-wide exclusive lock: lookups take read locks on the
 //! registries; only registration and close write them.
+//!
+//! `impl Driver` is spread by job: this file holds the driver itself (construction,
+//! configuration, the use count, the parts started on first use, the pending report);
+//! `files.rs` the file handles, `buffers.rs` buffer registration and resolution,
+//! `sync_io.rs` the synchronous read and write, `async_calls.rs` stream registration and
+//! async submission; `process.rs` the process-wide driver and the device selection.
 
 use std::collections::{BTreeMap, HashMap};
-use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
-use hipfile_core::{
-    BufferSpan, Direction, OpError, Outcome, RawIo, StreamFlags, ValidIo, validate,
-};
+use hipfile_core::OpError;
 
 use crate::arm::ArmPoller;
 use crate::async_op::{AsyncStats, OpHost, WriteHazardTable};
-pub use crate::buffer::{BufferUse, RegisteredBuffer, ResolvedBuffer};
+use crate::buffer::RegisteredBuffer;
 use crate::config::Config;
-use crate::device::{Device, MemoryType};
-use crate::engine::{Engine, SyncRequest};
-use crate::error::{Error, IoError};
+use crate::device::Device;
+use crate::engine::Engine;
+use crate::error::Error;
 use crate::file::FileHandle;
 use crate::stream::{StreamState, StreamTable};
 
 mod async_calls;
+mod buffers;
+mod files;
 pub mod process;
 mod started_on_use;
+mod sync_io;
 
+pub use files::HandleId;
 use started_on_use::StartedOnUse;
-
-/// The value a C caller holds as `hipFileHandle_t`: never 0 for a registered handle.
-///
-/// Values are never handed out twice in a process (not the handle's address, which a
-/// later registration could reuse): a handle kept after its deregistration stays
-/// unknown (5027) and never reaches a file registered later, even one that reuses the
-/// same descriptor number.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct HandleId(pub usize);
-
-impl HandleId {
-    /// The first value handed out: pointer-like (16-byte steps) and far from small
-    /// integers and typical garbage.
-    const FIRST: usize = 1 << 44;
-    const STEP: usize = 16;
-
-    fn next() -> HandleId {
-        static NEXT: std::sync::atomic::AtomicUsize =
-            std::sync::atomic::AtomicUsize::new(HandleId::FIRST);
-        HandleId(NEXT.fetch_add(HandleId::STEP, std::sync::atomic::Ordering::Relaxed))
-    }
-}
 
 /// The driver: configuration, device, engine and registries.
 pub struct Driver {
@@ -114,23 +99,13 @@ impl Driver {
         })
     }
 
-    /// A driver over the device `config.device` selects (`auto`: the first backend that
-    /// finds a device; `cpu` always does).
-    ///
-    /// # Errors
-    /// The selected backend is not available in this build or finds no device.
-    pub fn from_config(config: Config) -> Result<Arc<Driver>, Error> {
-        let selected = process::select_device(&config)?;
-        Ok(Driver::new(config, selected.device as Arc<dyn Device>))
-    }
-
     /// The process-wide driver, built from the environment on first use. It is the
     /// same driver the C API uses ([`process::runtime`]), so a program that
     /// mixes the Rust and C APIs sees one set of registrations.
     ///
     /// # Errors
     /// The device selected by `HIPFILE_DEVICE` is unavailable.
-    pub fn global() -> Result<&'static Arc<Driver>, Error> {
+    pub(crate) fn global() -> Result<&'static Arc<Driver>, Error> {
         process::runtime().map(|runtime| &runtime.driver)
     }
 
@@ -283,7 +258,7 @@ impl Driver {
     }
 
     /// Opens the driver implicitly (0 → 1) for the calls that do so.
-    pub fn ensure_open(&self) {
+    pub(crate) fn ensure_open(&self) {
         let _lock = self.lock_lifecycle();
         if self.refcount.load(Ordering::SeqCst) == 0 {
             self.refcount.store(1, Ordering::SeqCst);
@@ -292,156 +267,6 @@ impl Driver {
 
     fn lock_lifecycle(&self) -> std::sync::MutexGuard<'_, ()> {
         self.lifecycle.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// `hipFileHandleRegister` for an OpaqueFD.
-    ///
-    /// # Errors
-    /// `HandleAlreadyRegistered` (the driver is opened implicitly first), and every
-    /// error of [`FileHandle::open`] (`IONotSupported`, `InternalError`; the use count is
-    /// then unchanged).
-    pub fn handle_register(&self, fd: RawFd) -> Result<HandleId, Error> {
-        self.handle_register_with(fd, self.config().direct)
-    }
-
-    /// [`Driver::handle_register`] with this handle's own O_DIRECT policy instead of the
-    /// process-wide one (`HIPFILE_ODIRECT`): `Off` keeps every byte of this file in the
-    /// page cache, `On` asks for O_DIRECT (a warning where the file cannot have it).
-    ///
-    /// # Errors
-    /// As [`Driver::handle_register`].
-    pub fn handle_register_with(
-        &self,
-        fd: RawFd,
-        direct: crate::file::DirectPolicy,
-    ) -> Result<HandleId, Error> {
-        if read_lock(&self.files).values().any(|f| f.client_fd() == fd) {
-            self.ensure_open();
-            return Err(Error::new(OpError::HandleAlreadyRegistered));
-        }
-        let file = Arc::new(FileHandle::open(fd, direct)?);
-        log_direct_path(fd, &file);
-        let id = HandleId::next();
-        let mut files = write_lock(&self.files);
-        if files.values().any(|f| f.client_fd() == fd) {
-            drop(files);
-            self.ensure_open();
-            return Err(Error::new(OpError::HandleAlreadyRegistered));
-        }
-        files.insert(id, file);
-        drop(files);
-        self.ensure_open();
-        Ok(id)
-    }
-
-    /// `hipFileHandleDeregister`: unknown handles are ignored. Ops in flight keep the
-    /// file open and complete; new ops are refused at once.
-    pub fn handle_deregister(&self, id: HandleId) {
-        let removed = write_lock(&self.files).remove(&id);
-        if let Some(file) = removed {
-            file.mark_deregistered();
-            drop(file);
-            if let Some(engine) = self.engine.get() {
-                engine.prune_files();
-            }
-        }
-    }
-
-    /// The file behind a handle.
-    ///
-    /// # Errors
-    /// `HandleNotRegistered` for an unknown (or NULL, or deregistered) handle.
-    pub fn file(&self, id: HandleId) -> Result<Arc<FileHandle>, Error> {
-        read_lock(&self.files).get(&id).cloned().ok_or(Error::new(OpError::HandleNotRegistered))
-    }
-
-    /// `hipFileBufRegister`. Opens the driver implicitly first, even when it then fails.
-    ///
-    /// # Errors
-    /// NULL → `InvalidValue`; not device memory → `HipMemoryTypeInvalid`; range beyond
-    /// the allocation (or overflowing) → `HipPointerRangeError`; already registered →
-    /// `MemoryAlreadyRegistered`; a device error → `HipDriverError` (or `InvalidValue`
-    /// for hipErrorInvalidValue, as hipFile).
-    pub fn buf_register(&self, base_addr: u64, len_bytes: u64, _flags: i32) -> Result<(), Error> {
-        self.ensure_open();
-        if base_addr == 0 {
-            return Err(Error::new(OpError::InvalidValue));
-        }
-        let info = self.pointer_info(base_addr)?;
-        if info.memory_type != MemoryType::Device {
-            return Err(Error::new(OpError::HipMemoryTypeInvalid));
-        }
-        let allocation_end = info.allocation_base.checked_add(info.allocation_len_bytes);
-        let end = base_addr.checked_add(len_bytes);
-        if !matches!((end, allocation_end), (Some(e), Some(a)) if e <= a) {
-            return Err(Error::new(OpError::HipPointerRangeError));
-        }
-        let mut buffers = write_lock(&self.buffers);
-        if buffers.contains_key(&base_addr) {
-            return Err(Error::new(OpError::MemoryAlreadyRegistered));
-        }
-        let buffer = RegisteredBuffer {
-            base_addr,
-            len_bytes,
-            device_ordinal: info.device_ordinal,
-            in_flight: AtomicUsize::new(0),
-        };
-        buffers.insert(base_addr, Arc::new(buffer));
-        Ok(())
-    }
-
-    /// `hipFileBufDeregister`.
-    ///
-    /// # Errors
-    /// Driver closed → `DriverClosing`; not registered → `MemoryNotRegistered`; ops in
-    /// flight on it → `InternalError` (as hipFile).
-    pub fn buf_deregister(&self, base_addr: u64) -> Result<(), Error> {
-        if !self.is_open() {
-            return Err(Error::new(OpError::DriverClosing));
-        }
-        let mut buffers = write_lock(&self.buffers);
-        let buffer = buffers.get(&base_addr).ok_or(Error::new(OpError::MemoryNotRegistered))?;
-        if buffer.in_flight.load(Ordering::SeqCst) > 0 {
-            return Err(Error::new(OpError::InternalError));
-        }
-        buffers.remove(&base_addr);
-        Ok(())
-    }
-
-    /// Resolves an I/O buffer: a registered buffer by its exact base pointer, else the
-    /// allocation holding it (usable length: the rest of the allocation).
-    ///
-    /// # Errors
-    /// NULL → `InvalidValue`; not device memory → `HipMemoryTypeInvalid`; a device error
-    /// → `HipDriverError`.
-    pub fn resolve_buffer(&self, base_addr: u64) -> Result<ResolvedBuffer, Error> {
-        if base_addr == 0 {
-            return Err(Error::new(OpError::InvalidValue));
-        }
-        if let Some(buffer) = read_lock(&self.buffers).get(&base_addr) {
-            return Ok(ResolvedBuffer {
-                span: BufferSpan { base_addr, len_bytes: buffer.len_bytes },
-                device_ordinal: buffer.device_ordinal,
-                registered: Some(Arc::clone(buffer)),
-            });
-        }
-        let info = self.pointer_info(base_addr)?;
-        if info.memory_type != MemoryType::Device {
-            return Err(Error::new(OpError::HipMemoryTypeInvalid));
-        }
-        let end = info.allocation_base.saturating_add(info.allocation_len_bytes);
-        let span = BufferSpan { base_addr, len_bytes: end.saturating_sub(base_addr) };
-        Ok(ResolvedBuffer { span, device_ordinal: info.device_ordinal, registered: None })
-    }
-
-    fn pointer_info(&self, addr: u64) -> Result<crate::device::PointerInfo, Error> {
-        self.device.pointer_info(addr).map_err(|e| {
-            if e.hip_error == crate::device::DeviceError::HIP_ERROR_INVALID_VALUE {
-                Error::new(OpError::InvalidValue)
-            } else {
-                Error::device(e)
-            }
-        })
     }
 
     /// The engine, started on first use. A start that failed (no thread or address space
@@ -488,95 +313,6 @@ impl Driver {
     /// Picks an executor for work that has no stream affinity.
     pub(crate) fn next_executor(&self) -> usize {
         self.next_executor.fetch_add(1, Ordering::Relaxed)
-    }
-
-    /// `hipFileRead` / `hipFileWrite`: moves up to `size_bytes` (clamped to the max I/O
-    /// size) between the file and device memory and returns the byte count (short at
-    /// end of file for reads).
-    ///
-    /// # Errors
-    /// See [`IoError`]; the order of checks is hipFile's: driver open, handle, buffer,
-    /// arguments, then the I/O.
-    pub fn io_sync(
-        &self,
-        direction: Direction,
-        handle: HandleId,
-        buffer_addr: u64,
-        raw: RawIo,
-    ) -> Result<usize, IoError> {
-        if !self.is_open() {
-            return Err(IoError::DriverClosed);
-        }
-        let file = self.file(handle)?;
-        let buffer = self.resolve_buffer(buffer_addr)?;
-        if !self.compat_mode_allowed() {
-            return Err(IoError::Library(OpError::InternalError));
-        }
-        let io = validate(raw, buffer.span, StreamFlags::empty(), self.page_size_bytes)?;
-        if io.is_empty() {
-            return Ok(0);
-        }
-        let started = std::time::Instant::now();
-        let moved = self.move_now(direction, file, &io, &buffer)?;
-        crate::stats::global().record(
-            buffer.device_ordinal,
-            crate::stats::Api::Sync,
-            direction,
-            io.size_bytes(),
-            moved.0,
-            started.elapsed(),
-        );
-        match moved {
-            (Outcome::Bytes(n), _) => Ok(n as usize),
-            (Outcome::OsError(errno), _) => Err(IoError::Os(errno)),
-            (Outcome::Library(OpError::HipDriverError), Some(error)) => Err(IoError::Device(error)),
-            (Outcome::Library(code), _) => Err(IoError::Library(code)),
-        }
-    }
-}
-
-impl Driver {
-    /// Moves a validated range now, on the engine, and waits for it: the body of the
-    /// sync calls and of async calls on the NULL stream.
-    ///
-    /// # Errors
-    /// The engine could not start.
-    pub(crate) fn move_now(
-        &self,
-        direction: Direction,
-        file: Arc<FileHandle>,
-        io: &ValidIo,
-        buffer: &ResolvedBuffer,
-    ) -> Result<(Outcome, Option<crate::device::DeviceError>), Error> {
-        let engine = self.engine()?;
-        let _buffer_use = buffer.begin_use();
-        if direction == Direction::Write {
-            crate::async_op::prefetch::note_write(&file);
-        }
-        let request = SyncRequest {
-            file,
-            direction,
-            file_offset_bytes: io.file_offset_bytes(),
-            device_addr: io.device_addr(),
-            len_bytes: io.size_bytes(),
-            device_ordinal: buffer.device_ordinal,
-            executor_hint: self.next_executor(),
-        };
-        Ok(engine.run_sync(request))
-    }
-}
-
-/// Says once, at registration, when a file's I/O leaves O_DIRECT for good: at `info`
-/// (`warn` when O_DIRECT was asked for with `HIPFILE_ODIRECT=on`; `debug` when it was
-/// turned off).
-fn log_direct_path(fd: RawFd, file: &FileHandle) {
-    use crate::file::{DirectPolicy, NoDirectReason};
-    let Some(reason) = file.no_direct_reason() else { return };
-    let text = format!("fd {fd}: no O_DIRECT ({reason}): every byte goes through the page cache");
-    match (reason, file.direct_policy()) {
-        (NoDirectReason::PolicyOff, _) => log::debug!("{text}"),
-        (_, DirectPolicy::On) => log::warn!("{text}, although HIPFILE_ODIRECT=on"),
-        _ => log::info!("{text}"),
     }
 }
 

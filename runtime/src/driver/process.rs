@@ -1,6 +1,6 @@
 //! The process-wide driver and the one device selection.
 //!
-//! The C API and [`Driver::global`] share one driver per process, built on first use
+//! The C API and the Rust API ([`runtime`]) share one driver per process, built on first use
 //! from the environment ([`Config::global`]). The cpu HIP runtime
 //! (`libhipfile_hip_cpu.so`) allocates "device" memory, creates streams and copies
 //! through `libhipfile`'s `hipfileCpu*` extension functions, which must act on the
@@ -8,9 +8,9 @@
 //! [`Driver::device`] only gives an `Arc<dyn Device>`, which cannot be downcast, so the
 //! selection keeps the typed handle too.
 //!
-//! Device selection ([`select_device`], also behind [`Driver::from_config`]):
-//! `HIPFILE_DEVICE`; `auto` tries rocm (when built with the feature), then cuda, then
-//! falls back to cpu.
+//! Device selection, the one of the library ([`open_selected`]; `select_device` for a
+//! configuration, behind the process-wide driver; [`open_device`] for tools and tests): `HIPFILE_DEVICE`; `auto` tries rocm (when built
+//! with the feature), then cuda, then falls back to cpu.
 
 use std::sync::{Arc, OnceLock};
 
@@ -20,17 +20,16 @@ use super::Driver;
 use crate::config::{Config, DeviceSelection};
 use crate::device::Device;
 use crate::device::cpu::CpuDevice;
-use crate::device::user::{UserDevice, open_device};
+use crate::device::cuda::CudaDevice;
+#[cfg(feature = "rocm")]
+use crate::device::rocm::RocmDevice;
+use crate::device::user::UserDevice;
 use crate::error::Error;
 
-/// The process-wide driver, its device as an application sees it, and, on the cpu
-/// device, the typed device.
+/// The process-wide driver and, on the cpu device, the typed device.
 pub struct ProcessRuntime {
-    /// The driver every `hipFile*` export and [`Driver::global`] use.
+    /// The driver every `hipFile*` export and the Rust API's process-wide calls use.
     pub driver: Arc<Driver>,
-    /// The driver's device (the same object) with the application's operations:
-    /// allocation, streams, copies (the Python package allocates through it).
-    pub device: Arc<dyn UserDevice>,
     /// The driver's device when it is the `cpu` device (the same object).
     pub cpu: Option<Arc<CpuDevice>>,
 }
@@ -56,11 +55,11 @@ pub fn runtime() -> Result<&'static ProcessRuntime, Error> {
 
 fn build(config: Config) -> Result<ProcessRuntime, Error> {
     let SelectedDevice { device, cpu } = select_device(&config)?;
-    let driver = Driver::new(config, Arc::clone(&device) as Arc<dyn Device>);
-    Ok(ProcessRuntime { driver, device, cpu })
+    let driver = Driver::new(config, device as Arc<dyn Device>);
+    Ok(ProcessRuntime { driver, cpu })
 }
 
-/// The device a configuration selects.
+/// The device a selection opened.
 pub struct SelectedDevice {
     /// The device with the application's operations.
     pub device: Arc<dyn UserDevice>,
@@ -68,29 +67,98 @@ pub struct SelectedDevice {
     pub cpu: Option<Arc<CpuDevice>>,
 }
 
-/// Opens the device `config.device` selects (`auto`: rocm, then cuda, then cpu).
+/// Opens the backend `selection` names: the one device selection of the library.
+/// `Auto` tries `rocm` (built with the cargo feature `rocm`, and HIP finds an AMD GPU),
+/// then `cuda` (libcuda loads and finds a device), then falls back to `cpu`; the `cpu`
+/// device has `cpu_device_count` devices.
+///
+/// # Errors
+/// An explicitly selected backend is not built or finds no device (the message says
+/// why); `Auto` always finds one.
+pub fn open_selected(
+    selection: DeviceSelection,
+    cpu_device_count: u32,
+) -> Result<SelectedDevice, String> {
+    let typed_cpu = || {
+        let cpu = CpuDevice::new(cpu_device_count);
+        SelectedDevice { device: cpu.clone(), cpu: Some(cpu) }
+    };
+    let gpu = |device| SelectedDevice { device, cpu: None };
+    match selection {
+        DeviceSelection::Cpu => Ok(typed_cpu()),
+        DeviceSelection::Cuda => open_cuda().map(gpu),
+        DeviceSelection::Rocm => open_rocm().map(gpu),
+        DeviceSelection::Auto => {
+            Ok(open_rocm().or_else(|_| open_cuda()).map_or_else(|_| typed_cpu(), gpu))
+        }
+    }
+}
+
+/// [`open_selected`]'s device, for a program that needs no typed `cpu` device.
+///
+/// # Errors
+/// As [`open_selected`].
+pub fn open_device(
+    selection: DeviceSelection,
+    cpu_device_count: u32,
+) -> Result<Arc<dyn UserDevice>, String> {
+    open_selected(selection, cpu_device_count).map(|selected| selected.device)
+}
+
+fn open_cuda() -> Result<Arc<dyn UserDevice>, String> {
+    CudaDevice::open().map(|device| device as Arc<dyn UserDevice>)
+}
+
+#[cfg(feature = "rocm")]
+fn open_rocm() -> Result<Arc<dyn UserDevice>, String> {
+    RocmDevice::open().map(|device| device as Arc<dyn UserDevice>)
+}
+
+#[cfg(not(feature = "rocm"))]
+fn open_rocm() -> Result<Arc<dyn UserDevice>, String> {
+    Err("the rocm backend is not built (cargo feature `rocm`)".into())
+}
+
+/// Opens the device `config.device` selects ([`open_selected`]).
 ///
 /// # Errors
 /// An explicitly selected backend is not built or finds no device
 /// (`hipFileDeviceNotFound`; the reason is logged).
-pub fn select_device(config: &Config) -> Result<SelectedDevice, Error> {
-    let cpu_devices = config.cpu_device_count;
-    let typed_cpu = || {
-        let cpu = CpuDevice::new(cpu_devices);
-        SelectedDevice { device: cpu.clone(), cpu: Some(cpu) }
-    };
-    let gpu = |device| SelectedDevice { device, cpu: None };
-    match config.device {
-        DeviceSelection::Cpu => Ok(typed_cpu()),
-        DeviceSelection::Auto => Ok(open_device(DeviceSelection::Rocm, cpu_devices)
-            .or_else(|_| open_device(DeviceSelection::Cuda, cpu_devices))
-            .map_or_else(|_| typed_cpu(), gpu)),
-        other => match open_device(other, cpu_devices) {
-            Ok(device) => Ok(gpu(device)),
-            Err(reason) => {
-                log::error!("HIPFILE_DEVICE={other:?}: {reason}");
-                Err(Error::new(OpError::DeviceNotFound))
-            }
-        },
+pub(crate) fn select_device(config: &Config) -> Result<SelectedDevice, Error> {
+    open_selected(config.device, config.cpu_device_count).map_err(|reason| {
+        log::error!("HIPFILE_DEVICE={:?}: {reason}", config.device);
+        Error::new(OpError::DeviceNotFound)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::{DeviceInfo, DeviceKind};
+
+    #[test]
+    fn cpu_comes_typed_with_its_device_count() {
+        let selected = open_selected(DeviceSelection::Cpu, 3).expect("cpu always opens");
+        let cpu = selected.cpu.expect("typed");
+        assert_eq!(selected.device.kind(), DeviceKind::Cpu);
+        assert_eq!(cpu.device_count(), 3);
+        assert!(Arc::ptr_eq(&(cpu as Arc<dyn UserDevice>), &selected.device), "one device object");
+    }
+
+    #[test]
+    fn auto_always_finds_a_device_and_a_cpu_fallback_comes_typed() {
+        let selected = open_selected(DeviceSelection::Auto, 2).expect("auto falls back to cpu");
+        assert_eq!(selected.device.kind() == DeviceKind::Cpu, selected.cpu.is_some());
+        let device = open_device(DeviceSelection::Auto, 2).expect("auto falls back to cpu");
+        assert_eq!(device.kind(), selected.device.kind(), "the same order both ways");
+    }
+
+    #[cfg(not(feature = "rocm"))]
+    #[test]
+    fn an_explicit_backend_that_is_not_built_is_an_error() {
+        let reason = open_selected(DeviceSelection::Rocm, 1).err().expect("not built");
+        assert!(reason.contains("cargo feature `rocm`"), "{reason}");
+        let config = Config { device: DeviceSelection::Rocm, ..Config::default() };
+        assert_eq!(select_device(&config).err().map(|e| e.code), Some(OpError::DeviceNotFound));
     }
 }

@@ -27,18 +27,18 @@ const CHUNK_RETRY: Duration = Duration::from_micros(100);
 
 /// What a blocking executor needs.
 pub(super) struct BlockingSetup {
-    pub index: usize,
-    pub device: Arc<dyn Device>,
-    pub fallback: Arc<FallbackPool>,
-    pub stats: Arc<EngineStats>,
-    pub chunk_bytes: usize,
-    pub receiver: JobReceiver,
+    pub(crate) index: usize,
+    pub(crate) device: Arc<dyn Device>,
+    pub(crate) fallback: Arc<FallbackPool>,
+    pub(crate) stats: Arc<EngineStats>,
+    pub(crate) chunk_bytes: usize,
+    pub(crate) receiver: JobReceiver,
 }
 
 /// Starts the thread (named like the executors, so the device layer treats it as one).
 pub(super) fn spawn(setup: BlockingSetup) -> std::io::Result<std::thread::JoinHandle<()>> {
     std::thread::Builder::new()
-        .name(format!("{}{}-blocking", super::EXECUTOR_THREAD_PREFIX, setup.index))
+        .name(format!("{}{}-blocking", crate::executor_thread::EXECUTOR_THREAD_PREFIX, setup.index))
         .spawn(move || BlockingExecutor { setup, streams: HashMap::new() }.run())
 }
 

@@ -37,7 +37,7 @@ impl Engine {
         // a direct copy behind it would end when it is released.
         let ops_may_hold_streams = self.async_ops_alive() > 0;
         let copy = |direction, len_bytes| {
-            crate::fault::device_fault(crate::fault::Site::DeviceCopy)?;
+            crate::device::injected_fault(crate::fault::Site::DeviceCopy)?;
             // SAFETY: `host` is a pinned fallback chunk of chunk_bytes >= len_bytes, ours
             // until dropped below; the device range lies in the validated request.
             unsafe {

@@ -4,7 +4,7 @@
 //! Foreign threads (callers, device callback threads) hand jobs over through a bounded
 //! `flume` channel per executor; the executor awaits it (`recv_async`), so an idle
 //! executor parks in io_uring and burns no CPU. A full channel blocks foreign senders;
-//! executors' own posts go to an overflow list instead ([`queue`]). Every job is a byte
+//! executors' own posts go to an overflow list instead (`queue.rs`). Every job is a byte
 //! range of one file and one device buffer; the executor plans it in chunks
 //! (`hipfile_core::PlanConfig`), reads or writes each chunk through io_uring (O_DIRECT
 //! where aligned), and moves it across PCIe on its internal stream, with disk and copies
@@ -30,6 +30,7 @@ use hipfile_core::{Direction, OpError, Outcome};
 
 use crate::config::Config;
 use crate::device::{Device, DeviceError, InternalStream};
+use crate::executor_thread::on_executor_thread;
 use crate::file::{FileHandle, OpGuard};
 
 pub(crate) use executor::spare_cores_for_spinning;
@@ -38,25 +39,17 @@ use parts::{combine, split_into_parts};
 pub use queue::JOB_QUEUE_CAPACITY;
 pub(crate) use staging::FallbackPool;
 
-/// Executor threads are named with this prefix and their index.
-pub const EXECUTOR_THREAD_PREFIX: &str = "hipfile-io-";
-
-/// Whether the calling thread is one of the engine's executors.
-pub(crate) fn on_executor_thread() -> bool {
-    std::thread::current().name().is_some_and(|name| name.starts_with(EXECUTOR_THREAD_PREFIX))
-}
-
 /// How a job ended, as the engine hands it to the job's `done` callback.
 pub(crate) struct JobEnd<'a> {
     /// Bytes moved (short at EOF), `-errno`, or a library error.
-    pub outcome: Outcome,
+    pub(crate) outcome: Outcome,
     /// The device error behind `Outcome::Library(HipDriverError)`, if any.
-    pub device_error: Option<DeviceError>,
+    pub(crate) device_error: Option<DeviceError>,
     /// The device, to enqueue a release after the copies (reads).
-    pub device: &'a dyn Device,
+    pub(crate) device: &'a dyn Device,
     /// The internal stream the job's copies were enqueued on; `None` when none was
     /// created (the job failed before any copy). Borrowed: the executor owns it.
-    pub stream: Option<&'a InternalStream>,
+    pub(crate) stream: Option<&'a InternalStream>,
 }
 
 /// Callback run once per job, on the executor.
@@ -104,64 +97,64 @@ impl Drop for Completion {
 /// One byte range to move between a file and device memory.
 pub(crate) struct IoJob {
     /// The file; keeps it open.
-    pub file: Arc<FileHandle>,
+    pub(crate) file: Arc<FileHandle>,
     /// Counts the job as in flight on the file until it ends.
-    pub guard: OpGuard,
+    pub(crate) guard: OpGuard,
     /// Read or write.
-    pub direction: Direction,
+    pub(crate) direction: Direction,
     /// File offset of the first byte.
-    pub file_offset_bytes: u64,
+    pub(crate) file_offset_bytes: u64,
     /// Device address of the first byte.
-    pub device_addr: u64,
+    pub(crate) device_addr: u64,
     /// Bytes to move.
-    pub len_bytes: u64,
+    pub(crate) len_bytes: u64,
     /// Device that owns `device_addr`.
-    pub device_ordinal: u32,
+    pub(crate) device_ordinal: u32,
     /// `true`: `done` runs after every copy has completed (synchronous callers).
     /// `false`: for reads, `done` runs once every copy is *enqueued*, so it can release a
     /// stream device-side after them; staging is recycled when the copies complete.
-    pub wait_for_copies: bool,
+    pub(crate) wait_for_copies: bool,
     /// For a prefetching read: copies to the device wait until this receives `true` (the
     /// stream reached the op) — disk reads start at once. `false` (the staged data may be
     /// stale) or a disconnected gate (the op was abandoned) ends the job without touching
     /// device memory.
-    pub arm_gate: Option<flume::Receiver<bool>>,
+    pub(crate) arm_gate: Option<flume::Receiver<bool>>,
     /// Asked once when the executor takes the job up, before it touches the file or
     /// memory: `false` ends the job at once with `ECANCELED` (a cancelled batch entry).
-    pub may_start: Option<StartCheck>,
+    pub(crate) may_start: Option<StartCheck>,
     /// Called once with the result.
-    pub done: Completion,
+    pub(crate) done: Completion,
 }
 
 /// Counters of the whole engine (tests and `hipfile-bench check` read them).
 #[derive(Debug, Default)]
-pub struct EngineStats {
+pub(crate) struct EngineStats {
     /// Jobs completed.
-    pub jobs: AtomicU64,
+    pub(crate) jobs: AtomicU64,
     /// Chunks whose staging was the registered arena (zero-copy).
-    pub arena_chunks: AtomicU64,
+    pub(crate) arena_chunks: AtomicU64,
     /// Chunks copied through a fallback pinned chunk (arena exhausted).
-    pub fallback_chunks: AtomicU64,
+    pub(crate) fallback_chunks: AtomicU64,
     /// Chunks redone with blocking pread/pwrite after io_uring refused them (EOPNOTSUPP).
-    pub sync_retry_chunks: AtomicU64,
+    pub(crate) sync_retry_chunks: AtomicU64,
     /// Synchronous requests of at most one chunk moved on the caller's thread.
-    pub caller_thread_requests: AtomicU64,
+    pub(crate) caller_thread_requests: AtomicU64,
     /// Of those, the ones moved while async ops were alive (their copies take the path no
     /// held application stream can stall).
-    pub caller_thread_requests_beside_ops: AtomicU64,
+    pub(crate) caller_thread_requests_beside_ops: AtomicU64,
     /// Jobs moved by a blocking executor (its glommio executor could not start).
-    pub blocking_jobs: AtomicU64,
+    pub(crate) blocking_jobs: AtomicU64,
     /// Times a chunk waited for a fallback chunk: the pool was at its cap, every chunk
     /// taken (its backpressure).
-    pub fallback_waits: AtomicU64,
+    pub(crate) fallback_waits: AtomicU64,
     /// Where the executors' time goes (`hipfile-bench --profile`), in nanoseconds:
     /// see [`EnginePhases`].
-    pub phases: EnginePhaseCounters,
+    pub(crate) phases: EnginePhaseCounters,
 }
 
 /// The counters behind [`EnginePhases`].
 #[derive(Debug, Default)]
-pub struct EnginePhaseCounters {
+pub(crate) struct EnginePhaseCounters {
     busy_ns: AtomicU64,
     job_ns: AtomicU64,
     read_wait_ns: AtomicU64,
@@ -271,7 +264,7 @@ impl EngineStats {
     }
 }
 
-/// A snapshot of [`EngineStats`].
+/// A snapshot of the engine's counters ([`Engine::stats`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct EngineStatsSnapshot {
     /// Jobs completed.
@@ -334,7 +327,7 @@ pub struct Engine {
 
 /// Counts one async op as alive until dropped (see [`Engine::track_async_op`]).
 #[derive(Debug)]
-pub struct AsyncOpTicket(Arc<AtomicUsize>);
+pub(crate) struct AsyncOpTicket(Arc<AtomicUsize>);
 
 impl Drop for AsyncOpTicket {
     fn drop(&mut self) {
@@ -344,9 +337,9 @@ impl Drop for AsyncOpTicket {
 
 /// Why the engine could not start.
 #[derive(Debug)]
-pub struct EngineError {
+pub(crate) struct EngineError {
     /// What failed.
-    pub what: String,
+    pub(crate) what: String,
 }
 
 impl std::fmt::Display for EngineError {
@@ -362,7 +355,7 @@ impl Engine {
     ///
     /// # Errors
     /// An executor thread could not start (io_uring unavailable, pinning refused, …).
-    pub fn start(config: &Config, device: Arc<dyn Device>) -> Result<Engine, EngineError> {
+    pub(crate) fn start(config: &Config, device: Arc<dyn Device>) -> Result<Engine, EngineError> {
         raise_memlock_limit(config);
         let fallback = FallbackPool::new(
             Arc::clone(&device),
@@ -472,12 +465,14 @@ impl Engine {
     /// application stream until the ticket is dropped (the op is dropped after its
     /// release). While any is alive, a caller-thread copy must not take a path that a
     /// held application stream can stall ([`Device::copy_now`]'s `ops_may_hold_streams`).
-    pub fn track_async_op(&self) -> AsyncOpTicket {
+    pub(crate) fn track_async_op(&self) -> AsyncOpTicket {
         self.async_ops_alive.fetch_add(1, Ordering::SeqCst);
         AsyncOpTicket(Arc::clone(&self.async_ops_alive))
     }
 
-    /// Async ops alive now (see [`Engine::track_async_op`]).
+    /// Async ops alive now (each counted from its submission to its end).
+    ///
+    /// Public for the integration tests; embedders do not need it.
     pub fn async_ops_alive(&self) -> usize {
         self.async_ops_alive.load(Ordering::SeqCst)
     }
@@ -524,6 +519,8 @@ impl Engine {
     }
 
     /// Pinned fallback memory allocated now.
+    ///
+    /// Public for the integration tests; embedders do not need it.
     pub fn fallback_pinned_bytes(&self) -> usize {
         self.fallback.pinned_bytes()
     }
@@ -607,13 +604,13 @@ impl Engine {
 
 /// A synchronous request for [`Engine::run_sync`].
 pub(crate) struct SyncRequest {
-    pub file: Arc<FileHandle>,
-    pub direction: Direction,
-    pub file_offset_bytes: u64,
-    pub device_addr: u64,
-    pub len_bytes: u64,
-    pub device_ordinal: u32,
-    pub executor_hint: usize,
+    pub(crate) file: Arc<FileHandle>,
+    pub(crate) direction: Direction,
+    pub(crate) file_offset_bytes: u64,
+    pub(crate) device_addr: u64,
+    pub(crate) len_bytes: u64,
+    pub(crate) device_ordinal: u32,
+    pub(crate) executor_hint: usize,
 }
 
 impl Drop for Engine {

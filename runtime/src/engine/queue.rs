@@ -28,6 +28,8 @@ use super::IoJob;
 
 /// Capacity of each executor's job channel: foreign senders block (backpressure)
 /// beyond it.
+///
+/// Public for the integration tests; embedders do not need it.
 pub const JOB_QUEUE_CAPACITY: usize = 1024;
 
 /// What travels on an executor's channel.

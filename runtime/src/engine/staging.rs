@@ -98,7 +98,7 @@ impl FallbackPool {
         }
         state.allocated_chunks += 1;
         drop(state);
-        let allocated = crate::fault::device_fault(crate::fault::Site::PinnedAlloc)
+        let allocated = crate::device::injected_fault(crate::fault::Site::PinnedAlloc)
             .and_then(|()| self.device.alloc_pinned(self.chunk_bytes));
         match allocated {
             Ok(region) => {

@@ -28,8 +28,9 @@ use hipfile_core::RawIo;
 use hipfile_core::{Direction, OpError};
 use hipfile_runtime::config::{Config, DeviceSelection};
 use hipfile_runtime::device::cpu::CpuDevice;
-use hipfile_runtime::device::user::{StreamGate, UserDevice, backend_name, open_device};
+use hipfile_runtime::device::user::{StreamGate, UserDevice, backend_name};
 use hipfile_runtime::device::{Device, DeviceError, MemoryType, PinnedRegion, StreamHandle};
+use hipfile_runtime::driver::process::{SelectedDevice, open_selected};
 use hipfile_runtime::{AsyncParams, Driver, Error, HandleId, ParamSource};
 
 /// One KiB.
@@ -55,18 +56,10 @@ pub fn selection() -> DeviceSelection {
 /// # Panics
 /// The selected backend is unavailable (a misconfigured run must not pass silently).
 pub fn open_backend(devices: u32) -> (Arc<dyn UserDevice>, Option<Arc<CpuDevice>>) {
-    if selection() == DeviceSelection::Cpu {
-        // What `open_device(DeviceSelection::Cpu, devices)` returns, kept typed.
-        let cpu = CpuDevice::new(devices);
-        return (Arc::clone(&cpu) as Arc<dyn UserDevice>, Some(cpu));
-    }
-    match open_device(selection(), devices) {
-        Ok(device) if device.kind() == hipfile_runtime::device::DeviceKind::Cpu => {
-            // `auto` fell back to cpu: reopen it typed.
-            let cpu = CpuDevice::new(devices);
-            (Arc::clone(&cpu) as Arc<dyn UserDevice>, Some(cpu))
-        }
-        Ok(device) => (device, None),
+    // The library's own selection: a `cpu` device (also when `auto` falls back to it)
+    // comes typed.
+    match open_selected(selection(), devices) {
+        Ok(SelectedDevice { device, cpu }) => (device, cpu),
         Err(reason) => panic!("HIPFILE_DEVICE={:?} unavailable: {reason}", selection()),
     }
 }

@@ -9,7 +9,7 @@
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd};
 
 use hipfile_core::{Direction, OpError};
-use hipfile_runtime::error::IoError;
+use hipfile_runtime::IoError;
 use hipfile_test_support::raw;
 use hipfile_test_support::rig::*;
 

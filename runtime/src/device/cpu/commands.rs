@@ -10,8 +10,7 @@ use std::time::{Duration, Instant};
 
 use crate::device::{DeviceError, HostFn};
 
-use super::gates::GateWord;
-use super::memory::{CopyPath, CopyRule, MemoryRegistry, check_range, check_word, is_any};
+use super::memory::{CopyPath, CopyRule, MemoryRegistry, Origin, check_range, check_word, is_any};
 use super::stats::{StatCounters, bump};
 use super::{lock, read};
 
@@ -214,6 +213,29 @@ pub(super) struct HostCall {
 // SAFETY: `launch_host_func`'s contract makes the caller promise that `func` is sound to
 // call with `user_data` on another thread, which is all the worker does with them.
 unsafe impl Send for HostCall {}
+
+/// The pinned word a [`StreamGate`](super::StreamGate) owns (its wait-value command
+/// keeps it alive too); freed once the gate and the wait that reads it
+/// are both gone.
+pub(super) struct GateWord {
+    pub(super) shared: Arc<Shared>,
+    pub(super) addr: u64,
+}
+
+impl GateWord {
+    pub(super) fn open(&self) {
+        // SAFETY: `addr` is a 4096-aligned tracked Gate allocation that this object owns and
+        // frees only in its own `Drop`; it is only ever accessed atomically.
+        unsafe { self.shared.store_and_wake(self.addr, 1) };
+    }
+}
+
+impl Drop for GateWord {
+    fn drop(&mut self) {
+        let released = self.shared.memory.release(self.addr, |a| a.origin == Origin::Gate);
+        debug_assert!(released.is_ok(), "gate word freed twice");
+    }
+}
 
 /// One command of a stream.
 pub(super) enum Command {

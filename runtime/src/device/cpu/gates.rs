@@ -5,31 +5,9 @@ use std::sync::Arc;
 
 use crate::device::{DeviceError, MemoryType, StreamHandle};
 
-use super::commands::{Command, Shared};
+use super::commands::{Command, GateWord};
 use super::memory::{Origin, check_word};
 use super::{CpuDevice, read};
-
-/// The pinned word a [`StreamGate`] owns; freed once the gate and the wait that reads it
-/// are both gone.
-pub(super) struct GateWord {
-    pub(super) shared: Arc<Shared>,
-    pub(super) addr: u64,
-}
-
-impl GateWord {
-    fn open(&self) {
-        // SAFETY: `addr` is a 4096-aligned tracked Gate allocation that this object owns and
-        // frees only in its own `Drop`; it is only ever accessed atomically.
-        unsafe { self.shared.store_and_wake(self.addr, 1) };
-    }
-}
-
-impl Drop for GateWord {
-    fn drop(&mut self) {
-        let released = self.shared.memory.release(self.addr, |a| a.origin == Origin::Gate);
-        debug_assert!(released.is_ok(), "gate word freed twice");
-    }
-}
 
 /// A point at which a stream is held (see [`CpuDevice::pause_stream`]): work enqueued on
 /// the stream after the gate does not start until the gate is released. Dropping an

@@ -353,6 +353,8 @@ impl CpuDevice {
 
     /// `(base address, length in bytes)` of every host range registered as pinned
     /// (`register_host`: the engine's staging arenas, users' registered host buffers).
+    ///
+    /// Public for the integration tests; embedders do not need it.
     pub fn registered_host_ranges(&self) -> Vec<(u64, usize)> {
         self.shared.memory.registered_ranges()
     }

@@ -35,7 +35,7 @@
 //! Stream and event handles come from one process-wide counter: unique, never 0, never
 //! reused. User streams and internal streams share that namespace and are the same kind
 //! of stream; either handle type may name either. The device makes its
-//! [`InternalStream`]s and [`EventHandle`]s with `from_raw` and ignores a handle's owner:
+//! [`InternalStream`](super::InternalStream)s and [`EventHandle`](super::EventHandle)s with `from_raw` and ignores a handle's owner:
 //! every raw id is looked up in its registry and an unknown one is an error
 //! (`HIP_ERROR_INVALID_HANDLE`), as HIP treats stream and event ids, so a forged handle
 //! names at worst another live stream or event, never freed memory.

@@ -30,7 +30,7 @@ pub struct CpuDeviceStats {
     /// `unregister_host`, `destroy_internal_stream`, `destroy_event`) that named nothing
     /// known: a double free or a wrong handle in the caller.
     pub invalid_releases: u64,
-    /// [`DeviceCopies::copy_now`] calls, and those told that async ops may hold application
+    /// [`DeviceCopies::copy_now`](crate::device::DeviceCopies::copy_now) calls, and those told that async ops may hold application
     /// streams (the CUDA backend bounces short copies then).
     pub caller_copies: u64,
     /// See [`CpuDeviceStats::caller_copies`].

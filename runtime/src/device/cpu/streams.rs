@@ -346,7 +346,8 @@ impl CpuDevice {
     }
 
     /// Enqueues a Rust closure as a host function. A panic in it is caught and counted in
-    /// [`CpuDeviceStats::host_fn_panics`]; the stream keeps running.
+    /// [`CpuDeviceStats::host_fn_panics`](super::CpuDeviceStats::host_fn_panics); the
+    /// stream keeps running.
     ///
     /// (A panic cannot be caught in an `extern "C"` [`HostFn`]: Rust aborts the process
     /// when a panic reaches an `extern "C"` boundary.) The closure may call this device,

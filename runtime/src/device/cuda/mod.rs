@@ -41,7 +41,7 @@ use hipfile_core::Direction;
 
 use sys::*;
 
-use super::gpu::{GpuEvent, OwnedHandles};
+use super::gpu::{DeviceEntry, GpuBackend, OwnedHandles};
 use super::user::UserDevice;
 use super::{
     DeviceCopies, DeviceError, DeviceEvents, DeviceInfo, DeviceKind, EventHandle, HostFn,
@@ -55,7 +55,7 @@ const MAX_SCRATCH_BYTES: usize = 1 << 20;
 
 /// Where [`DeviceCopies::copy_now`] runs a caller-thread copy (`HIPFILE_CUDA_CALLER_COPY`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CallerCopy {
+pub(crate) enum CallerCopy {
     /// The default. While no async op of the process may hold an application stream, on
     /// a pooled stream of the *primary* context, as the application's own `cudaMemcpy`
     /// would: no op of ours can then wait on it, and there it scales with threads (on the
@@ -103,7 +103,7 @@ fn min_copy_bytes_from_environment() -> usize {
 
 /// An internal stream and the device it belongs to (boxed; an `InternalStream` of this
 /// device holds the box's address; see [`CudaDevice::internal`]).
-struct InternalEntry {
+pub(crate) struct InternalEntry {
     stream: CUstream,
     ordinal: u32,
     /// Device scratch of [`CudaDevice::scratch_bytes`] for host → device copies into the
@@ -113,12 +113,18 @@ struct InternalEntry {
 
 /// An event and its device (boxed behind an `EventHandle` of this device by
 /// [`OwnedHandles`]).
-struct EventEntry {
+pub(crate) struct EventEntry {
     event: CUevent,
     ordinal: u32,
 }
 
-impl GpuEvent for EventEntry {
+impl DeviceEntry for InternalEntry {
+    fn ordinal(&self) -> u32 {
+        self.ordinal
+    }
+}
+
+impl DeviceEntry for EventEntry {
     fn ordinal(&self) -> u32 {
         self.ordinal
     }
@@ -140,7 +146,7 @@ struct EngineContext {
 static ENGINE_CONTEXTS: Mutex<Vec<Option<EngineContext>>> = Mutex::new(Vec::new());
 
 /// NVIDIA GPUs through the CUDA driver API.
-pub struct CudaDevice {
+pub(crate) struct CudaDevice {
     api: Api,
     /// The boxes behind this object's `InternalStream` and `EventHandle` values (owner
     /// checked) and the idle events per device (made in the engine context).
@@ -189,7 +195,7 @@ const MAX_CONNECTIONS: &str = "32";
 /// always completes). 32 queues make that sharing rarer, so hipFile sets the variable
 /// when it starts CUDA itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum HardwareQueues {
+pub(crate) enum HardwareQueues {
     /// The application set `CUDA_DEVICE_MAX_CONNECTIONS` (its value).
     FromEnvironment(String),
     /// hipFile set it to 32 before CUDA started (`cuInit`).
@@ -200,7 +206,7 @@ pub enum HardwareQueues {
 
 impl HardwareQueues {
     /// One line for `hipfile-bench check` and reports.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         match self {
             HardwareQueues::FromEnvironment(value) => {
                 format!("{MAX_CONNECTIONS_VARIABLE}={value} (set by the application)")
@@ -291,7 +297,7 @@ fn on_engine_thread() -> bool {
     ENGINE_THREAD.with(|cached| match cached.get() {
         Some(answer) => answer,
         None => {
-            let answer = crate::engine::on_executor_thread();
+            let answer = crate::executor_thread::on_executor_thread();
             cached.set(Some(answer));
             answer
         }
@@ -304,7 +310,7 @@ impl CudaDevice {
     /// # Errors
     /// libcuda is missing (a clear message, never a panic), `cuInit` fails, or there is
     /// no device.
-    pub fn open() -> Result<Arc<CudaDevice>, String> {
+    pub(crate) fn open() -> Result<Arc<CudaDevice>, String> {
         let api = Api::load()?;
         // CUDA reads CUDA_DEVICE_MAX_CONNECTIONS in cuInit (measured on the H200: set
         // after cuInit, even before any context exists, it has no effect). Before cuInit
@@ -488,23 +494,8 @@ impl CudaDevice {
     }
 
     /// Whether device `ordinal`'s engine work runs in a context of its own (for reports).
-    pub fn engine_isolated(&self, ordinal: u32) -> bool {
+    pub(crate) fn engine_isolated(&self, ordinal: u32) -> bool {
         self.engine_context(ordinal).is_ok_and(|context| context.isolated)
-    }
-
-    /// Free and total device memory of `ordinal` (`cuMemGetInfo`), in bytes.
-    ///
-    /// # Errors
-    /// The driver lacks the call, or it fails.
-    pub fn memory_info(&self, ordinal: u32) -> Result<(usize, usize), DeviceError> {
-        if self.api.cuMemGetInfo.is_none() {
-            return Err(DeviceError::new(
-                DeviceError::HIP_ERROR_NOT_SUPPORTED,
-                "cuMemGetInfo missing",
-            ));
-        }
-        self.make_current(ordinal)?;
-        result::mem_get_info(&self.api)
     }
 
     /// Ensures some context is current (the caller's own, else device 0's primary).
@@ -579,9 +570,9 @@ impl CudaDevice {
     fn destroy_entry(&self, entry: &InternalEntry) -> Result<(), DeviceError> {
         if let Some(&scratch) = entry.scratch.get() {
             // SAFETY: our stream; once it is idle nothing uses its scratch.
-            unsafe { result::stream_synchronize_unchecked(&self.api, entry.stream) };
+            let _ = unsafe { result::stream_synchronize_status(&self.api, entry.stream) };
             // SAFETY: allocated in copy_through_scratch, freed once.
-            unsafe { result::mem_free_unchecked(&self.api, scratch) };
+            let _ = unsafe { result::mem_free_status(&self.api, scratch) };
         }
         // SAFETY: our own stream, of the current context.
         unsafe { result::stream_destroy(&self.api, entry.stream) }
@@ -710,6 +701,24 @@ fn retain_primary(api: &Api, ordinal: c_int) -> Result<(CUcontext, bool), String
     Ok((context, supports))
 }
 
+impl GpuBackend for CudaDevice {
+    type Stream = InternalEntry;
+    type Event = EventEntry;
+
+    fn handles(&self) -> &OwnedHandles<InternalEntry, EventEntry> {
+        &self.handles
+    }
+
+    /// The device's engine context ([`CudaDevice::in_engine_context`]).
+    fn in_device<R>(
+        &self,
+        ordinal: u32,
+        work: impl FnOnce() -> Result<R, DeviceError>,
+    ) -> Result<R, DeviceError> {
+        self.in_engine_context(ordinal, work)
+    }
+}
+
 impl DeviceInfo for CudaDevice {
     fn kind(&self) -> DeviceKind {
         DeviceKind::Cuda
@@ -780,7 +789,7 @@ impl HostMemory for CudaDevice {
                 unsafe { result::mem_host_get_device_pointer_status(&self.api, host) };
             if mapped != CUDA_SUCCESS {
                 // SAFETY: frees what we allocated above, once.
-                unsafe { result::mem_free_host_unchecked(&self.api, host) };
+                let _ = unsafe { result::mem_free_host_status(&self.api, host) };
                 return Err(result::error(&self.api, mapped, "cuMemHostGetDevicePointer"));
             }
             Ok(PinnedRegion { host_ptr: host.cast(), device_addr, len_bytes })
@@ -809,7 +818,7 @@ impl HostMemory for CudaDevice {
                 unsafe { result::mem_host_get_device_pointer_status(&self.api, host_ptr.cast()) };
             if mapped != CUDA_SUCCESS {
                 // SAFETY: undo the registration above.
-                unsafe { result::mem_host_unregister_unchecked(&self.api, host_ptr.cast()) };
+                let _ = unsafe { result::mem_host_unregister_status(&self.api, host_ptr.cast()) };
                 return Err(result::error(&self.api, mapped, "cuMemHostGetDevicePointer"));
             }
             Ok(device_addr)
@@ -847,8 +856,7 @@ impl DeviceCopies for CudaDevice {
         source: *const u8,
         len_bytes: usize,
     ) -> Result<(), DeviceError> {
-        let entry = self.handles.stream(stream)?;
-        self.in_engine_context(entry.ordinal, || {
+        self.on_stream(stream, |entry| {
             // SAFETY: caller's contract (pinned source, valid device range); the engine
             // context is current and owns the stream.
             // The engine's copies release user streams: always bounced.
@@ -863,16 +871,14 @@ impl DeviceCopies for CudaDevice {
         source: u64,
         len_bytes: usize,
     ) -> Result<(), DeviceError> {
-        let entry = self.handles.stream(stream)?;
-        self.in_engine_context(entry.ordinal, || {
+        self.on_stream(stream, |entry| {
             // SAFETY: caller's contract; the engine context is current and owns the stream.
             unsafe { result::memcpy_dtoh_async(&self.api, target, source, len_bytes, entry.stream) }
         })
     }
 
     fn synchronize_internal(&self, stream: &InternalStream) -> Result<(), DeviceError> {
-        let entry = self.handles.stream(stream)?;
-        self.in_engine_context(entry.ordinal, || {
+        self.on_stream(stream, |entry| {
             // SAFETY: our stream, of the engine context.
             unsafe { result::stream_synchronize(&self.api, entry.stream) }
         })
@@ -884,8 +890,7 @@ impl DeviceCopies for CudaDevice {
         word_device_addr: u64,
         value: u32,
     ) -> Result<(), DeviceError> {
-        let entry = self.handles.stream(stream)?;
-        self.in_engine_context(entry.ordinal, || {
+        self.on_stream(stream, |entry| {
             // SAFETY: caller's contract: a live pinned word (portable, so mapped in the
             // engine context too).
             unsafe {
@@ -951,13 +956,11 @@ impl DeviceCopies for CudaDevice {
 
 impl DeviceEvents for CudaDevice {
     fn record_event(&self, stream: &InternalStream) -> Result<EventHandle, DeviceError> {
-        let entry = self.handles.stream(stream)?;
-        self.in_engine_context(entry.ordinal, || self.record_event_in_context(entry))
+        self.on_stream(stream, |entry| self.record_event_in_context(entry))
     }
 
     fn event_done(&self, event: &EventHandle) -> Result<bool, DeviceError> {
-        let entry = self.handles.event(event)?;
-        self.in_engine_context(entry.ordinal, || {
+        self.on_event(event, |entry| {
             // SAFETY: a live event of ours.
             unsafe { result::event_query(&self.api, entry.event) }
         })

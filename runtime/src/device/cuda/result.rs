@@ -6,7 +6,8 @@
 //! Calls made while the backend opens report messages (`String`), as `CudaDevice::open`
 //! does. A few calls return the raw status (`*_status`): their callers map it only when
 //! they use it (a pop after a failed call, a clean-up after a failure), so the driver sees
-//! exactly the calls it saw before this layer existed.
+//! exactly the calls it saw before this layer existed; where a call is also wanted mapped,
+//! its mapped function calls the raw one.
 
 use std::ffi::{CStr, c_int, c_uint, c_void};
 
@@ -33,6 +34,12 @@ pub(super) fn error(api: &Api, code: CUresult, what: &'static str) -> DeviceErro
 /// `Ok` for `CUDA_SUCCESS`, else [`error`].
 pub(super) fn status(api: &Api, code: CUresult, what: &'static str) -> Result<(), DeviceError> {
     if code == CUDA_SUCCESS { Ok(()) } else { Err(error(api, code, what)) }
+}
+
+/// A completion query's status: `Ok(false)` for `CUDA_ERROR_NOT_READY` (work pending),
+/// `Ok(true)` for `CUDA_SUCCESS`, else [`error`].
+fn query_status(api: &Api, code: CUresult, what: &'static str) -> Result<bool, DeviceError> {
+    if code == CUDA_ERROR_NOT_READY { Ok(false) } else { status(api, code, what).map(|()| true) }
 }
 
 /// `Ok` for `CUDA_SUCCESS`, else a message with the error's number and name.
@@ -155,17 +162,6 @@ pub(super) fn ctx_get_device_status(api: &Api) -> (CUresult, CUdevice) {
     (code, device)
 }
 
-/// `cuMemGetInfo_v2`: `(free, total)` bytes of the current context's device.
-pub(super) fn mem_get_info(api: &Api) -> Result<(usize, usize), DeviceError> {
-    let get = api
-        .cuMemGetInfo
-        .ok_or(DeviceError::new(DeviceError::HIP_ERROR_NOT_SUPPORTED, "cuMemGetInfo missing"))?;
-    let (mut free, mut total) = (0usize, 0usize);
-    // SAFETY: valid out-pointers; the caller made a context of the device current.
-    status(api, unsafe { get(&mut free, &mut total) }, "cuMemGetInfo")?;
-    Ok((free, total))
-}
-
 /// `cuMemHostAlloc(len_bytes, flags)`: pinned host memory.
 pub(super) fn mem_host_alloc(
     api: &Api,
@@ -195,19 +191,19 @@ pub(super) unsafe fn mem_host_get_device_pointer_status(
 /// `cuMemFreeHost`.
 ///
 /// # Safety
-/// `host` came from `cuMemHostAlloc`, is freed once, and no enqueued work uses it.
+/// As [`mem_free_host_status`].
 pub(super) unsafe fn mem_free_host(api: &Api, host: *mut c_void) -> Result<(), DeviceError> {
     // SAFETY: the caller's contract.
-    status(api, unsafe { (api.cuMemFreeHost)(host) }, "cuMemFreeHost")
+    status(api, unsafe { mem_free_host_status(api, host) }, "cuMemFreeHost")
 }
 
-/// `cuMemFreeHost`, the status ignored (cleaning up after another failure).
+/// `cuMemFreeHost`, the status raw (ignored when cleaning up after another failure).
 ///
 /// # Safety
-/// As [`mem_free_host`].
-pub(super) unsafe fn mem_free_host_unchecked(api: &Api, host: *mut c_void) {
+/// `host` came from `cuMemHostAlloc`, is freed once, and no enqueued work uses it.
+pub(super) unsafe fn mem_free_host_status(api: &Api, host: *mut c_void) -> CUresult {
     // SAFETY: the caller's contract.
-    unsafe { (api.cuMemFreeHost)(host) };
+    unsafe { (api.cuMemFreeHost)(host) }
 }
 
 /// `cuMemHostRegister(host, len_bytes, flags)`.
@@ -228,19 +224,19 @@ pub(super) unsafe fn mem_host_register(
 /// `cuMemHostUnregister`.
 ///
 /// # Safety
-/// `host` was registered and no enqueued work uses it.
+/// As [`mem_host_unregister_status`].
 pub(super) unsafe fn mem_host_unregister(api: &Api, host: *mut c_void) -> Result<(), DeviceError> {
     // SAFETY: the caller's contract.
-    status(api, unsafe { (api.cuMemHostUnregister)(host) }, "cuMemHostUnregister")
+    status(api, unsafe { mem_host_unregister_status(api, host) }, "cuMemHostUnregister")
 }
 
-/// `cuMemHostUnregister`, the status ignored (cleaning up after another failure).
+/// `cuMemHostUnregister`, the status raw (ignored when cleaning up after another failure).
 ///
 /// # Safety
-/// As [`mem_host_unregister`].
-pub(super) unsafe fn mem_host_unregister_unchecked(api: &Api, host: *mut c_void) {
+/// `host` was registered and no enqueued work uses it.
+pub(super) unsafe fn mem_host_unregister_status(api: &Api, host: *mut c_void) -> CUresult {
     // SAFETY: the caller's contract.
-    unsafe { (api.cuMemHostUnregister)(host) };
+    unsafe { (api.cuMemHostUnregister)(host) }
 }
 
 /// `cuMemAlloc` in the current context.
@@ -254,10 +250,20 @@ pub(super) fn mem_alloc(api: &Api, len_bytes: usize) -> Result<CUdeviceptr, Devi
 /// `cuMemFree`.
 ///
 /// # Safety
-/// `address` came from `cuMemAlloc`, is freed once, and no enqueued work uses it.
+/// As [`mem_free_status`].
 pub(super) unsafe fn mem_free(api: &Api, address: CUdeviceptr) -> Result<(), DeviceError> {
     // SAFETY: the caller's contract.
-    status(api, unsafe { (api.cuMemFree)(address) }, "cuMemFree")
+    status(api, unsafe { mem_free_status(api, address) }, "cuMemFree")
+}
+
+/// `cuMemFree`, the status raw (ignored when freeing a scratch while tearing a stream
+/// down).
+///
+/// # Safety
+/// `address` came from `cuMemAlloc`, is freed once, and no enqueued work uses it.
+pub(super) unsafe fn mem_free_status(api: &Api, address: CUdeviceptr) -> CUresult {
+    // SAFETY: the caller's contract.
+    unsafe { (api.cuMemFree)(address) }
 }
 
 /// `cuMemcpyHtoDAsync`.
@@ -347,20 +353,20 @@ pub(super) unsafe fn stream_destroy(api: &Api, stream: CUstream) -> Result<(), D
 /// `cuStreamSynchronize`.
 ///
 /// # Safety
-/// `stream` is a stream handle (an invalid one yields an error code).
+/// As [`stream_synchronize_status`].
 pub(super) unsafe fn stream_synchronize(api: &Api, stream: CUstream) -> Result<(), DeviceError> {
     // SAFETY: the caller's contract.
-    status(api, unsafe { (api.cuStreamSynchronize)(stream) }, "cuStreamSynchronize")
+    status(api, unsafe { stream_synchronize_status(api, stream) }, "cuStreamSynchronize")
 }
 
-/// `cuStreamSynchronize`, the status ignored (waiting for a stream before freeing what it
-/// used).
+/// `cuStreamSynchronize`, the status raw (ignored when waiting for a stream before
+/// freeing what it used).
 ///
 /// # Safety
-/// As [`stream_synchronize`].
-pub(super) unsafe fn stream_synchronize_unchecked(api: &Api, stream: CUstream) {
+/// `stream` is a stream handle (an invalid one yields an error code).
+pub(super) unsafe fn stream_synchronize_status(api: &Api, stream: CUstream) -> CUresult {
     // SAFETY: the caller's contract.
-    unsafe { (api.cuStreamSynchronize)(stream) };
+    unsafe { (api.cuStreamSynchronize)(stream) }
 }
 
 /// `cuStreamQuery`: `Ok(true)` once the stream's work is complete.
@@ -369,10 +375,7 @@ pub(super) unsafe fn stream_synchronize_unchecked(api: &Api, stream: CUstream) {
 /// `stream` is a stream handle (an invalid one yields an error code).
 pub(super) unsafe fn stream_query(api: &Api, stream: CUstream) -> Result<bool, DeviceError> {
     // SAFETY: the caller's contract.
-    match unsafe { (api.cuStreamQuery)(stream) } {
-        CUDA_ERROR_NOT_READY => Ok(false),
-        code => status(api, code, "cuStreamQuery").map(|()| true),
-    }
+    query_status(api, unsafe { (api.cuStreamQuery)(stream) }, "cuStreamQuery")
 }
 
 /// `cuStreamGetCtx`: the context a stream belongs to.
@@ -477,11 +480,7 @@ pub(super) unsafe fn event_record(
 /// `event` is a live event.
 pub(super) unsafe fn event_query(api: &Api, event: CUevent) -> Result<bool, DeviceError> {
     // SAFETY: the caller's contract.
-    match unsafe { (api.cuEventQuery)(event) } {
-        CUDA_SUCCESS => Ok(true),
-        CUDA_ERROR_NOT_READY => Ok(false),
-        code => Err(error(api, code, "cuEventQuery")),
-    }
+    query_status(api, unsafe { (api.cuEventQuery)(event) }, "cuEventQuery")
 }
 
 /// `cuEventDestroy` (CUDA defers the release if the event is pending).
@@ -527,13 +526,4 @@ pub(super) fn pointer_get_attributes(
         return Err(error(api, code, "cuPointerGetAttributes"));
     }
     Ok((memory_type, is_managed, ordinal, start, size))
-}
-
-/// `cuMemFree`, the status ignored (freeing a scratch while tearing a stream down).
-///
-/// # Safety
-/// As [`mem_free`].
-pub(super) unsafe fn mem_free_unchecked(api: &Api, address: CUdeviceptr) {
-    // SAFETY: the caller's contract.
-    unsafe { (api.cuMemFree)(address) };
 }

@@ -7,50 +7,50 @@
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 
 /// `CUresult`.
-pub type CUresult = c_int;
+pub(crate) type CUresult = c_int;
 /// `CUdevice`.
-pub type CUdevice = c_int;
+pub(crate) type CUdevice = c_int;
 /// `CUdeviceptr`.
-pub type CUdeviceptr = u64;
+pub(crate) type CUdeviceptr = u64;
 /// `CUcontext`.
-pub type CUcontext = *mut c_void;
+pub(crate) type CUcontext = *mut c_void;
 /// `CUstream`.
-pub type CUstream = *mut c_void;
+pub(crate) type CUstream = *mut c_void;
 /// `CUevent`.
-pub type CUevent = *mut c_void;
+pub(crate) type CUevent = *mut c_void;
 /// `CUhostFn`.
-pub type CUhostFn = unsafe extern "C" fn(*mut c_void);
+pub(crate) type CUhostFn = unsafe extern "C" fn(*mut c_void);
 
-pub const CUDA_SUCCESS: CUresult = 0;
-pub const CUDA_ERROR_NOT_INITIALIZED: CUresult = 3;
-pub const CUDA_ERROR_NOT_READY: CUresult = 600;
+pub(crate) const CUDA_SUCCESS: CUresult = 0;
+pub(crate) const CUDA_ERROR_NOT_INITIALIZED: CUresult = 3;
+pub(crate) const CUDA_ERROR_NOT_READY: CUresult = 600;
 
-pub const CU_MEMHOSTALLOC_PORTABLE: c_uint = 0x1;
-pub const CU_MEMHOSTALLOC_DEVICEMAP: c_uint = 0x2;
-pub const CU_MEMHOSTREGISTER_PORTABLE: c_uint = 0x1;
-pub const CU_MEMHOSTREGISTER_DEVICEMAP: c_uint = 0x2;
-pub const CU_STREAM_NON_BLOCKING: c_uint = 0x1;
-pub const CU_EVENT_DISABLE_TIMING: c_uint = 0x2;
-pub const CU_STREAM_WAIT_VALUE_GEQ: c_uint = 0x0;
-pub const CU_STREAM_WRITE_VALUE_DEFAULT: c_uint = 0x0;
-pub const CU_STREAM_MEM_OP_WAIT_VALUE_32: c_uint = 1;
-pub const CU_STREAM_MEM_OP_WRITE_VALUE_32: c_uint = 2;
+pub(crate) const CU_MEMHOSTALLOC_PORTABLE: c_uint = 0x1;
+pub(crate) const CU_MEMHOSTALLOC_DEVICEMAP: c_uint = 0x2;
+pub(crate) const CU_MEMHOSTREGISTER_PORTABLE: c_uint = 0x1;
+pub(crate) const CU_MEMHOSTREGISTER_DEVICEMAP: c_uint = 0x2;
+pub(crate) const CU_STREAM_NON_BLOCKING: c_uint = 0x1;
+pub(crate) const CU_EVENT_DISABLE_TIMING: c_uint = 0x2;
+pub(crate) const CU_STREAM_WAIT_VALUE_GEQ: c_uint = 0x0;
+pub(crate) const CU_STREAM_WRITE_VALUE_DEFAULT: c_uint = 0x0;
+pub(crate) const CU_STREAM_MEM_OP_WAIT_VALUE_32: c_uint = 1;
+pub(crate) const CU_STREAM_MEM_OP_WRITE_VALUE_32: c_uint = 2;
 
 /// One entry of `cuStreamBatchMemOp`: cuda.h's `CUstreamBatchMemOpParams` union (48
 /// bytes), in the layout its wait-value and write-value members share.
 #[repr(C, align(8))]
 #[derive(Clone, Copy, Debug, Default)]
-pub struct CUstreamBatchMemOpParams {
+pub(crate) struct CUstreamBatchMemOpParams {
     /// `CUstreamBatchMemOpType`.
-    pub operation: c_uint,
-    pub address: CUdeviceptr,
+    pub(crate) operation: c_uint,
+    pub(crate) address: CUdeviceptr,
     /// `value` (32-bit ops use the low half of the `value`/`value64` union: CUDA runs on
     /// little-endian hosts only).
-    pub value64: u64,
-    pub flags: c_uint,
+    pub(crate) value64: u64,
+    pub(crate) flags: c_uint,
     /// For the driver's use.
-    pub alias: CUdeviceptr,
-    pub pad: u64,
+    pub(crate) alias: CUdeviceptr,
+    pub(crate) pad: u64,
 }
 
 const _: () = assert!(size_of::<CUstreamBatchMemOpParams>() == 48);
@@ -59,33 +59,33 @@ const _: () = assert!(std::mem::offset_of!(CUstreamBatchMemOpParams, value64) ==
 const _: () = assert!(std::mem::offset_of!(CUstreamBatchMemOpParams, flags) == 24);
 const _: () = assert!(std::mem::offset_of!(CUstreamBatchMemOpParams, alias) == 32);
 
-pub const CU_POINTER_ATTRIBUTE_MEMORY_TYPE: c_int = 2;
-pub const CU_POINTER_ATTRIBUTE_IS_MANAGED: c_int = 8;
-pub const CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: c_int = 9;
-pub const CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: c_int = 11;
-pub const CU_POINTER_ATTRIBUTE_RANGE_SIZE: c_int = 12;
+pub(crate) const CU_POINTER_ATTRIBUTE_MEMORY_TYPE: c_int = 2;
+pub(crate) const CU_POINTER_ATTRIBUTE_IS_MANAGED: c_int = 8;
+pub(crate) const CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: c_int = 9;
+pub(crate) const CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: c_int = 11;
+pub(crate) const CU_POINTER_ATTRIBUTE_RANGE_SIZE: c_int = 12;
 
-pub const CU_MEMORYTYPE_DEVICE: c_uint = 2;
-pub const CU_MEMORYTYPE_ARRAY: c_uint = 3;
-pub const CU_MEMORYTYPE_UNIFIED: c_uint = 4;
+pub(crate) const CU_MEMORYTYPE_DEVICE: c_uint = 2;
+pub(crate) const CU_MEMORYTYPE_ARRAY: c_uint = 3;
+pub(crate) const CU_MEMORYTYPE_UNIFIED: c_uint = 4;
 
-pub const CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1: c_int = 92;
+pub(crate) const CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1: c_int = 92;
 
 macro_rules! driver_api {
     (required { $( $field:ident : fn($($arg:ty),*) = [$($symbol:literal),+]; )* }
      optional { $( $opt_field:ident : fn($($opt_arg:ty),*) = [$($opt_symbol:literal),+]; )* }) => {
         /// The entry points, resolved once (`Option` for those a driver may lack).
         #[allow(non_snake_case, reason = "names follow cuda.h")]
-        pub struct Api {
-            $( pub $field: unsafe extern "C" fn($($arg),*) -> CUresult, )*
-            $( pub $opt_field: Option<unsafe extern "C" fn($($opt_arg),*) -> CUresult>, )*
+        pub(crate) struct Api {
+            $( pub(crate) $field: unsafe extern "C" fn($($arg),*) -> CUresult, )*
+            $( pub(crate) $opt_field: Option<unsafe extern "C" fn($($opt_arg),*) -> CUresult>, )*
             _library: Library,
         }
 
         impl Api {
             /// Loads libcuda and resolves every entry point (the first symbol name that
             /// exists, newest ABI first).
-            pub fn load() -> Result<Api, String> {
+            pub(crate) fn load() -> Result<Api, String> {
                 let library = Library::open(&["libcuda.so.1", "libcuda.so"])?;
                 Ok(Api {
                     $( $field: {
@@ -148,12 +148,11 @@ driver_api! {
     optional {
         // The CUDA 11/12 ABI of `cuCtxCreate` (flags, device); CUDA 13 drivers keep it.
         cuCtxCreate_v2: fn(*mut CUcontext, c_uint, CUdevice) = ["cuCtxCreate_v2"];
-        cuMemGetInfo: fn(*mut usize, *mut usize) = ["cuMemGetInfo_v2"];
     }
 }
 
 /// A `dlopen`ed library, closed on drop.
-pub struct Library(*mut c_void);
+pub(crate) struct Library(*mut c_void);
 
 // SAFETY: a dlopen handle may be used and closed from any thread.
 unsafe impl Send for Library {}

@@ -9,9 +9,11 @@
 //! reclaims one, always by consuming the handle: the argument of [`super::handle`] is made
 //! here once instead of in each backend.
 //!
-//! What differs between CUDA and HIP stays in the backend: which context or device is
-//! current for a call (CUDA: the engine's own context, pushed or cached per executor
-//! thread; HIP has no contexts and makes the device current), how an event is created,
+//! A backend implements [`GpuBackend`]: its handles and how it enters a device for a call
+//! (CUDA: the engine's own context, pushed or cached per executor thread; HIP has no
+//! contexts and makes the device current); [`GpuBackend::on_stream`] and
+//! [`GpuBackend::on_event`] then look a handle up and enter its device, written once.
+//! What else differs between CUDA and HIP stays in the backend: how an event is created,
 //! recorded and destroyed, and CUDA's caller-thread streams and device scratch.
 
 use std::marker::PhantomData;
@@ -22,10 +24,61 @@ use super::{DeviceError, EventHandle, InternalStream, handle};
 /// Most idle events kept per device for reuse.
 pub(crate) const EVENT_POOL_CAP: usize = 1024;
 
-/// A backend's event entry: a driver event of one device.
-pub(crate) trait GpuEvent {
-    /// The ordinal of the device the event belongs to (its pool).
+/// A backend's stream or event entry: a driver object of one device.
+pub(crate) trait DeviceEntry {
+    /// The ordinal of the device the object belongs to (an event's pool).
     fn ordinal(&self) -> u32;
+}
+
+/// A GPU backend as the shared code sees it: its handles, and how it enters a device for
+/// a call on one of its streams or events (CUDA: the device's engine context, kept
+/// current on executors and pushed for the call elsewhere; HIP: the device made current).
+pub(crate) trait GpuBackend {
+    /// The backend's internal-stream entry.
+    type Stream: DeviceEntry + 'static;
+    /// The backend's event entry.
+    type Event: DeviceEntry + 'static;
+
+    /// The device object's handles.
+    fn handles(&self) -> &OwnedHandles<Self::Stream, Self::Event>;
+
+    /// Runs `work` with device `ordinal` entered.
+    ///
+    /// # Errors
+    /// Entering the device failed (`work` does not run), or `work`'s error.
+    fn in_device<R>(
+        &self,
+        ordinal: u32,
+        work: impl FnOnce() -> Result<R, DeviceError>,
+    ) -> Result<R, DeviceError>;
+
+    /// Runs `work` on the entry behind an internal stream this object made, with the
+    /// stream's device entered.
+    ///
+    /// # Errors
+    /// [`OwnedHandles::stream`]'s, entering the device failed, or `work`'s error.
+    fn on_stream<'a, R>(
+        &self,
+        stream: &'a InternalStream,
+        work: impl FnOnce(&'a Self::Stream) -> Result<R, DeviceError>,
+    ) -> Result<R, DeviceError> {
+        let entry = self.handles().stream(stream)?;
+        self.in_device(entry.ordinal(), || work(entry))
+    }
+
+    /// Runs `work` on the entry behind an event this object recorded, with the event's
+    /// device entered.
+    ///
+    /// # Errors
+    /// [`OwnedHandles::event`]'s, entering the device failed, or `work`'s error.
+    fn on_event<'a, R>(
+        &self,
+        event: &'a EventHandle,
+        work: impl FnOnce(&'a Self::Event) -> Result<R, DeviceError>,
+    ) -> Result<R, DeviceError> {
+        let entry = self.handles().event(event)?;
+        self.in_device(entry.ordinal(), || work(entry))
+    }
 }
 
 /// The boxes behind one device object's internal-stream and event handles (`S`: the
@@ -167,7 +220,7 @@ impl<S, E> OwnedHandles<S, E> {
     }
 }
 
-impl<S, E: GpuEvent> OwnedHandles<S, E> {
+impl<S, E: DeviceEntry> OwnedHandles<S, E> {
     /// Records an event of device `ordinal`: an idle pooled one, else one `create` makes;
     /// `record` enqueues it (the backend's context or device is current). An event whose
     /// record failed goes back to the pool, or to `destroy` when the pool is full.
@@ -211,14 +264,14 @@ impl<S, E: GpuEvent> OwnedHandles<S, E> {
 
 #[cfg(test)]
 mod tests {
-    use super::{EVENT_POOL_CAP, GpuEvent, OwnedHandles};
+    use super::{DeviceEntry, EVENT_POOL_CAP, OwnedHandles};
     use crate::device::{DeviceError, EventHandle, InternalStream};
 
     /// A test event: (device ordinal, serial number).
     #[derive(Debug, PartialEq)]
     struct Event(u32, u32);
 
-    impl GpuEvent for Event {
+    impl DeviceEntry for Event {
         fn ordinal(&self) -> u32 {
             self.0
         }

@@ -50,7 +50,7 @@ use sys::{
     hipStreamNonBlocking,
 };
 
-use super::gpu::{GpuEvent, OwnedHandles};
+use super::gpu::{DeviceEntry, GpuBackend, OwnedHandles};
 use super::user::UserDevice;
 use super::{
     DeviceCopies, DeviceError, DeviceEvents, DeviceInfo, DeviceKind, EventHandle, HostFn,
@@ -60,19 +60,25 @@ use super::{
 
 /// An internal stream and the device it belongs to (boxed behind an `InternalStream` of
 /// this device by [`OwnedHandles`]).
-struct InternalEntry {
+pub(crate) struct InternalEntry {
     stream: hipStream_t,
     ordinal: u32,
 }
 
 /// An event and its device (boxed behind an `EventHandle` of this device by
 /// [`OwnedHandles`]).
-struct EventEntry {
+pub(crate) struct EventEntry {
     event: hipEvent_t,
     ordinal: u32,
 }
 
-impl GpuEvent for EventEntry {
+impl DeviceEntry for InternalEntry {
+    fn ordinal(&self) -> u32 {
+        self.ordinal
+    }
+}
+
+impl DeviceEntry for EventEntry {
     fn ordinal(&self) -> u32 {
         self.ordinal
     }
@@ -85,7 +91,7 @@ struct HostCall {
 }
 
 /// AMD GPUs through the HIP runtime.
-pub struct RocmDevice {
+pub(crate) struct RocmDevice {
     count: u32,
     /// The boxes behind this object's `InternalStream` and `EventHandle` values (owner
     /// checked) and the idle events per device.
@@ -150,7 +156,7 @@ impl RocmDevice {
     /// # Errors
     /// `hipInit` or `hipGetDeviceCount` fails (no AMD GPU or no kernel driver), or there is
     /// no device: a clear message, never a panic.
-    pub fn open() -> Result<Arc<RocmDevice>, String> {
+    pub(crate) fn open() -> Result<Arc<RocmDevice>, String> {
         result::init()?;
         let count = result::get_device_count()?;
         if count <= 0 {
@@ -188,6 +194,25 @@ impl RocmDevice {
         let _ = self.make_current(entry.ordinal);
         // SAFETY: our event, destroyed once (HIP defers the release if it is pending).
         let _ = unsafe { result::event_destroy(entry.event) };
+    }
+}
+
+impl GpuBackend for RocmDevice {
+    type Stream = InternalEntry;
+    type Event = EventEntry;
+
+    fn handles(&self) -> &OwnedHandles<InternalEntry, EventEntry> {
+        &self.handles
+    }
+
+    /// The device made current ([`RocmDevice::make_current`]), then `work`.
+    fn in_device<R>(
+        &self,
+        ordinal: u32,
+        work: impl FnOnce() -> Result<R, DeviceError>,
+    ) -> Result<R, DeviceError> {
+        self.make_current(ordinal)?;
+        work()
     }
 }
 
@@ -316,10 +341,10 @@ impl DeviceCopies for RocmDevice {
         source: *const u8,
         len_bytes: usize,
     ) -> Result<(), DeviceError> {
-        let entry = self.handles.stream(stream)?;
-        self.make_current(entry.ordinal)?;
-        // SAFETY: caller's contract (pinned source, valid device range); our stream.
-        unsafe { result::memcpy_htod_async(target, source, len_bytes, entry.stream) }
+        self.on_stream(stream, |entry| {
+            // SAFETY: caller's contract (pinned source, valid device range); our stream.
+            unsafe { result::memcpy_htod_async(target, source, len_bytes, entry.stream) }
+        })
     }
 
     unsafe fn copy_from_device_async(
@@ -329,17 +354,17 @@ impl DeviceCopies for RocmDevice {
         source: u64,
         len_bytes: usize,
     ) -> Result<(), DeviceError> {
-        let entry = self.handles.stream(stream)?;
-        self.make_current(entry.ordinal)?;
-        // SAFETY: caller's contract; our stream.
-        unsafe { result::memcpy_dtoh_async(target, source, len_bytes, entry.stream) }
+        self.on_stream(stream, |entry| {
+            // SAFETY: caller's contract; our stream.
+            unsafe { result::memcpy_dtoh_async(target, source, len_bytes, entry.stream) }
+        })
     }
 
     fn synchronize_internal(&self, stream: &InternalStream) -> Result<(), DeviceError> {
-        let entry = self.handles.stream(stream)?;
-        self.make_current(entry.ordinal)?;
-        // SAFETY: our stream.
-        unsafe { result::stream_synchronize(entry.stream) }
+        self.on_stream(stream, |entry| {
+            // SAFETY: our stream.
+            unsafe { result::stream_synchronize(entry.stream) }
+        })
     }
 
     unsafe fn write_value32_internal(
@@ -348,34 +373,34 @@ impl DeviceCopies for RocmDevice {
         word_device_addr: u64,
         value: u32,
     ) -> Result<(), DeviceError> {
-        let entry = self.handles.stream(stream)?;
-        self.make_current(entry.ordinal)?;
-        // SAFETY: caller's contract: a live pinned word; our stream.
-        unsafe { result::stream_write_value32(entry.stream, word_device_addr, value) }
+        self.on_stream(stream, |entry| {
+            // SAFETY: caller's contract: a live pinned word; our stream.
+            unsafe { result::stream_write_value32(entry.stream, word_device_addr, value) }
+        })
     }
 }
 
 impl DeviceEvents for RocmDevice {
     fn record_event(&self, stream: &InternalStream) -> Result<EventHandle, DeviceError> {
-        let entry = self.handles.stream(stream)?;
-        self.make_current(entry.ordinal)?;
-        self.handles.record_event(
-            entry.ordinal,
-            || {
-                let event = result::event_create_with_flags(hipEventDisableTiming)?;
-                Ok(EventEntry { event, ordinal: entry.ordinal })
-            },
-            // SAFETY: event and stream belong to the same (current) device.
-            |event| unsafe { result::event_record(event.event, entry.stream) },
-            |event| self.destroy_event_entry(&event),
-        )
+        self.on_stream(stream, |entry| {
+            self.handles.record_event(
+                entry.ordinal,
+                || {
+                    let event = result::event_create_with_flags(hipEventDisableTiming)?;
+                    Ok(EventEntry { event, ordinal: entry.ordinal })
+                },
+                // SAFETY: event and stream belong to the same (current) device.
+                |event| unsafe { result::event_record(event.event, entry.stream) },
+                |event| self.destroy_event_entry(&event),
+            )
+        })
     }
 
     fn event_done(&self, event: &EventHandle) -> Result<bool, DeviceError> {
-        let entry = self.handles.event(event)?;
-        self.make_current(entry.ordinal)?;
-        // SAFETY: a live event of ours.
-        unsafe { result::event_query(entry.event) }
+        self.on_event(event, |entry| {
+            // SAFETY: a live event of ours.
+            unsafe { result::event_query(entry.event) }
+        })
     }
 
     fn destroy_event(&self, event: EventHandle) {

@@ -12,6 +12,12 @@ fn status(code: hipError_t, what: &'static str) -> Result<(), DeviceError> {
     if code == hipError_t::hipSuccess { Ok(()) } else { Err(DeviceError::new(code as i32, what)) }
 }
 
+/// A completion query's status: `Ok(false)` for `hipErrorNotReady` (work pending),
+/// `Ok(true)` for `hipSuccess`, else the code as a [`DeviceError`] saying `what`.
+fn query_status(code: hipError_t, what: &'static str) -> Result<bool, DeviceError> {
+    if code == hipError_t::hipErrorNotReady { Ok(false) } else { status(code, what).map(|()| true) }
+}
+
 /// The name of a HIP error (e.g. `hipErrorNoDevice`).
 fn error_name(code: hipError_t) -> String {
     // SAFETY: hipGetErrorName takes any error value and returns a static string or NULL.
@@ -259,10 +265,7 @@ pub(super) unsafe fn stream_synchronize(stream: hipStream_t) -> Result<(), Devic
 /// `stream` is a stream handle (an invalid one yields an error code).
 pub(super) unsafe fn stream_query(stream: hipStream_t) -> Result<bool, DeviceError> {
     // SAFETY: the caller's contract.
-    match unsafe { hipStreamQuery(stream) } {
-        hipError_t::hipErrorNotReady => Ok(false),
-        code => status(code, "hipStreamQuery").map(|()| true),
-    }
+    query_status(unsafe { hipStreamQuery(stream) }, "hipStreamQuery")
 }
 
 /// `hipMemcpyHtoDAsync`.
@@ -391,11 +394,7 @@ pub(super) unsafe fn event_record(
 /// `event` is a live event.
 pub(super) unsafe fn event_query(event: hipEvent_t) -> Result<bool, DeviceError> {
     // SAFETY: the caller's contract.
-    match unsafe { hipEventQuery(event) } {
-        hipError_t::hipSuccess => Ok(true),
-        hipError_t::hipErrorNotReady => Ok(false),
-        code => Err(DeviceError::new(code as i32, "hipEventQuery")),
-    }
+    query_status(unsafe { hipEventQuery(event) }, "hipEventQuery")
 }
 
 /// `hipEventDestroy` (HIP defers the release if the event is pending).

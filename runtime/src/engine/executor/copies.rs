@@ -5,11 +5,20 @@ use std::collections::VecDeque;
 use std::rc::Rc;
 use std::time::Duration;
 
+use glommio::io::ReadResult;
+
 use super::Executor;
-use super::read::Staging;
 use crate::device::{Device, DeviceError, EventHandle, InternalStream};
 use crate::engine::Phase;
-use crate::engine::staging::StagingShare;
+use crate::engine::staging::{FallbackChunk, StagingShare};
+
+/// What a chunk's bytes sit in while the device copies them.
+pub(super) enum Staging {
+    /// A glommio read result, inside the registered arena.
+    Read(ReadResult),
+    /// A pinned fallback chunk.
+    Fallback(FallbackChunk),
+}
 
 /// A device copy in flight and the staging it reads or writes.
 pub(super) struct InFlightCopy {

@@ -37,22 +37,22 @@ use files::{FileEntry, OpenFiles};
 
 /// Everything an executor thread needs, moved into it at start.
 pub(super) struct Setup {
-    pub index: usize,
-    pub cpu: usize,
-    pub device: Arc<dyn Device>,
-    pub fallback: Arc<FallbackPool>,
-    pub stats: Arc<EngineStats>,
-    pub chunk_bytes: usize,
-    pub arena_bytes: usize,
-    pub chunks_in_flight: usize,
-    pub page_bytes: u64,
+    pub(crate) index: usize,
+    pub(crate) cpu: usize,
+    pub(crate) device: Arc<dyn Device>,
+    pub(crate) fallback: Arc<FallbackPool>,
+    pub(crate) stats: Arc<EngineStats>,
+    pub(crate) chunk_bytes: usize,
+    pub(crate) arena_bytes: usize,
+    pub(crate) chunks_in_flight: usize,
+    pub(crate) page_bytes: u64,
     /// Spin before parking ([`spare_cores_for_spinning`]).
-    pub spin: bool,
+    pub(crate) spin: bool,
     /// How page-cache chunks are written.
-    pub buffered_writes: crate::config::BufferedWrites,
-    pub receiver: JobReceiver,
+    pub(crate) buffered_writes: crate::config::BufferedWrites,
+    pub(crate) receiver: JobReceiver,
     /// Told once the executor runs (its io_uring and arena are set up).
-    pub ready: flume::Sender<()>,
+    pub(crate) ready: flume::Sender<()>,
 }
 
 /// How long an executor keeps polling after its last work before it parks: a job posted
@@ -72,7 +72,7 @@ pub(super) fn spawn(setup: Setup) -> glommio::Result<glommio::ExecutorJoinHandle
     let builder = LocalExecutorBuilder::new(Placement::Fixed(setup.cpu));
     let builder = if setup.spin { builder.spin_before_park(SPIN_BEFORE_PARK) } else { builder };
     builder
-        .name(&format!("{}{}", super::EXECUTOR_THREAD_PREFIX, setup.index))
+        .name(&format!("{}{}", crate::executor_thread::EXECUTOR_THREAD_PREFIX, setup.index))
         .io_memory(setup.arena_bytes)
         // The thread of `off_reactor`: unbound, so that it never waits for the core of
         // an executor spinning before it parks (glommio's default binds it there).

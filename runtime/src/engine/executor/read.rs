@@ -10,25 +10,17 @@ use glommio::Task;
 use glommio::io::ReadResult;
 use hipfile_core::{Chunk, ChunkMode, Direction, OpError, Outcome};
 
-use super::copies::InFlightCopy;
+use super::copies::{InFlightCopy, Staging};
 use super::files::OpenFiles;
 use super::{
     Executor, JobRange, glommio_errno, injected_chunk_fault, off_reactor, os_errno, uring_refuses,
 };
 use crate::device::{DeviceError, InternalStream};
-use crate::engine::staging::{FallbackChunk, StagingShare};
+use crate::engine::staging::StagingShare;
 use crate::engine::{EngineStats, Phase};
 use crate::fault::Site;
 use crate::file::{FileHandle, pread_full};
 use crate::sys;
-
-/// What a chunk's bytes sit in while the device copies them.
-pub(super) enum Staging {
-    /// A glommio read result, inside the registered arena.
-    Read(ReadResult),
-    /// A pinned fallback chunk.
-    Fallback(FallbackChunk),
-}
 
 /// A chunk read in flight: the chunk, its share of the arena, the read (`Ok(None)`: io_uring
 /// could not serve the chunk, and the job reads it with blocking I/O, [`Executor::read_blocking`]).
@@ -306,12 +298,12 @@ impl Executor {
             Staging::Read(_) => &self.setup.stats.arena_chunks,
         };
         EngineStats::add(counter, 1);
-        crate::fault::device_fault(Site::DeviceCopy)?;
+        crate::device::injected_fault(Site::DeviceCopy)?;
         // SAFETY: the staging (arena or pinned fallback chunk) holds `len` bytes and is
         // kept alive in the returned InFlightCopy until the event completes; `target`
         // lies in the job's validated device range.
         unsafe { device.copy_to_device_async(stream, target, staging_ptr(&staging), len)? };
-        match crate::fault::device_fault(Site::DeviceEvent)
+        match crate::device::injected_fault(Site::DeviceEvent)
             .and_then(|()| device.record_event(stream))
         {
             Ok(event) => Ok(InFlightCopy::new(event, staging, share)),

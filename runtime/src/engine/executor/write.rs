@@ -164,7 +164,7 @@ impl Executor {
         let staging = if in_arena && !files.uring_refused.get() {
             EngineStats::add(&self.setup.stats.arena_chunks, 1);
             let target = buffer.as_bytes_mut().as_mut_ptr();
-            crate::fault::device_fault(Site::DeviceCopy)?;
+            crate::device::injected_fault(Site::DeviceCopy)?;
             // SAFETY: `buffer` is an arena (registered, pinned) buffer of `len` bytes that
             // the returned staging keeps alive until the copy's event is waited for.
             unsafe { self.setup.device.copy_from_device_async(stream, target, source, len)? };
@@ -180,7 +180,7 @@ impl Executor {
             };
             EngineStats::add(&self.setup.stats.fallback_chunks, 1);
             crate::stats::count_fallback_chunk();
-            crate::fault::device_fault(Site::DeviceCopy)?;
+            crate::device::injected_fault(Site::DeviceCopy)?;
             // SAFETY: the fallback chunk is pinned, ours, and >= len bytes; kept alive in
             // the returned staging until the copy's event is waited for.
             unsafe {
@@ -193,7 +193,7 @@ impl Executor {
             };
             WriteStaging::Fallback(buffer, chunk_memory)
         };
-        let recorded = crate::fault::device_fault(Site::DeviceEvent)
+        let recorded = crate::device::injected_fault(Site::DeviceEvent)
             .and_then(|()| self.setup.device.record_event(stream));
         match recorded {
             Ok(event) => Ok(Some((event, staging))),
