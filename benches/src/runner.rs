@@ -78,6 +78,8 @@ struct StatsInfo {
     sync_retry_chunks: u64,
     caller_thread_requests: u64,
     caller_thread_requests_beside_ops: u64,
+    blocking_jobs: u64,
+    fallback_waits: u64,
     async_submitted: u64,
     async_prefetched: u64,
     device_releases: u64,
@@ -341,6 +343,8 @@ fn stats(b: &Bench) -> Option<StatsInfo> {
         sync_retry_chunks: engine.sync_retry_chunks,
         caller_thread_requests: engine.caller_thread_requests,
         caller_thread_requests_beside_ops: engine.caller_thread_requests_beside_ops,
+        blocking_jobs: engine.blocking_jobs,
+        fallback_waits: engine.fallback_waits,
         async_submitted: load(&a.submitted),
         async_prefetched: load(&a.prefetched),
         device_releases: load(&a.device_releases),
@@ -354,11 +358,13 @@ fn stats(b: &Bench) -> Option<StatsInfo> {
 
 fn print_stats(s: &StatsInfo) {
     println!(
-        "hipfile-rs counters: {} engine jobs ({} arena chunks, {} fallback, {} sync retries), {} requests on the caller's thread ({} while async ops were alive); async {} submitted, {} prefetched, {} device / {} host releases; file {} MiB O_DIRECT + {} MiB buffered read, {} MiB O_DIRECT + {} MiB buffered written",
+        "hipfile-rs counters: {} engine jobs ({} arena chunks, {} fallback, {} waits for a fallback chunk, {} sync retries; {} on blocking executors), {} requests on the caller's thread ({} while async ops were alive); async {} submitted, {} prefetched, {} device / {} host releases; file {} MiB O_DIRECT + {} MiB buffered read, {} MiB O_DIRECT + {} MiB buffered written",
         s.engine_jobs,
         s.arena_chunks,
         s.fallback_chunks,
+        s.fallback_waits,
         s.sync_retry_chunks,
+        s.blocking_jobs,
         s.caller_thread_requests,
         s.caller_thread_requests_beside_ops,
         s.async_submitted,

@@ -5,7 +5,8 @@
 //! - `--mode sweep --spread-devices`: the streams of each case spread over four devices
 //!   (`HIPFILE_CPU_DEVICES=4`), every byte verified;
 //! - `--mode shards`: four devices (`HIPFILE_CPU_DEVICES=4`) each load their own shard at
-//!   once, every byte verified, with the report's rows and ratios.
+//!   once, every byte verified, with the report's rows and ratios;
+//! - `--profile`: every row says where its CPU and the engine's time went.
 
 use std::io::Read;
 use std::process::{Command, Output, Stdio};
@@ -185,4 +186,60 @@ fn a_sweep_spread_over_four_devices_passes() {
     let (stdout, stderr) = (text(&output.stdout), text(&output.stderr));
     assert!(output.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
     assert!(stdout.contains("sweep: 4 cases, 4 PASS, 0 HANG, 0 FAIL, 0 WRONG"), "{stdout}");
+}
+
+/// `--profile`: every row gets its CPU per thread group and, for our rows, the engine's
+/// phases (text and JSON); the JSON's counters include the fallback and blocking ones.
+#[test]
+fn a_profiled_run_says_where_each_rows_time_went() {
+    let json =
+        std::env::temp_dir().join(format!("hipfile-bench-profile-{}.json", std::process::id()));
+    let json_arg = json.to_str().unwrap();
+    let (output, _) = bench(&[
+        "--mode",
+        "read,write",
+        "--streams",
+        "2",
+        "--io-size",
+        "4M",
+        "--file-size",
+        "16M",
+        "--reps",
+        "1",
+        "--profile",
+        "--json",
+        json_arg,
+    ]);
+    let (stdout, stderr) = (text(&output.stdout), text(&output.stderr));
+    assert!(output.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(stdout.contains("    cpu-s/GiB by thread: "), "{stdout}");
+    assert!(stdout.contains("    engine: executors busy "), "{stdout}");
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&json);
+    let rows = report["results"].as_array().unwrap();
+    assert!(rows.len() >= 4, "{report}");
+    for row in rows {
+        let groups = row["profile"]["cpu_s_per_gib"].as_array().unwrap();
+        assert!(!groups.is_empty(), "no CPU groups: {row}");
+        let ours = row["xfer"] == "ASYNC" || row["xfer"] == "SYNC";
+        let engine = &row["profile"]["engine"];
+        if ours {
+            // 4 MiB ops (four chunks: never the caller's thread): the engine moved chunks.
+            assert!(engine["chunks"].as_u64().unwrap() > 0, "{row}");
+            assert!(engine["busy"].as_f64().unwrap() > 0.0, "{row}");
+            let waits = ["read_wait", "write_wait", "copy_wait", "staging_wait"];
+            let wait_sum: f64 = waits.iter().map(|w| engine[w].as_f64().unwrap()).sum();
+            assert!(wait_sum > 0.0 && wait_sum <= 1.0 + 1e-9, "{row}");
+        }
+        if ours && row["io_type"] == "READ" {
+            assert!(
+                groups.iter().any(|g| g[0].as_str().unwrap().starts_with("hipfile-io-")),
+                "{row}"
+            );
+        }
+    }
+    for counter in ["engine_jobs", "fallback_waits", "blocking_jobs", "arena_chunks"] {
+        assert!(report["stats"][counter].is_u64(), "no {counter} in {}", report["stats"]);
+    }
 }
