@@ -34,7 +34,7 @@ impl Paused {
         let file = TempFile::new(tag, &data);
         // A prefetch of a file changed in the last 30 ms is redone when the stream
         // reaches the read (the kernel's change times may not show a change that soon:
-        // `ChangeStamp` in runtime/src/file.rs); the tests that count file reads want a
+        // `ChangeStamp` in runtime/src/file/change.rs); the tests that count file reads want a
         // settled file.
         std::thread::sleep(Duration::from_millis(40));
         let fd = file.open_rw();

@@ -12,12 +12,21 @@
 //!
 //! In process: [`snapshot`] (Rust), `hipfileStatsGet*` (C, `hipfile_ext.h`).
 //! Another process: [`StatsSnapshot::of_process`].
+//!
+//! This file holds the page's layout, the recording (counters, histogram buckets) and the
+//! process's page; `snapshot.rs` reading it back, `shared_page.rs` mapping it in
+//! `/dev/shm`.
+
+mod shared_page;
+mod snapshot;
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use hipfile_core::{ChunkMode, Direction, Outcome};
+
+pub use snapshot::{ClassSnapshot, StatsSnapshot, snapshot};
 
 /// `"hipfile1"`: the page's first word.
 pub(crate) const STATS_MAGIC: u64 = u64::from_le_bytes(*b"hipfile1");
@@ -291,235 +300,6 @@ pub(crate) fn count_sync_retry_chunk() {
 pub fn global() -> &'static StatsPage {
     static PAGE: OnceLock<&'static StatsPage> = OnceLock::new();
     PAGE.get_or_init(shared_page::create)
-}
-
-/// A copy of one class's counters; `#[repr(C)]`, the layout of C's
-/// `hipfileStatsClass_t` (`hipfile_ext.h`).
-#[repr(C)]
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ClassSnapshot {
-    /// Requests finished.
-    pub ops: u64,
-    /// Bytes moved.
-    pub bytes: u64,
-    /// Failed requests.
-    pub errors: u64,
-    /// Sum of latencies, ns.
-    pub latency_ns_sum: u64,
-    /// Latency histogram.
-    pub latency_buckets: [u64; LATENCY_BUCKETS],
-    /// Size histogram.
-    pub size_buckets: [u64; SIZE_BUCKETS],
-}
-
-impl ClassSnapshot {
-    /// The latency below which `quantile` (0..=1) of the requests finished, as the upper
-    /// bound of its histogram bucket, µs (`None` without requests).
-    pub fn latency_quantile_us(&self, quantile: f64) -> Option<u64> {
-        let total: u64 = self.latency_buckets.iter().sum();
-        if total == 0 {
-            return None;
-        }
-        let rank = ((total as f64 * quantile).ceil() as u64).clamp(1, total);
-        let mut seen = 0;
-        for (i, &count) in self.latency_buckets.iter().enumerate() {
-            seen += count;
-            if seen >= rank {
-                return Some(latency_bucket_floor_us(i + 1).max(1));
-            }
-        }
-        None
-    }
-
-    /// Mean latency, µs.
-    pub fn mean_latency_us(&self) -> Option<f64> {
-        (self.ops > 0).then(|| self.latency_ns_sum as f64 / self.ops as f64 / 1000.0)
-    }
-}
-
-/// A copy of the whole page.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct StatsSnapshot {
-    /// The process.
-    pub pid: u64,
-    /// When statistics started (Unix time, ns).
-    pub started_unix_ns: u64,
-    /// `[device][api][direction]`.
-    pub classes: Vec<[[ClassSnapshot; 2]; 3]>,
-    /// O_DIRECT read, buffered read, O_DIRECT write, buffered write bytes; caller-thread
-    /// requests; engine jobs; fallback chunks; sync-retry chunks.
-    pub paths: [u64; 8],
-}
-
-impl StatsSnapshot {
-    /// One class.
-    pub fn class(&self, device_ordinal: u32, api: Api, direction: Direction) -> &ClassSnapshot {
-        let device = (device_ordinal as usize).min(STATS_DEVICES - 1);
-        &self.classes[device][api as usize][direction_index(direction)]
-    }
-
-    /// The sum over devices of one (api, direction).
-    pub fn total(&self, api: Api, direction: Direction) -> ClassSnapshot {
-        let mut sum = ClassSnapshot::default();
-        for device in &self.classes {
-            let c = &device[api as usize][direction_index(direction)];
-            sum.ops += c.ops;
-            sum.bytes += c.bytes;
-            sum.errors += c.errors;
-            sum.latency_ns_sum += c.latency_ns_sum;
-            for (total, part) in sum.latency_buckets.iter_mut().zip(c.latency_buckets) {
-                *total += part;
-            }
-            for (total, part) in sum.size_buckets.iter_mut().zip(c.size_buckets) {
-                *total += part;
-            }
-        }
-        sum
-    }
-
-    /// Reads the live page of process `pid` (`/dev/shm/hipfile-rs-stats.<pid>`).
-    ///
-    /// # Errors
-    /// No such file (the process is gone, did no I/O yet, or runs with
-    /// `HIPFILE_STATS=0`), or a page of another layout.
-    pub fn of_process(pid: u32) -> std::io::Result<StatsSnapshot> {
-        let bytes = std::fs::read(shared_page::path_of(pid))?;
-        let words: Vec<u64> = bytes
-            .chunks_exact(8)
-            .map(|w| u64::from_ne_bytes(w.try_into().expect("8 bytes")))
-            .collect();
-        let expected = size_of::<StatsPage>() / 8;
-        if words.len() < expected || words[0] != STATS_MAGIC || words[1] != STATS_VERSION {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                "not a hipfile-rs statistics page of this version",
-            ));
-        }
-        Ok(StatsSnapshot::from_words(&words))
-    }
-
-    fn from_words(words: &[u64]) -> StatsSnapshot {
-        let mut next = words.iter().copied();
-        let mut take = || next.next().unwrap_or(0);
-        let (_magic, _version) = (take(), take());
-        let (pid, started_unix_ns) = (take(), take());
-        let mut class = || {
-            let mut c =
-                ClassSnapshot { ops: take(), bytes: take(), errors: take(), ..Default::default() };
-            c.latency_ns_sum = take();
-            c.latency_buckets = std::array::from_fn(|_| take());
-            c.size_buckets = std::array::from_fn(|_| take());
-            c
-        };
-        let classes = (0..STATS_DEVICES)
-            .map(|_| std::array::from_fn(|_| std::array::from_fn(|_| class())))
-            .collect();
-        let paths = std::array::from_fn(|_| take());
-        StatsSnapshot { pid, started_unix_ns, classes, paths }
-    }
-}
-
-/// A copy of this process's statistics.
-pub fn snapshot() -> StatsSnapshot {
-    global().snapshot()
-}
-
-/// The shared-memory page (and its private fallback).
-mod shared_page {
-    use std::ffi::CString;
-    use std::path::PathBuf;
-    use std::sync::atomic::Ordering;
-
-    use super::{STATS_MAGIC, STATS_VERSION, StatsPage};
-
-    /// Where process `pid` keeps its page.
-    pub(super) fn path_of(pid: u32) -> PathBuf {
-        PathBuf::from(format!("/dev/shm/hipfile-rs-stats.{pid}"))
-    }
-
-    /// Maps the page (shared when allowed), fills its header and returns it; never
-    /// unmapped (it lives as long as the process).
-    pub(super) fn create() -> &'static StatsPage {
-        let shared = std::env::var("HIPFILE_STATS").map_or(true, |v| v != "0" && v != "off");
-        let page = if shared { map_shared() } else { None };
-        let page = page.unwrap_or_else(|| Box::leak(Box::new(zeroed_page())));
-        page.pid.store(u64::from(std::process::id()), Ordering::Relaxed);
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
-        let now_ns = now.map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
-        page.started_unix_ns.store(now_ns, Ordering::Relaxed);
-        page.version.store(STATS_VERSION, Ordering::Relaxed);
-        page.magic.store(STATS_MAGIC, Ordering::Release);
-        page
-    }
-
-    fn zeroed_page() -> StatsPage {
-        // SAFETY: StatsPage is made only of AtomicU64, for which all-zero bytes are 0.
-        unsafe { std::mem::zeroed() }
-    }
-
-    /// `/dev/shm/hipfile-rs-stats.<pid>`, sized and mapped shared; removed at exit.
-    fn map_shared() -> Option<&'static StatsPage> {
-        remove_files_of_gone_processes();
-        let path =
-            CString::new(path_of(std::process::id()).into_os_string().into_encoded_bytes()).ok()?;
-        let len = size_of::<StatsPage>();
-        // SAFETY: plain syscalls on a descriptor of ours; the mapping is checked, never
-        // unmapped, and `len` bytes long (ftruncate zero-fills it), which is what a
-        // StatsPage of AtomicU64s needs (page alignment exceeds its alignment).
-        unsafe {
-            let fd = libc::open(
-                path.as_ptr(),
-                libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC,
-                0o644,
-            );
-            if fd < 0 {
-                return None;
-            }
-            let sized = libc::ftruncate(fd, len as libc::off_t) == 0;
-            let addr = if sized {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    len,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_SHARED,
-                    fd,
-                    0,
-                )
-            } else {
-                libc::MAP_FAILED
-            };
-            libc::close(fd);
-            if addr == libc::MAP_FAILED {
-                libc::unlink(path.as_ptr());
-                return None;
-            }
-            libc::atexit(remove_own_file);
-            Some(&*addr.cast::<StatsPage>())
-        }
-    }
-
-    extern "C" fn remove_own_file() {
-        let _ = std::fs::remove_file(path_of(std::process::id()));
-    }
-
-    /// Removes the pages of processes that no longer exist.
-    fn remove_files_of_gone_processes() {
-        let Ok(entries) = std::fs::read_dir("/dev/shm") else { return };
-        for entry in entries.flatten() {
-            let name = entry.file_name();
-            let pid = name
-                .to_str()
-                .and_then(|n| n.strip_prefix("hipfile-rs-stats."))
-                .and_then(|p| p.parse::<i32>().ok());
-            if let Some(pid) = pid
-                // SAFETY: signal 0 only checks whether the process exists.
-                && unsafe { libc::kill(pid, 0) } != 0
-                && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
-            {
-                let _ = std::fs::remove_file(entry.path());
-            }
-        }
-    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,114 @@
+//! [`StreamMemoryOps`] on the CUDA device: host functions, wait-value and write-value on
+//! the application's streams (in the caller's current context), their synchronize and query.
+
+use std::ffi::c_void;
+
+use crate::device::{DeviceError, HostFn, StreamHandle, StreamMemoryOps, WriteThenWaitError};
+
+use super::sys::*;
+use super::{CudaDevice, result};
+
+impl StreamMemoryOps for CudaDevice {
+    unsafe fn launch_host_func(
+        &self,
+        stream: StreamHandle,
+        func: HostFn,
+        user_data: *mut c_void,
+    ) -> Result<(), DeviceError> {
+        self.ensure_any_current()?;
+        // SAFETY: caller's contract; HostFn has CUhostFn's ABI.
+        unsafe { result::launch_host_func(&self.api, stream.0 as CUstream, func, user_data) }
+    }
+
+    unsafe fn stream_wait_value32(
+        &self,
+        stream: StreamHandle,
+        word_device_addr: u64,
+        value: u32,
+    ) -> Result<(), DeviceError> {
+        self.ensure_any_current()?;
+        // SAFETY: caller's contract: the word stays allocated.
+        unsafe {
+            result::stream_wait_value32_geq(
+                &self.api,
+                stream.0 as CUstream,
+                word_device_addr,
+                value,
+            )
+        }
+    }
+
+    unsafe fn stream_write_value32(
+        &self,
+        stream: StreamHandle,
+        word_device_addr: u64,
+        value: u32,
+    ) -> Result<(), DeviceError> {
+        self.ensure_any_current()?;
+        // SAFETY: caller's contract.
+        unsafe {
+            result::stream_write_value32(&self.api, stream.0 as CUstream, word_device_addr, value)
+        }
+    }
+
+    unsafe fn stream_write_then_wait_value32(
+        &self,
+        stream: StreamHandle,
+        write_addr: u64,
+        write_value: u32,
+        wait_addr: u64,
+        wait_value: u32,
+    ) -> Result<(), WriteThenWaitError> {
+        self.ensure_any_current().map_err(WriteThenWaitError::NothingQueued)?;
+        let mut ops = [
+            CUstreamBatchMemOpParams {
+                operation: CU_STREAM_MEM_OP_WRITE_VALUE_32,
+                address: write_addr,
+                value64: u64::from(write_value),
+                flags: CU_STREAM_WRITE_VALUE_DEFAULT,
+                ..CUstreamBatchMemOpParams::default()
+            },
+            CUstreamBatchMemOpParams {
+                operation: CU_STREAM_MEM_OP_WAIT_VALUE_32,
+                address: wait_addr,
+                value64: u64::from(wait_value),
+                flags: CU_STREAM_WAIT_VALUE_GEQ,
+                ..CUstreamBatchMemOpParams::default()
+            },
+        ];
+        // SAFETY: two initialized entries in cuda.h's layout (checked by the
+        // const assertions in sys.rs); the caller keeps both words allocated.
+        let code = unsafe {
+            result::stream_batch_mem_op_status(&self.api, stream.0 as CUstream, &mut ops)
+        };
+        if code == CUDA_SUCCESS {
+            return Ok(());
+        }
+        // The batch failed: enqueue the two ops one by one, which reports which failed.
+        // Should the batch have enqueued part of itself, a repeated write of the same
+        // value and a repeated wait for it change nothing.
+        // SAFETY: the caller's contract.
+        unsafe {
+            crate::device::write_then_wait_one_by_one(
+                self,
+                stream,
+                write_addr,
+                write_value,
+                wait_addr,
+                wait_value,
+            )
+        }
+    }
+
+    fn synchronize_stream(&self, stream: StreamHandle) -> Result<(), DeviceError> {
+        self.ensure_any_current()?;
+        // SAFETY: a user stream handle; invalid ones yield an error code.
+        unsafe { result::stream_synchronize(&self.api, stream.0 as CUstream) }
+    }
+
+    fn stream_done(&self, stream: StreamHandle) -> Result<bool, DeviceError> {
+        self.ensure_any_current()?;
+        // SAFETY: a user stream handle; invalid ones yield an error code.
+        unsafe { result::stream_query(&self.api, stream.0 as CUstream) }
+    }
+}
