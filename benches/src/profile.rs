@@ -113,12 +113,57 @@ fn group_of(name: &str) -> String {
 pub struct ProfileStart {
     cpu: ThreadCpu,
     engine: Option<(EnginePhases, u64)>,
+    round_trip: RoundTripCounters,
+}
+
+/// The async path's round-trip counters (`AsyncStats`): arm-to-release ns and ops,
+/// release-to-next-arm ns and arms.
+#[derive(Clone, Copy, Debug, Default)]
+struct RoundTripCounters([u64; 4]);
+
+impl RoundTripCounters {
+    fn now(b: &Bench) -> RoundTripCounters {
+        let a = b.env.driver.async_stats();
+        let load = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+        RoundTripCounters([
+            load(&a.arm_to_release_ns),
+            load(&a.timed_releases),
+            load(&a.release_to_arm_ns),
+            load(&a.timed_arms),
+        ])
+    }
+
+    /// Mean µs of each half since `earlier`, where the case timed any.
+    fn since(&self, earlier: &RoundTripCounters) -> Option<AsyncRoundTrip> {
+        let d = |i: usize| self.0[i].saturating_sub(earlier.0[i]);
+        let mean_us = |ns: u64, n: u64| ns as f64 * 1e-3 / n.max(1) as f64;
+        (d(1) > 0).then(|| AsyncRoundTrip {
+            arm_to_release_us: mean_us(d(0), d(1)),
+            release_to_arm_us: mean_us(d(2), d(3)),
+        })
+    }
+}
+
+/// A stream's per-op round trip on the async path, split where the host hands over to
+/// the device.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct AsyncRoundTrip {
+    /// Mean µs from an op's arm to its release enqueued (host: executor wake-up, copy
+    /// and release enqueued).
+    pub arm_to_release_us: f64,
+    /// Mean µs from a release enqueued to the next arm on that stream (device: copy,
+    /// release, next doorbell; then the poller noticing it).
+    pub release_to_arm_us: f64,
 }
 
 impl ProfileStart {
     /// Takes the counters now.
     pub fn take(b: &Bench) -> ProfileStart {
-        ProfileStart { cpu: ThreadCpu::now(), engine: engine_counters(b) }
+        ProfileStart {
+            cpu: ThreadCpu::now(),
+            engine: engine_counters(b),
+            round_trip: RoundTripCounters::now(b),
+        }
     }
 }
 
@@ -135,6 +180,8 @@ pub struct Profile {
     pub cpu_s_per_gib: Vec<(String, f64, f64)>,
     /// The engine's executors, where the case used them.
     pub engine: Option<EngineProfile>,
+    /// The async path's per-op round trip, where the case released ops device-side.
+    pub round_trip: Option<AsyncRoundTrip>,
 }
 
 /// The engine's share of a case.
@@ -190,7 +237,8 @@ impl Profile {
             }
             _ => None,
         };
-        Profile { cpu_s_per_gib, engine }
+        let round_trip = RoundTripCounters::now(b).since(&start.round_trip);
+        Profile { cpu_s_per_gib, engine, round_trip }
     }
 
     /// The profile's text lines (indented, under the row).
@@ -218,6 +266,12 @@ impl Profile {
                 pct(e.staging_wait),
                 e.job_us,
                 e.chunks
+            ));
+        }
+        if let Some(r) = &self.round_trip {
+            out.push_str(&format!(
+                "    async round trip per op and stream: arm to release enqueued {:.1} us (host), release to next arm {:.1} us (device + poller)\n",
+                r.arm_to_release_us, r.release_to_arm_us
             ));
         }
         out

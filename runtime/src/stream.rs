@@ -210,6 +210,9 @@ pub(crate) struct StreamState {
     pub(crate) registered: bool,
     word: ReleaseWord,
     arms: ArmQueue,
+    /// When the last op released device-side (`async_op::clock_ns`; 0: none since the
+    /// last arm), for the round-trip counters.
+    pub(crate) released_at_ns: std::sync::atomic::AtomicU64,
     next_sequence: Mutex<u32>,
     prefetch_bytes: std::sync::atomic::AtomicU64,
     prefetch_budget: Arc<PrefetchBudget>,
@@ -275,6 +278,7 @@ impl StreamState {
             registered: false,
             word: ReleaseWord { host_ptr: std::ptr::null_mut(), device_addr: 0 },
             arms,
+            released_at_ns: std::sync::atomic::AtomicU64::new(0),
             next_sequence: Mutex::new(0),
             prefetch_bytes: std::sync::atomic::AtomicU64::new(0),
             prefetch_budget: Arc::new(PrefetchBudget::new(u64::MAX)),
@@ -493,6 +497,7 @@ impl StreamTable {
             registered,
             word: pair.release,
             arms: ArmQueue::new(pair.doorbell),
+            released_at_ns: std::sync::atomic::AtomicU64::new(0),
             next_sequence: Mutex::new(pair.sequence),
             prefetch_bytes: std::sync::atomic::AtomicU64::new(0),
             prefetch_budget: Arc::clone(&self.prefetch_budget),

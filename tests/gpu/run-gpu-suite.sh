@@ -7,7 +7,8 @@
 #   tests/gpu/run-gpu-suite.sh [bundle-dir]
 # To split the suite over several calls: HIPFILE_GPU_C=0 skips the C programs, and
 # HIPFILE_GPU_SUITES="async_sweep faults" runs only those test binaries ("python": the
-# Python package's suite, run when the bundle has the wheel).
+# Python package's suite, run when the bundle has the wheel). HIPFILE_GPU_WHOLE=1 runs
+# each test binary in one process (HIPFILE_GPU_TEST_TIMEOUT then bounds the binary).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 bundle=${1:-$here/../../target/gpu-bundle}
@@ -52,6 +53,12 @@ per_test_timeout=${HIPFILE_GPU_TEST_TIMEOUT:-60}
 selected() { [ -z "${HIPFILE_GPU_SUITES:-}" ] || [[ " $HIPFILE_GPU_SUITES " == *" $1 "* ]]; }
 for test in "$bundle"/tests/*; do
   [ -x "$test" ] && selected "$(basename "$test")" || continue
+  # HIPFILE_GPU_WHOLE=1: each test binary once, its tests one after another in one
+  # process (faster; a hang or crash fails the whole binary).
+  if [ "${HIPFILE_GPU_WHOLE:-0}" = 1 ]; then
+    run "$(basename "$test") (whole, --test-threads=1)" timeout "$per_test_timeout" "$test" --test-threads=1
+    continue
+  fi
   for name in $("$test" --list 2>/dev/null | sed -n 's/: test$//p'); do
     run "$(basename "$test")::$name" timeout "$per_test_timeout" "$test" --exact "$name" --nocapture
   done

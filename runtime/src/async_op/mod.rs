@@ -110,6 +110,27 @@ pub struct AsyncStats {
     /// Prefetched reads read again at arm because a write to their file was submitted
     /// after the prefetch started.
     pub prefetches_redone: AtomicU64,
+    /// Of device-released ops: nanoseconds from the arm (the poller saw the stream reach
+    /// the op) to the release enqueued behind the op's copies, summed (the host's share
+    /// of a stream's per-op round trip: waking the executor, enqueueing copy and release).
+    pub arm_to_release_ns: AtomicU64,
+    /// Device-released ops timed in [`AsyncStats::arm_to_release_ns`].
+    pub timed_releases: AtomicU64,
+    /// Nanoseconds from an op's release enqueued to the arm of the next op of its stream,
+    /// summed (the device's share of the round trip: the copy, the release reaching the
+    /// stream, the next doorbell, and the poller noticing it; idle time of a stream with
+    /// nothing submitted counts too).
+    pub release_to_arm_ns: AtomicU64,
+    /// Arms timed in [`AsyncStats::release_to_arm_ns`].
+    pub timed_arms: AtomicU64,
+}
+
+/// Nanoseconds since the first call in this process (the async path's round-trip
+/// counters; 0 is never returned, so it can mean "not set").
+pub(crate) fn clock_ns() -> u64 {
+    static EPOCH: std::sync::LazyLock<std::time::Instant> =
+        std::sync::LazyLock::new(std::time::Instant::now);
+    u64::try_from(EPOCH.elapsed().as_nanos()).unwrap_or(u64::MAX).max(1)
 }
 
 /// One op in flight.
@@ -128,6 +149,8 @@ pub(crate) struct AsyncOp {
     device_ordinal: u32,
     stream: Arc<StreamState>,
     sequence: u32,
+    /// When the poller armed the op ([`clock_ns`]; 0 before).
+    armed_at_ns: AtomicU64,
     file: Arc<FileHandle>,
     resources: Mutex<Option<(OpGuard, BufferUse)>>,
     /// The op's state: the only record of where it is.
@@ -190,6 +213,7 @@ impl AsyncOp {
             device_ordinal: buffer.device_ordinal,
             stream: Arc::clone(state),
             sequence: parts.sequence,
+            armed_at_ns: AtomicU64::new(0),
             file: parts.file,
             resources: Mutex::new(Some((parts.guard, buffer.begin_use()))),
             machine: Mutex::new(OpMachine::new(parts.io.size_bytes(), eligible)),

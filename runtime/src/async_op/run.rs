@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 
 use hipfile_core::{Direction, OpError, OpEvent, OpState, Outcome, ValidIo, revalidate};
 
-use super::AsyncOp;
+use super::{AsyncOp, clock_ns};
 use crate::engine::{Completion, Engine, IoJob, JobEnd, PartJoiner};
 use crate::file::OpGuard;
 
@@ -15,6 +15,7 @@ impl AsyncOp {
     /// The stream reached the op (on the arm poller, or in the host function of the
     /// blocking fallback; O(1), no device calls).
     pub(super) fn arm(self: Arc<Self>) {
+        self.note_arm();
         if self.end.end_if_abandoned() {
             self.release_host();
             return;
@@ -126,6 +127,29 @@ impl AsyncOp {
         resources.as_ref().map(|(guard, _)| guard.share())
     }
 
+    /// Times the gap since the previous op of the stream was released device-side.
+    fn note_arm(&self) {
+        let now = clock_ns();
+        self.armed_at_ns.store(now, Ordering::Relaxed);
+        let released = self.stream.released_at_ns.swap(0, Ordering::Relaxed);
+        if released != 0 {
+            let stats = self.host.async_stats();
+            stats.release_to_arm_ns.fetch_add(now.saturating_sub(released), Ordering::Relaxed);
+            stats.timed_arms.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Times the arm-to-release share of a device-released op.
+    fn note_device_release(&self, stats: &super::AsyncStats) {
+        let now = clock_ns();
+        let armed = self.armed_at_ns.load(Ordering::Relaxed);
+        if armed != 0 {
+            stats.arm_to_release_ns.fetch_add(now.saturating_sub(armed), Ordering::Relaxed);
+            stats.timed_releases.fetch_add(1, Ordering::Relaxed);
+        }
+        self.stream.released_at_ns.store(now, Ordering::Relaxed);
+    }
+
     fn releases_device_side(&self) -> bool {
         self.direction == Direction::Read && !self.blocking_fallback
     }
@@ -144,7 +168,9 @@ impl AsyncOp {
                 end.device.write_value32_internal(stream, word.device_addr, self.sequence)
             };
             if queued.is_ok() {
-                self.host.async_stats().device_releases.fetch_add(1, Ordering::Relaxed);
+                let stats = self.host.async_stats();
+                stats.device_releases.fetch_add(1, Ordering::Relaxed);
+                self.note_device_release(stats);
                 return;
             }
         }
