@@ -202,6 +202,11 @@ pub struct EngineProfile {
     pub job_us: f64,
     /// Chunks read and written.
     pub chunks: u64,
+    /// Prefetched reads: mean µs from the job resuming at its opened gate to its copy
+    /// enqueued, and to its release enqueued (0 without prefetched reads).
+    pub gate_to_copy_us: f64,
+    /// See `gate_to_copy_us`.
+    pub gate_to_release_us: f64,
 }
 
 impl Profile {
@@ -232,6 +237,10 @@ impl Profile {
                         staging_wait: of_jobs(p.staging_wait_ns),
                         job_us: p.job_ns as f64 * 1e-3 / jobs as f64,
                         chunks: p.chunks_read + p.chunks_written,
+                        gate_to_copy_us: p.gate_to_copy_ns as f64 * 1e-3
+                            / p.gates_opened.max(1) as f64,
+                        gate_to_release_us: p.gate_to_release_ns as f64 * 1e-3
+                            / p.gates_opened.max(1) as f64,
                     }
                 })
             }
@@ -267,6 +276,12 @@ impl Profile {
                 e.job_us,
                 e.chunks
             ));
+            if e.gate_to_release_us > 0.0 {
+                out.push_str(&format!(
+                    "    prefetched reads, from the opened gate: copy enqueued {:.1} us, release enqueued {:.1} us\n",
+                    e.gate_to_copy_us, e.gate_to_release_us
+                ));
+            }
         }
         if let Some(r) = &self.round_trip {
             out.push_str(&format!(

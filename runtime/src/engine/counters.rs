@@ -40,6 +40,9 @@ pub(crate) struct EnginePhaseCounters {
     write_wait_ns: AtomicU64,
     copy_wait_ns: AtomicU64,
     staging_wait_ns: AtomicU64,
+    gate_to_copy_ns: AtomicU64,
+    gate_to_release_ns: AtomicU64,
+    gates_opened: AtomicU64,
     chunks_read: AtomicU64,
     chunks_written: AtomicU64,
 }
@@ -62,6 +65,14 @@ pub struct EnginePhases {
     pub copy_wait_ns: u64,
     /// Jobs waiting for a share of the staging arena or a fallback chunk.
     pub staging_wait_ns: u64,
+    /// Prefetched reads: from the job resuming at its opened gate (the stream reached
+    /// the op) to its device copy enqueued.
+    pub gate_to_copy_ns: u64,
+    /// Prefetched reads: from the job resuming at its opened gate to its completion
+    /// handed over (the op's release enqueued).
+    pub gate_to_release_ns: u64,
+    /// Prefetched reads timed in the two above.
+    pub gates_opened: u64,
     /// Chunks read from files.
     pub chunks_read: u64,
     /// Chunks written to files.
@@ -78,6 +89,9 @@ impl EnginePhases {
             write_wait_ns: self.write_wait_ns.saturating_sub(earlier.write_wait_ns),
             copy_wait_ns: self.copy_wait_ns.saturating_sub(earlier.copy_wait_ns),
             staging_wait_ns: self.staging_wait_ns.saturating_sub(earlier.staging_wait_ns),
+            gate_to_copy_ns: self.gate_to_copy_ns.saturating_sub(earlier.gate_to_copy_ns),
+            gate_to_release_ns: self.gate_to_release_ns.saturating_sub(earlier.gate_to_release_ns),
+            gates_opened: self.gates_opened.saturating_sub(earlier.gates_opened),
             chunks_read: self.chunks_read.saturating_sub(earlier.chunks_read),
             chunks_written: self.chunks_written.saturating_sub(earlier.chunks_written),
         }
@@ -93,6 +107,8 @@ pub(crate) enum Phase {
     WriteWait,
     CopyWait,
     StagingWait,
+    GateToCopy,
+    GateToRelease,
 }
 
 impl EnginePhaseCounters {
@@ -104,6 +120,8 @@ impl EnginePhaseCounters {
             Phase::WriteWait => &self.write_wait_ns,
             Phase::CopyWait => &self.copy_wait_ns,
             Phase::StagingWait => &self.staging_wait_ns,
+            Phase::GateToCopy => &self.gate_to_copy_ns,
+            Phase::GateToRelease => &self.gate_to_release_ns,
         }
     }
 
@@ -111,6 +129,11 @@ impl EnginePhaseCounters {
     pub(crate) fn add_since(&self, phase: Phase, since: std::time::Instant) {
         let ns = u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.counter(phase).fetch_add(ns, Ordering::Relaxed);
+    }
+
+    /// Counts a prefetched read whose gate opened.
+    pub(crate) fn count_gate_opened(&self) {
+        self.gates_opened.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Counts a chunk read from (or written to) a file.
@@ -131,6 +154,9 @@ impl EnginePhaseCounters {
             write_wait_ns: load(&self.write_wait_ns),
             copy_wait_ns: load(&self.copy_wait_ns),
             staging_wait_ns: load(&self.staging_wait_ns),
+            gate_to_copy_ns: load(&self.gate_to_copy_ns),
+            gate_to_release_ns: load(&self.gate_to_release_ns),
+            gates_opened: load(&self.gates_opened),
             chunks_read: load(&self.chunks_read),
             chunks_written: load(&self.chunks_written),
         }

@@ -212,6 +212,8 @@ impl Executor {
             len_bytes: *len_bytes,
         };
         let _ = guard;
+        // When a prefetched read's gate opened (`--profile`'s gate-to-copy/release).
+        let gate_opened = std::cell::Cell::new(None);
         let result = match self.stream_for(job.device_ordinal) {
             Err(error) => Err((Outcome::Library(OpError::HipDriverError), Some(error))),
             Ok(stream) => match self.open_files(file).await {
@@ -224,7 +226,8 @@ impl Executor {
             Ok((stream, files)) => {
                 let (outcome, device_error, copies) = match direction {
                     Direction::Read => {
-                        self.read_range(file, &files, &stream, range, job.arm_gate.as_ref()).await
+                        let gate = job.arm_gate.as_ref();
+                        self.read_range(file, &files, &stream, range, gate, &gate_opened).await
                     }
                     Direction::Write => self.write_range(file, &files, &stream, range).await,
                 };
@@ -232,6 +235,9 @@ impl Executor {
             }
         };
         self.finish_job(job, outcome, device_error, stream, copies).await;
+        if let Some(opened) = gate_opened.get() {
+            self.phases().add_since(Phase::GateToRelease, opened);
+        }
         self.prune_files();
     }
 

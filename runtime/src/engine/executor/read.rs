@@ -34,6 +34,7 @@ impl Executor {
         stream: &InternalStream,
         range: JobRange,
         mut arm_gate: Option<&flume::Receiver<bool>>,
+        gate_opened: &std::cell::Cell<Option<Instant>>,
     ) -> (Outcome, Option<DeviceError>, VecDeque<InFlightCopy>) {
         let mut copies = VecDeque::new();
         let chunks = match self.plan(files, file, range, Direction::Read) {
@@ -45,6 +46,7 @@ impl Executor {
         let mut reads: VecDeque<ChunkRead> = VecDeque::new();
         let mut total_bytes = 0u64;
         let mut stop = false;
+        let mut gate_copy_timed = false;
         let mut failure: Option<(Outcome, Option<DeviceError>)> = None;
         loop {
             while !stop && reads.len() < depth {
@@ -114,12 +116,14 @@ impl Executor {
                 Ok(staging) => {
                     let got = staging_len(&staging).min(chunk.len_bytes as usize);
                     file.record_bytes(Direction::Read, chunk.mode, got as u64);
-                    if let Some(gate) = arm_gate.take()
-                        && gate.recv_async().await != Ok(true)
-                    {
-                        failure = Some((Outcome::Library(OpError::InternalError), None));
-                        stop = true;
-                        continue;
+                    if let Some(gate) = arm_gate.take() {
+                        if gate.recv_async().await != Ok(true) {
+                            failure = Some((Outcome::Library(OpError::InternalError), None));
+                            stop = true;
+                            continue;
+                        }
+                        gate_opened.set(Some(Instant::now()));
+                        self.phases().count_gate_opened();
                     }
                     if got > 0 {
                         let target = range.device_addr + chunk.op_offset_bytes;
@@ -133,7 +137,16 @@ impl Executor {
                             }
                         };
                         match self.copy_to_device(stream, target, staging, share, got) {
-                            Ok(copy) => copies.push_back(copy),
+                            Ok(copy) => {
+                                copies.push_back(copy);
+                                // The first copy after the gate opened.
+                                if let Some(opened) = gate_opened.get()
+                                    && !gate_copy_timed
+                                {
+                                    self.phases().add_since(Phase::GateToCopy, opened);
+                                    gate_copy_timed = true;
+                                }
+                            }
                             Err(error) => {
                                 failure =
                                     Some((Outcome::Library(OpError::HipDriverError), Some(error)));
