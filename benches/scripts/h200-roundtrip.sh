@@ -2,7 +2,7 @@
 # #16: the async path's per-op round trip on the H200 (small random reads, 4 KiB latency)
 # with --profile, by poller and executor spin settings. Usage:
 #   OUT=dir BENCH=path/to/hipfile-bench benches/scripts/h200-roundtrip.sh [variant...]
-# A variant is NAME:ENV=VALUE[,ENV=VALUE] (default: the settings compared in the note);
+
 # LATENCY=0 skips the latency mode.
 set -u
 bench=${BENCH:-target/release/hipfile-bench}

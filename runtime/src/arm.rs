@@ -215,15 +215,10 @@ impl<S> Drop for ArmPoller<S> {
     }
 }
 
-/// EXPERIMENT (removed before merge): a duration override from the environment.
-pub(crate) fn experiment_us(name: &str, default: Duration) -> Duration {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).map_or(default, Duration::from_micros)
-}
-
 /// The poller thread's loop.
 fn poll_doorbells<S: ArmedStream>(shared: &Shared<S>, spin: bool) {
     let (spin_after_submit, spin_after_arm) =
-        if spin { (SPIN, experiment_us("HIPFILE_X_ARM_SPIN_US", SPIN_AFTER_ARM)) } else { (Duration::ZERO, Duration::ZERO) };
+        if spin { (SPIN, SPIN_AFTER_ARM) } else { (Duration::ZERO, Duration::ZERO) };
     crate::sys::set_thread_timer_slack_ns(TIMER_SLACK_NS);
     let mut streams: Vec<Arc<S>> = Vec::new();
     // The list generation `streams` was copied at; none yet.

@@ -70,7 +70,7 @@ pub(crate) fn spare_cores_for_spinning(executors: usize) -> bool {
 /// Spawns the executor thread.
 pub(super) fn spawn(setup: Setup) -> glommio::Result<glommio::ExecutorJoinHandle<()>, ()> {
     let builder = LocalExecutorBuilder::new(Placement::Fixed(setup.cpu));
-    let builder = if setup.spin { builder.spin_before_park(crate::arm::experiment_us("HIPFILE_X_EXEC_SPIN_US", SPIN_BEFORE_PARK)) } else { builder };
+    let builder = if setup.spin { builder.spin_before_park(SPIN_BEFORE_PARK) } else { builder };
     builder
         .name(&format!("{}{}", crate::executor_thread::EXECUTOR_THREAD_PREFIX, setup.index))
         .io_memory(setup.arena_bytes)
