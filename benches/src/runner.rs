@@ -83,6 +83,7 @@ struct StatsInfo {
     async_submitted: u64,
     async_prefetched: u64,
     device_releases: u64,
+    stream_copies: u64,
     host_releases: u64,
     direct_read_bytes: u64,
     buffered_read_bytes: u64,
@@ -348,6 +349,7 @@ fn stats(b: &Bench) -> Option<StatsInfo> {
         async_submitted: load(&a.submitted),
         async_prefetched: load(&a.prefetched),
         device_releases: load(&a.device_releases),
+        stream_copies: load(&a.stream_copies),
         host_releases: load(&a.host_releases),
         direct_read_bytes: file.direct_read_bytes,
         buffered_read_bytes: file.buffered_read_bytes,
@@ -358,7 +360,7 @@ fn stats(b: &Bench) -> Option<StatsInfo> {
 
 fn print_stats(s: &StatsInfo) {
     println!(
-        "hipfile-rs counters: {} engine jobs ({} arena chunks, {} fallback, {} waits for a fallback chunk, {} sync retries; {} on blocking executors), {} requests on the caller's thread ({} while async ops were alive); async {} submitted, {} prefetched, {} device / {} host releases; file {} MiB O_DIRECT + {} MiB buffered read, {} MiB O_DIRECT + {} MiB buffered written",
+        "hipfile-rs counters: {} engine jobs ({} arena chunks, {} fallback, {} waits for a fallback chunk, {} sync retries; {} on blocking executors), {} requests on the caller's thread ({} while async ops were alive); async {} submitted, {} prefetched, {} copied on the user's stream, {} device / {} host releases; file {} MiB O_DIRECT + {} MiB buffered read, {} MiB O_DIRECT + {} MiB buffered written",
         s.engine_jobs,
         s.arena_chunks,
         s.fallback_chunks,
@@ -369,6 +371,7 @@ fn print_stats(s: &StatsInfo) {
         s.caller_thread_requests_beside_ops,
         s.async_submitted,
         s.async_prefetched,
+        s.stream_copies,
         s.device_releases,
         s.host_releases,
         s.direct_read_bytes >> 20,

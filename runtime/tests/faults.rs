@@ -353,3 +353,48 @@ fn buffered_engine_writes_take_pwrite_unless_io_uring_is_asked_for() {
         rig.driver.handle_deregister(handle);
     }
 }
+
+/// A small fully FIXED read is copied on its own stream out of a slot
+/// (`async_op::stream_copy`); when its file read fails, the stream still runs that copy,
+/// and the destination must come out as it was, with `*bytes_p = -EIO`.
+#[test]
+fn a_failed_read_copied_on_its_stream_leaves_the_destination_as_it_was() {
+    let _serial = serial();
+    let rig = Rig::new();
+    let data = pattern(5, MIB);
+    let file = TempFile::new("slot-eio", &data);
+    let fd = file.open_rw();
+    let handle = rig.register(&fd);
+    let buffer = rig.alloc(MIB);
+    rig.driver.buf_register(buffer, MIB as u64, 0).expect("buf_register");
+    let old = pattern(6, 64 * KIB);
+    rig.set_dev_bytes(buffer, &old);
+    let stream = rig.registered_stream(7);
+    let copies =
+        || rig.driver.async_stats().stream_copies.load(std::sync::atomic::Ordering::SeqCst);
+    let before = copies();
+    let guard = fault::install(Plan {
+        seed: 0x510,
+        rules: vec![
+            every(Site::ChunkRead, Fault::Errno(libc::EIO)),
+            every(Site::FileRead, Fault::Errno(libc::EIO)),
+        ],
+    });
+    let p = params(16 * KIB, 4096, 4096);
+    rig.read(handle, buffer, &p, stream);
+    rig.sync(stream);
+    drop(guard);
+    assert_eq!(bytes(&p), -(libc::EIO as isize));
+    assert_bytes(&rig.dev_bytes(buffer, 64 * KIB), &old, "the destination as it was");
+    assert_eq!(copies(), before + 1, "copied on its stream");
+    // The same read without the fault moves the file's bytes.
+    let p = params(16 * KIB, 4096, 4096);
+    rig.read(handle, buffer, &p, stream);
+    rig.sync(stream);
+    assert_eq!(bytes(&p), 16 * KIB as isize);
+    assert_bytes(
+        &rig.dev_bytes(buffer, 16 * KIB + 4096)[4096..],
+        &data[4096..4096 + 16 * KIB],
+        "data",
+    );
+}

@@ -43,9 +43,11 @@ mod host_fn;
 mod params;
 pub(crate) mod prefetch;
 mod run;
+mod slots;
+mod stream_copy;
 mod submit;
 
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64};
 use std::sync::{Arc, Mutex};
 
 use hipfile_core::{Direction, OpEvent, OpMachine, OpState, Outcome, StreamFlags, ValidIo};
@@ -60,6 +62,7 @@ use crate::stream::StreamState;
 
 pub use params::{AsyncParams, ParamSource};
 pub(crate) use prefetch::{Hazard, WriteHazardTable};
+pub(crate) use slots::SlotPool;
 pub(crate) use submit::{EnqueueError, OpParts};
 
 /// The prefetch gate of an op (model-checked with loom).
@@ -94,6 +97,8 @@ pub(crate) trait OpHost: Send + Sync + 'static {
     fn async_stats(&self) -> &AsyncStats;
     /// Unfinished writes per file (the prefetch hazard check).
     fn write_hazards(&self) -> &WriteHazardTable;
+    /// Staging slots of reads copied on the user's stream (`None`: not used).
+    fn slots(&self) -> Option<&SlotPool>;
 }
 
 /// Counters of the async path.
@@ -110,7 +115,7 @@ pub struct AsyncStats {
     /// Prefetched reads read again at arm because a write to their file was submitted
     /// after the prefetch started.
     pub prefetches_redone: AtomicU64,
-    /// Of device-released ops: nanoseconds from the arm (the poller saw the stream reach
+    /// Of device-released ops (and reads copied on their own stream): nanoseconds from the arm (the poller saw the stream reach
     /// the op) to the release enqueued behind the op's copies, summed (the host's share
     /// of a stream's per-op round trip: waking the executor, enqueueing copy and release).
     pub arm_to_release_ns: AtomicU64,
@@ -123,6 +128,8 @@ pub struct AsyncStats {
     pub release_to_arm_ns: AtomicU64,
     /// Arms timed in [`AsyncStats::release_to_arm_ns`].
     pub timed_arms: AtomicU64,
+    /// Reads staged ahead into a slot and copied on the user's stream (`slots`).
+    pub stream_copies: AtomicU64,
 }
 
 /// Nanoseconds since the first call in this process (the async path's round-trip
@@ -174,6 +181,17 @@ pub(crate) struct AsyncOp {
     /// The file's change stamp when the prefetch started.
     prefetch_stamp: Mutex<Option<ChangeStamp>>,
     hazard: Hazard,
+    /// A small fully FIXED read's staging slot: its bytes are copied on the user's own
+    /// stream ([`stream_copy`]).
+    slot: Option<slots::Slot>,
+    /// Whether the slot is still the op's to give back (`stream_copy::SLOT_HELD`) or
+    /// handed to the pool.
+    slot_phase: AtomicU8,
+    /// Which of the slot read's two finishers arrived (`stream_copy`: staged, armed): a
+    /// hand-off between the executor and the poller, like `op_end`, not a state.
+    slot_flow: AtomicU8,
+    /// What the slot read's engine job ended with.
+    slot_outcome: Mutex<Option<Outcome>>,
     end: OpEnd,
     /// Counts the op among the engine's live async ops (caller-thread copies take the
     /// path no held stream can stall while any is alive).
@@ -202,6 +220,13 @@ impl AsyncOp {
             Direction::Read => Hazard::None,
         };
         let blocking_fallback = !host.device().supports_stream_memops(buffer.device_ordinal);
+        let slot = AsyncOp::wants_slot(
+            &*host,
+            parts.direction,
+            prefetch,
+            blocking_fallback,
+            parts.io.size_bytes(),
+        );
         Arc::new(AsyncOp {
             _host_guard: HostDropGuard(Some(Arc::clone(&host))),
             host,
@@ -225,6 +250,10 @@ impl AsyncOp {
             prefetch_generation: AtomicU64::new(0),
             prefetch_stamp: Mutex::new(None),
             hazard,
+            slot,
+            slot_phase: AtomicU8::new(stream_copy::SLOT_HELD),
+            slot_flow: AtomicU8::new(0),
+            slot_outcome: Mutex::new(None),
             end: OpEnd::default(),
             _alive: alive,
         })
@@ -259,8 +288,17 @@ impl Drop for AsyncOp {
     fn drop(&mut self) {
         if self.end.unfinished() && self.end.claim_publish() {
             self.set_state(OpEvent::Abort);
-            self.store_and_release(Outcome::Library(hipfile_core::OpError::InternalError));
+            let aborted = Outcome::Library(hipfile_core::OpError::InternalError);
+            // A slot read's stream copies the slot: it must hold the destination's bytes.
+            self.keep_destination_past(aborted);
+            self.store_and_release(aborted);
             self.release_host();
+        }
+        if let Some(slot) = &self.slot
+            && self.slot_phase.load(std::sync::atomic::Ordering::SeqCst) == stream_copy::SLOT_HELD
+            && let Some(pool) = self.host.slots()
+        {
+            pool.give_back(slot);
         }
     }
 }

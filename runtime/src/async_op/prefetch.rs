@@ -169,7 +169,7 @@ impl AsyncOp {
 
     /// Records what a prefetch starting now is read against: our write count of the
     /// file and the file's change stamp (taken before the read starts).
-    fn note_prefetch_start(&self) {
+    pub(super) fn note_prefetch_start(&self) {
         let generation = write_generation(&self.file);
         self.prefetch_generation.store(generation, Ordering::SeqCst);
         *self.prefetch_stamp.lock().unwrap_or_else(|p| p.into_inner()) = self.file.change_stamp();

@@ -20,6 +20,10 @@ impl AsyncOp {
             self.release_host();
             return;
         }
+        if self.slot.is_some() {
+            self.arm_slot();
+            return;
+        }
         // A deferred prefetch (see `try_start_deferred_prefetch`) either started before
         // and is found here, or cannot start any more (`op_gate`).
         if let Some((gate, parts)) = self.gate.reach() {
@@ -114,6 +118,7 @@ impl AsyncOp {
                 device_ordinal: self.device_ordinal,
                 wait_for_copies: fan_out || !self.releases_device_side(),
                 arm_gate: gate.clone(),
+                host_target: None,
                 may_start: None,
                 done: Completion::new(Arc::clone(self.host.device()), done),
             };
@@ -122,7 +127,7 @@ impl AsyncOp {
     }
 
     /// A guard for one job of the op, taken from the op's own (it exists until publish).
-    fn share_guard(&self) -> Option<OpGuard> {
+    pub(super) fn share_guard(&self) -> Option<OpGuard> {
         let resources = self.resources.lock().unwrap_or_else(|p| p.into_inner());
         resources.as_ref().map(|(guard, _)| guard.share())
     }
@@ -139,8 +144,9 @@ impl AsyncOp {
         }
     }
 
-    /// Times the arm-to-release share of a device-released op.
-    fn note_device_release(&self, stats: &super::AsyncStats) {
+    /// Times the arm-to-release share of an op released device-side, or host-side after
+    /// a copy on its own stream.
+    pub(super) fn note_release(&self, stats: &super::AsyncStats) {
         let now = clock_ns();
         let armed = self.armed_at_ns.load(Ordering::Relaxed);
         if armed != 0 {
@@ -170,7 +176,7 @@ impl AsyncOp {
             if queued.is_ok() {
                 let stats = self.host.async_stats();
                 stats.device_releases.fetch_add(1, Ordering::Relaxed);
-                self.note_device_release(stats);
+                self.note_release(stats);
                 return;
             }
         }
@@ -179,7 +185,7 @@ impl AsyncOp {
 
     /// Publishes an outcome and releases host-side (unless the op already published or
     /// was abandoned).
-    fn publish(&self, outcome: Outcome) {
+    pub(super) fn publish(&self, outcome: Outcome) {
         if self.end.claim_publish() {
             self.conclude(outcome);
             self.release_host();

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use hipfile_core::{Direction, ValidIo};
+use hipfile_core::{Direction, OpEvent, ValidIo};
 
 use super::{AsyncOp, ParamSource};
 use crate::device::{DeviceError, WriteThenWaitError};
@@ -43,7 +43,13 @@ impl AsyncOp {
         // any moment and must find it); the prefetch job is posted once the enqueue
         // succeeded (a gate opened early is buffered in the channel).
         let admitted = self.holds_prefetch_window.load(Ordering::SeqCst);
-        let prefetch_gate = if admitted { self.start_prefetch(engine) } else { None };
+        let prefetch_gate =
+            if admitted && self.slot.is_none() { self.start_prefetch(engine) } else { None };
+        if self.slot.is_some() {
+            // A slot read prefetches without a gate (`stream_copy`).
+            self.set_state(OpEvent::Prefetch);
+            self.note_prefetch_start();
+        }
         let queued = if self.blocking_fallback {
             self.enqueue_host_function_arm()
         } else {
@@ -59,6 +65,10 @@ impl AsyncOp {
         if let Some(receiver) = prefetch_gate {
             self.host.async_stats().prefetched.fetch_add(1, Ordering::Relaxed);
             self.post(engine, self.submitted, Some(receiver));
+        }
+        if self.slot.is_some() {
+            self.host.async_stats().prefetched.fetch_add(1, Ordering::Relaxed);
+            self.post_slot_read(engine);
         }
         if self.wants_deferred_prefetch {
             let op = Arc::downgrade(self);
@@ -91,13 +101,17 @@ impl AsyncOp {
                 self.sequence,
             )
         };
-        let wait_failed = match queued.and_then(|()| injected_wait_failure()) {
+        let mut wait_failed = match queued.and_then(|()| injected_wait_failure()) {
             Ok(()) => None,
             Err(WriteThenWaitError::NothingQueued(error)) => {
                 return Err(nothing_queued(Error::device(error)));
             }
             Err(WriteThenWaitError::WaitNotQueued(error)) => Some(error),
         };
+        // A slot read's copy goes behind the wait; unqueued, the op fails like a wait.
+        if let (None, Some(slot)) = (&wait_failed, &self.slot) {
+            wait_failed = self.enqueue_stream_copy(slot).err();
+        }
         // The doorbell will ring either way: the arm runs and, for an op whose wait could
         // not be queued, finds it abandoned and only releases the word. Abandoned before
         // the arm is watched: an arm that ran first would start the op (and publish it)

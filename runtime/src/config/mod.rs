@@ -33,6 +33,7 @@ const DEVICE: &str = "HIPFILE_DEVICE";
 const THREADS: &str = "HIPFILE_THREADS";
 const IO_URING: &str = "HIPFILE_IO_URING";
 const BUFFERED_WRITES: &str = "HIPFILE_BUFFERED_WRITES";
+const STREAM_COPIES: &str = "HIPFILE_STREAM_COPIES";
 const REASON_BUFFERED_WRITES: &str = "must be thread or io_uring";
 const REASON_IO_URING: &str = "must be 1/on/true or 0/off/false";
 const CPUS: &str = "HIPFILE_CPUS";
@@ -144,6 +145,11 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ),
     (IO_URING, "the engine uses io_uring: 1/on/true or 0/off/false (default on)"),
     (
+        STREAM_COPIES,
+        "small fully FIXED async reads (64 KiB or less) stage ahead and copy on the \
+         user's own stream: 1/on/true or 0/off/false (default on)",
+    ),
+    (
         BUFFERED_WRITES,
         "how executors write page-cache (not O_DIRECT) chunks: thread (pwrite on the \
          executor's blocking thread) or io_uring (default thread)",
@@ -235,6 +241,9 @@ pub struct Config {
     pub use_io_uring: bool,
     /// How io_uring executors write page-cache chunks (`HIPFILE_BUFFERED_WRITES`).
     pub buffered_writes: BufferedWrites,
+    /// Whether small fully FIXED async reads stage ahead into a slot and copy on the
+    /// user's own stream (`HIPFILE_STREAM_COPIES`, default on; `async_op::slots`).
+    pub stream_copies: bool,
 }
 
 impl Default for Config {
@@ -351,6 +360,18 @@ impl Config {
                 return Err(ConfigError { variable: IO_URING, value, reason: REASON_IO_URING });
             }
         };
+        config.stream_copies = match get(STREAM_COPIES).as_deref().map(str::trim) {
+            None | Some("1" | "on" | "true") => true,
+            Some("0" | "off" | "false") => false,
+            Some(other) => {
+                let value = other.to_string();
+                return Err(ConfigError {
+                    variable: STREAM_COPIES,
+                    value,
+                    reason: REASON_IO_URING,
+                });
+            }
+        };
         config.buffered_writes = match get(BUFFERED_WRITES).as_deref().map(str::trim) {
             None | Some("thread") => BufferedWrites::Thread,
             Some("io_uring") => BufferedWrites::IoUring,
@@ -445,6 +466,7 @@ impl Config {
             allow_compat_mode: true,
             use_io_uring: true,
             buffered_writes: BufferedWrites::Thread,
+            stream_copies: true,
         }
     }
 

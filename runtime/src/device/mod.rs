@@ -539,6 +539,34 @@ pub trait StreamMemoryOps {
         }
     }
 
+    /// Whether [`StreamMemoryOps::copy_to_device_on_stream`] is supported: small fully
+    /// FIXED reads then stage ahead and copy on the user's own stream.
+    fn copies_on_user_streams(&self) -> bool {
+        false
+    }
+
+    /// Enqueues on a user stream a copy of `len_bytes` from pinned host memory at `source`
+    /// to the device address `target`, run when the stream reaches it (after the wait-value
+    /// enqueued before it).
+    ///
+    /// # Errors
+    /// Not supported, unknown stream, invalid addresses, or the backend failed.
+    ///
+    /// # Safety
+    /// `source` is memory from [`HostMemory::alloc_pinned`] of this device that stays
+    /// allocated, and holds the bytes to copy, until the copy has run; the device range is
+    /// memory the application asked to be written.
+    unsafe fn copy_to_device_on_stream(
+        &self,
+        stream: StreamHandle,
+        target: u64,
+        source: *const u8,
+        len_bytes: usize,
+    ) -> Result<(), DeviceError> {
+        let _ = (stream, target, source, len_bytes);
+        Err(DeviceError::new(DeviceError::HIP_ERROR_NOT_SUPPORTED, "copies on user streams"))
+    }
+
     /// Blocks until every op enqueued on a user stream has completed (tests, tools,
     /// NULL-stream synchronous calls).
     ///

@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use hipfile_core::OpError;
 
 use crate::arm::ArmPoller;
-use crate::async_op::{AsyncStats, OpHost, WriteHazardTable};
+use crate::async_op::{AsyncStats, OpHost, SlotPool, WriteHazardTable};
 use crate::buffer::RegisteredBuffer;
 use crate::config::Config;
 use crate::device::Device;
@@ -64,6 +64,9 @@ pub struct Driver {
     streams: StreamTable,
     hazards: WriteHazardTable,
     async_stats: AsyncStats,
+    /// Staging slots of reads copied on the user's stream (`None`: off, or the device
+    /// cannot copy on user streams).
+    slots: Option<SlotPool>,
 }
 
 impl std::fmt::Debug for Driver {
@@ -81,7 +84,10 @@ impl Driver {
         // By default prefetches may hold half the staging arenas; the other half serves
         // the ops the streams have reached (stream.rs, PrefetchBudget).
         let prefetch_cap_bytes = config.prefetch_cap_bytes() as u64;
+        let slots = (config.stream_copies && device.copies_on_user_streams())
+            .then(|| SlotPool::new(Arc::clone(&device)));
         Arc::new(Driver {
+            slots,
             compat_mode_allowed: AtomicBool::new(config.allow_compat_mode),
             config: RwLock::new(Arc::new(config)),
             page_size_bytes: crate::sys::page_size_bytes(),
@@ -347,5 +353,9 @@ impl OpHost for Driver {
 
     fn write_hazards(&self) -> &WriteHazardTable {
         Driver::write_hazards(self)
+    }
+
+    fn slots(&self) -> Option<&SlotPool> {
+        self.slots.as_ref()
     }
 }

@@ -120,6 +120,14 @@ impl BlockingExecutor {
             let device_addr = job.device_addr + moved;
             let host = chunk.as_mut_ptr();
             let done = match job.direction {
+                Direction::Read if job.host_target.is_some() => {
+                    let Some(target) = job.host_target else { unreachable!() };
+                    // SAFETY: the target holds the job's length, `moved + len` at most.
+                    let target =
+                        unsafe { std::slice::from_raw_parts_mut(target.at(moved as usize), len) };
+                    crate::file::pread_full(fd, target, file_offset)
+                        .map_err(|error| (executor::os_outcome(&error), None))?
+                }
                 Direction::Read => {
                     // SAFETY: the chunk is ours and holds chunk_bytes >= len bytes.
                     let target = unsafe { std::slice::from_raw_parts_mut(host, len) };

@@ -97,6 +97,29 @@ impl Drop for Completion {
     }
 }
 
+/// Pinned host memory a read lands in instead of device memory ([`IoJob::host_target`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct HostTarget(*mut u8);
+
+impl HostTarget {
+    pub(crate) fn new(host_ptr: *mut u8) -> HostTarget {
+        HostTarget(host_ptr)
+    }
+
+    /// The byte at `offset_bytes` from the start.
+    ///
+    /// # Safety
+    /// `offset_bytes` lies within the job's length.
+    pub(crate) unsafe fn at(self, offset_bytes: usize) -> *mut u8 {
+        // SAFETY: the caller's contract.
+        unsafe { self.0.add(offset_bytes) }
+    }
+}
+
+// SAFETY: the memory belongs to the op that posted the job and outlives it; only the job
+// writes it while the job runs.
+unsafe impl Send for HostTarget {}
+
 /// One byte range to move between a file and device memory.
 pub(crate) struct IoJob {
     /// The file; keeps it open.
@@ -122,6 +145,10 @@ pub(crate) struct IoJob {
     /// stale) or a disconnected gate (the op was abandoned) ends the job without touching
     /// device memory.
     pub(crate) arm_gate: Option<flume::Receiver<bool>>,
+    /// For a read: land the bytes in this pinned host memory (at least `len_bytes`)
+    /// instead of copying them to `device_addr` (a slot of a read copied on the user's
+    /// stream); the job then touches no device memory.
+    pub(crate) host_target: Option<HostTarget>,
     /// Asked once when the executor takes the job up, before it touches the file or
     /// memory: `false` ends the job at once with `ECANCELED` (a cancelled batch entry).
     pub(crate) may_start: Option<StartCheck>,
@@ -421,6 +448,7 @@ impl Engine {
                 device_ordinal: request.device_ordinal,
                 wait_for_copies: true,
                 arm_gate: None,
+                host_target: None,
                 may_start: None,
                 done: Completion::new(
                     Arc::clone(&self.device),

@@ -17,5 +17,6 @@ mod no_memops;
 mod paused;
 mod prefetch_window;
 mod rows;
+mod stream_copies;
 mod streams;
 mod stress;

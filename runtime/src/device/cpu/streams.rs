@@ -492,6 +492,21 @@ impl StreamMemoryOps for CpuDevice {
         self.enqueue_checked(stream.0, check, command).map(drop)
     }
 
+    fn copies_on_user_streams(&self) -> bool {
+        true
+    }
+
+    unsafe fn copy_to_device_on_stream(
+        &self,
+        stream: StreamHandle,
+        target: u64,
+        source: *const u8,
+        len_bytes: usize,
+    ) -> Result<(), DeviceError> {
+        let source = source as usize as u64;
+        self.enqueue_copy(stream.0, target, source, len_bytes, CopyRule::HostToDevice)
+    }
+
     fn synchronize_stream(&self, stream: StreamHandle) -> Result<(), DeviceError> {
         let stream = self.stream(stream.0)?;
         let ticket = stream.current_ticket();

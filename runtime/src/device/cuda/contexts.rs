@@ -34,6 +34,11 @@ thread_local! {
     static ENGINE_THREAD: Cell<Option<bool>> = const { Cell::new(None) };
 }
 
+/// Forgets this thread's cached current context (after a push and pop of another one).
+pub(super) fn forget_current_context() {
+    CURRENT_CONTEXT.set(0);
+}
+
 /// Whether the calling thread is one of the engine's executors, which may keep the
 /// engine context current; every other thread belongs to the application.
 fn on_engine_thread() -> bool {

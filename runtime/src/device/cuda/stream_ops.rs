@@ -51,6 +51,42 @@ impl StreamMemoryOps for CudaDevice {
         }
     }
 
+    fn copies_on_user_streams(&self) -> bool {
+        true
+    }
+
+    unsafe fn copy_to_device_on_stream(
+        &self,
+        stream: StreamHandle,
+        target: u64,
+        source: *const u8,
+        len_bytes: usize,
+    ) -> Result<(), DeviceError> {
+        self.ensure_any_current()?;
+        let cu_stream = stream.0 as CUstream;
+        // SAFETY: caller's contract (pinned portable source, live until the copy ran).
+        let first =
+            unsafe { result::memcpy_htod_async(&self.api, target, source, len_bytes, cu_stream) };
+        if first.is_ok() {
+            return first;
+        }
+        // The stream may belong to another context than the calling thread's current one:
+        // enqueue in the stream's own context, leaving the thread's as it was.
+        // SAFETY: a user stream handle; an invalid one yields an error code.
+        let Ok(context) = (unsafe { result::stream_get_ctx(&self.api, cu_stream) }) else {
+            return first;
+        };
+        // SAFETY: the stream's context, pushed and popped around one call.
+        unsafe { result::ctx_push_current(&self.api, context) }?;
+        // SAFETY: as above.
+        let pushed =
+            unsafe { result::memcpy_htod_async(&self.api, target, source, len_bytes, cu_stream) };
+        // SAFETY: pops what we pushed.
+        let _ = unsafe { result::ctx_pop_current_status(&self.api) };
+        super::contexts::forget_current_context();
+        pushed
+    }
+
     unsafe fn stream_write_then_wait_value32(
         &self,
         stream: StreamHandle,

@@ -210,6 +210,7 @@ impl Executor {
             file_offset_bytes: *file_offset_bytes,
             device_addr: *device_addr,
             len_bytes: *len_bytes,
+            host_target: job.host_target,
         };
         let _ = guard;
         // When a prefetched read's gate opened (`--profile`'s gate-to-copy/release).
@@ -341,6 +342,8 @@ struct JobRange {
     file_offset_bytes: u64,
     device_addr: u64,
     len_bytes: u64,
+    /// Reads land here instead of at `device_addr` ([`IoJob::host_target`]).
+    host_target: Option<crate::engine::HostTarget>,
 }
 
 /// The errno behind a glommio error (its conversion to io::Error drops the OS code of

@@ -125,7 +125,17 @@ impl Executor {
                         gate_opened.set(Some(Instant::now()));
                         self.phases().count_gate_opened();
                     }
-                    if got > 0 {
+                    if got > 0
+                        && let Some(host) = range.host_target
+                    {
+                        // SAFETY: the target holds the job's length, of which this chunk
+                        // is a part; the staging holds `got` bytes.
+                        unsafe {
+                            let to = host.at(chunk.op_offset_bytes as usize);
+                            std::ptr::copy_nonoverlapping(staging_ptr(&staging), to, got);
+                        }
+                        drop((staging, share));
+                    } else if got > 0 {
                         let target = range.device_addr + chunk.op_offset_bytes;
                         let staging = match self.pinned_staging(staging, got, &mut copies).await {
                             Ok(staging) => staging,

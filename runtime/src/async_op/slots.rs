@@ -1,0 +1,280 @@
+//! Staging slots of reads copied on the user's own stream.
+//!
+//! A small fully FIXED read (at most [`SLOT_BYTES`]) takes a slot of pinned, portable
+//! host memory at submission and enqueues on its stream, behind the op's wait-value, the
+//! copy slot → destination and a write of the slot's *done word*. The engine reads the
+//! file into the slot while the stream works towards the op; when the stream reaches it,
+//! the poller only checks that the staged bytes are still fresh and stores the release
+//! word from the host: no executor wake-up, no copy or release enqueued per op on the
+//! engine's streams. The stream's release then depends on the host alone (the read), so
+//! no application stream can hold it back (DESIGN.md, isolation).
+//!
+//! A slot is handed out again once its done word shows the generation of its last use:
+//! the stream's copy out of it has run. A slot whose done write could not be enqueued is
+//! never handed out again; slabs with a copy not yet run when the pool drops are leaked
+//! rather than freed under a stream that may still read them.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::device::{Device, PinnedRegion};
+use crate::word::ReleaseWord;
+
+/// Largest read served through a slot.
+pub(crate) const SLOT_BYTES: usize = 64 * 1024;
+/// Slot sizes: a read takes the smallest that holds it.
+const CLASS_BYTES: [usize; 3] = [4 * 1024, 16 * 1024, SLOT_BYTES];
+/// Bytes of slots per pinned slab (plus a page of done words).
+const SLAB_BYTES: usize = 1 << 20;
+/// Most slabs of one size (16 MiB): past that, reads take the engine's path.
+const MAX_SLABS: usize = 16;
+
+/// One slot lent to an op.
+#[derive(Clone, Copy)]
+pub(crate) struct Slot {
+    class: usize,
+    index: usize,
+    /// The slot's bytes (pinned, portable: any context may copy from it).
+    pub(crate) host_ptr: *mut u8,
+    /// Written by the stream after its copy out of the slot.
+    pub(crate) done_word: ReleaseWord,
+    /// The value the stream writes into `done_word` for this use.
+    pub(crate) generation: u32,
+}
+
+// SAFETY: the slot's memory belongs to the pool, which lives as long as the driver that
+// every op holding a slot keeps alive; the op is the only writer while it holds the slot.
+unsafe impl Send for Slot {}
+// SAFETY: as above.
+unsafe impl Sync for Slot {}
+
+struct Slab {
+    data: PinnedRegion,
+    words: PinnedRegion,
+}
+
+#[derive(Default)]
+struct PoolState {
+    slabs: Vec<Slab>,
+    /// Slots ready to lend.
+    free: Vec<usize>,
+    /// Slots whose stream copy may not have run yet: (slot, generation).
+    pending: Vec<(usize, u32)>,
+    next_generation: u32,
+    /// A slab allocation failed: the pool stays at its size.
+    alloc_failed: bool,
+}
+
+/// The driver's slots, by size (allocated on first use, a slab at a time).
+pub(crate) struct SlotPool {
+    classes: [SlotClass; CLASS_BYTES.len()],
+}
+
+impl SlotPool {
+    pub(crate) fn new(device: Arc<dyn Device>) -> SlotPool {
+        SlotPool {
+            classes: std::array::from_fn(|class| SlotClass {
+                device: Arc::clone(&device),
+                class,
+                slot_bytes: CLASS_BYTES[class],
+                state: Mutex::new(PoolState::default()),
+            }),
+        }
+    }
+
+    /// A free slot of at least `len_bytes` (at most [`SLOT_BYTES`]), if one is free or
+    /// can be made; never blocks on a stream.
+    pub(crate) fn try_take(&self, len_bytes: usize) -> Option<Slot> {
+        let class = CLASS_BYTES.iter().position(|&bytes| len_bytes <= bytes)?;
+        self.classes[class].try_take()
+    }
+
+    /// Gives back a slot whose stream copy was never enqueued.
+    pub(crate) fn give_back(&self, slot: &Slot) {
+        self.classes[slot.class].lock().free.push(slot.index);
+    }
+
+    /// The stream's copy out of `slot` and its done write are enqueued: lend it again
+    /// once the done word shows `slot.generation`.
+    pub(crate) fn retire(&self, slot: &Slot) {
+        self.classes[slot.class].lock().pending.push((slot.index, slot.generation));
+    }
+
+    /// The stream's copy out of a slot is enqueued but its done write is not: the slot is
+    /// never lent again.
+    pub(crate) fn lose(&self) {
+        log::warn!("a read staging slot is retired for good (its done write was refused)");
+    }
+}
+
+/// Slots of one size.
+struct SlotClass {
+    device: Arc<dyn Device>,
+    class: usize,
+    slot_bytes: usize,
+    state: Mutex<PoolState>,
+}
+
+impl SlotClass {
+    fn lock(&self) -> MutexGuard<'_, PoolState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn slots_per_slab(&self) -> usize {
+        SLAB_BYTES / self.slot_bytes
+    }
+
+    fn try_take(&self) -> Option<Slot> {
+        let mut state = self.lock();
+        if state.free.is_empty() {
+            self.reclaim(&mut state);
+        }
+        if state.free.is_empty() && !state.alloc_failed && state.slabs.len() < MAX_SLABS {
+            self.grow(&mut state);
+        }
+        let index = state.free.pop()?;
+        state.next_generation = state.next_generation.wrapping_add(1).max(1);
+        let generation = state.next_generation;
+        Some(self.slot(&state, index, generation))
+    }
+
+    fn slot(&self, state: &PoolState, index: usize, generation: u32) -> Slot {
+        let per_slab = self.slots_per_slab();
+        let slab = &state.slabs[index / per_slab];
+        let within = index % per_slab;
+        // SAFETY: `within` < slots per slab: the slot and its word lie inside the slab.
+        let host_ptr = unsafe { slab.data.host_ptr.add(within * self.slot_bytes) };
+        // SAFETY: as above; words are 4-byte aligned in a page-aligned region.
+        let word_ptr = unsafe { slab.words.host_ptr.cast::<u32>().add(within) };
+        let done_word = ReleaseWord {
+            host_ptr: word_ptr,
+            device_addr: slab.words.device_addr + 4 * within as u64,
+        };
+        Slot { class: self.class, index, host_ptr, done_word, generation }
+    }
+
+    /// Moves pending slots whose copy has run to the free list.
+    fn reclaim(&self, state: &mut PoolState) {
+        let mut index = 0;
+        while index < state.pending.len() {
+            let (slot, generation) = state.pending[index];
+            if self.slot(state, slot, generation).done_word.load() == generation {
+                state.pending.swap_remove(index);
+                state.free.push(slot);
+            } else {
+                index += 1;
+            }
+        }
+    }
+
+    fn grow(&self, state: &mut PoolState) {
+        let data = crate::device::injected_fault(crate::fault::Site::PinnedAlloc)
+            .and_then(|()| self.device.alloc_pinned(SLAB_BYTES));
+        let words = data.and_then(|data| match self.device.alloc_pinned(4096) {
+            Ok(words) => Ok((data, words)),
+            Err(error) => {
+                // SAFETY: allocated just above, never used.
+                unsafe { self.device.free_pinned(data) };
+                Err(error)
+            }
+        });
+        match words {
+            Ok((data, words)) => {
+                // SAFETY: a fresh page of pinned memory, not yet shared.
+                unsafe { words.host_ptr.write_bytes(0, 4096) };
+                let per_slab = self.slots_per_slab();
+                let first = state.slabs.len() * per_slab;
+                state.slabs.push(Slab { data, words });
+                state.free.extend((first..first + per_slab).rev());
+            }
+            Err(error) => {
+                log::info!(
+                    "read staging slots: no more pinned memory ({error}); reads take the engine's path"
+                );
+                state.alloc_failed = true;
+            }
+        }
+    }
+}
+
+impl Drop for SlotClass {
+    fn drop(&mut self) {
+        let per_slab = self.slots_per_slab();
+        let state = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        let pending = std::mem::take(&mut state.pending);
+        let mut busy = vec![false; state.slabs.len()];
+        for (slot, generation) in pending {
+            let slab = &state.slabs[slot / per_slab];
+            // SAFETY: as in `slot`.
+            let word = unsafe { slab.words.host_ptr.cast::<u32>().add(slot % per_slab) };
+            // SAFETY: a live word of the slab.
+            let done = unsafe { std::sync::atomic::AtomicU32::from_ptr(word) }
+                .load(std::sync::atomic::Ordering::Acquire);
+            if done != generation {
+                busy[slot / per_slab] = true;
+            }
+        }
+        for (slab, busy) in state.slabs.drain(..).zip(busy) {
+            if busy {
+                log::warn!(
+                    "a read staging slab is leaked: a stream has not yet run its copy out of it"
+                );
+                continue;
+            }
+            // SAFETY: from alloc_pinned on this device; no copy still reads it.
+            unsafe {
+                self.device.free_pinned(slab.data);
+                self.device.free_pinned(slab.words);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::cpu::CpuDevice;
+
+    fn pool() -> SlotPool {
+        let device: Arc<dyn Device> = CpuDevice::new(1);
+        SlotPool::new(device)
+    }
+
+    #[test]
+    fn a_read_takes_the_smallest_slot_that_holds_it_and_none_past_the_largest() {
+        let pool = pool();
+        for (len, class) in [(1, 0), (4096, 0), (4097, 1), (16 * 1024, 1), (SLOT_BYTES, 2)] {
+            let slot = pool.try_take(len).expect("a slot");
+            assert_eq!(slot.class, class, "{len} bytes");
+            pool.give_back(&slot);
+        }
+        assert!(pool.try_take(SLOT_BYTES + 1).is_none());
+    }
+
+    #[test]
+    fn slots_run_out_at_the_cap_and_come_back_once_their_done_word_shows_their_use() {
+        let pool = pool();
+        let per_class = MAX_SLABS * SLAB_BYTES / SLOT_BYTES;
+        let taken: Vec<Slot> =
+            (0..per_class).map(|_| pool.try_take(SLOT_BYTES).expect("slot")).collect();
+        assert!(pool.try_take(SLOT_BYTES).is_none(), "no slot past the cap");
+        // Distinct, non-overlapping memory and distinct generations.
+        let mut starts: Vec<usize> = taken.iter().map(|s| s.host_ptr as usize).collect();
+        starts.sort_unstable();
+        assert!(starts.windows(2).all(|w| w[1] - w[0] >= SLOT_BYTES));
+        for slot in &taken {
+            pool.retire(slot);
+        }
+        assert!(pool.try_take(SLOT_BYTES).is_none(), "pending until the stream copied");
+        // The stream's done write for one slot: that slot, and only it, comes back.
+        let done = taken[7];
+        // SAFETY: the slot's live done word.
+        unsafe { std::sync::atomic::AtomicU32::from_ptr(done.done_word.host_ptr) }
+            .store(done.generation, std::sync::atomic::Ordering::Release);
+        let again = pool.try_take(SLOT_BYTES).expect("the copied slot");
+        assert_eq!(again.host_ptr, done.host_ptr);
+        assert_ne!(again.generation, done.generation, "a new use, a new generation");
+        assert!(pool.try_take(SLOT_BYTES).is_none());
+        // Other sizes have their own slots.
+        assert!(pool.try_take(4096).is_some());
+    }
+}

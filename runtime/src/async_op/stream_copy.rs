@@ -1,0 +1,198 @@
+//! Small fully FIXED reads copied on the user's own stream (see [`super::slots`]): the
+//! op's slot, the copy enqueued at submission, the read posted at once, and the meeting of
+//! the two finishers — the engine having staged the bytes and the stream having reached
+//! the op — after which whichever came second publishes and releases from the host.
+//!
+//! A read that comes back short, fails, or is aborted leaves the destination as it was:
+//! before the release, the slot's bytes past what was read are filled from the
+//! destination itself (a device → host copy on a library stream; the stream is held on
+//! the op, so its earlier work is done), and the stream's copy writes them back unchanged.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use hipfile_core::{Direction, OpError, OpEvent, Outcome};
+
+use super::AsyncOp;
+use super::slots::{SLOT_BYTES, Slot};
+use crate::engine::{Completion, Engine, HostTarget, IoJob, JobEnd};
+
+/// The engine staged the bytes (its outcome is in `slot_outcome`).
+const STAGED: u8 = 1;
+/// The stream reached the op.
+const ARMED: u8 = 2;
+
+/// Where an op's slot is: still the op's to give back (no copy out of it enqueued).
+pub(super) const SLOT_HELD: u8 = 0;
+/// The stream's copy out of it is enqueued (the slot is the pool's to reclaim after it).
+pub(super) const SLOT_COPY_QUEUED: u8 = 1;
+/// Given back unused.
+pub(super) const SLOT_RETURNED: u8 = 2;
+
+impl AsyncOp {
+    /// Whether a read of `size_bytes` may take a slot: fully FIXED and prefetching, small
+    /// enough, on a device that copies on user streams and holds them on wait-values.
+    pub(super) fn wants_slot(
+        host: &dyn super::OpHost,
+        direction: Direction,
+        prefetching: bool,
+        blocking_fallback: bool,
+        size_bytes: u64,
+    ) -> Option<Slot> {
+        if direction != Direction::Read
+            || !prefetching
+            || blocking_fallback
+            || size_bytes > SLOT_BYTES as u64
+        {
+            return None;
+        }
+        host.slots()?.try_take(size_bytes as usize)
+    }
+
+    /// Enqueues, behind the op's wait-value, the copy out of its slot and the slot's done
+    /// write. `Err` when the copy could not be enqueued (the slot goes back to the pool).
+    pub(super) fn enqueue_stream_copy(
+        &self,
+        slot: &Slot,
+    ) -> Result<(), crate::device::DeviceError> {
+        let device = self.host.device();
+        let pool = self.host.slots().expect("an op with a slot has a pool");
+        let handle = self.stream.handle;
+        let len = self.submitted.size_bytes() as usize;
+        // SAFETY: the slot is pinned memory of the pool, which lives as long as the driver
+        // (the op holds it) and is not lent again until its done word shows this use; the
+        // destination was validated at submission.
+        let copied =
+            crate::device::injected_fault(crate::fault::Site::DeviceCopy).and_then(|()| unsafe {
+                device.copy_to_device_on_stream(
+                    handle,
+                    self.submitted.device_addr(),
+                    slot.host_ptr,
+                    len,
+                )
+            });
+        if let Err(error) = copied {
+            pool.give_back(slot);
+            self.slot_phase.store(SLOT_RETURNED, Ordering::SeqCst);
+            return Err(error);
+        }
+        // SAFETY: the done word lives in the pool's slab as long as the driver.
+        let noted = unsafe {
+            device.stream_write_value32(handle, slot.done_word.device_addr, slot.generation)
+        };
+        match noted {
+            Ok(()) => pool.retire(slot),
+            Err(_) => pool.lose(),
+        }
+        self.slot_phase.store(SLOT_COPY_QUEUED, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Posts the read of the whole op into its slot (no gate: the bytes stay in the slot
+    /// until the release lets the stream copy them).
+    pub(super) fn post_slot_read(self: &Arc<Self>, engine: &Engine) {
+        let Some(slot) = self.slot else { return };
+        let Some(guard) = self.share_guard() else {
+            self.slot_staged(Outcome::Library(OpError::InternalError));
+            return;
+        };
+        let op = Arc::clone(self);
+        let done: crate::engine::JobDone =
+            Box::new(move |end: JobEnd<'_>| op.slot_staged(end.outcome));
+        let job = IoJob {
+            file: Arc::clone(&self.file),
+            guard,
+            direction: Direction::Read,
+            file_offset_bytes: self.submitted.file_offset_bytes(),
+            device_addr: self.submitted.device_addr(),
+            len_bytes: self.submitted.size_bytes(),
+            device_ordinal: self.device_ordinal,
+            wait_for_copies: false,
+            arm_gate: None,
+            host_target: Some(HostTarget::new(slot.host_ptr)),
+            may_start: None,
+            done: Completion::new(Arc::clone(self.host.device()), done),
+        };
+        engine.post(self.stream.executor, job);
+    }
+
+    /// The engine staged the op's bytes (or failed): finish if the stream is there.
+    fn slot_staged(self: &Arc<Self>, outcome: Outcome) {
+        *self.slot_outcome.lock().unwrap_or_else(|p| p.into_inner()) = Some(outcome);
+        if self.slot_flow.fetch_or(STAGED, Ordering::SeqCst) & ARMED != 0 {
+            self.finish_slot_read();
+        }
+    }
+
+    /// The stream reached a slot op (the poller's arm): finish if the bytes are staged.
+    pub(super) fn arm_slot(self: &Arc<Self>) {
+        self.set_state(OpEvent::Arm);
+        if self.slot_flow.fetch_or(ARMED, Ordering::SeqCst) & STAGED != 0 {
+            self.finish_slot_read();
+        }
+    }
+
+    /// Both finishers met: read again if the staged bytes may be stale (once), else make
+    /// the slot hold exactly what the destination must end up with, publish and release.
+    fn finish_slot_read(self: &Arc<Self>) {
+        if !self.machine().prefetch_superseded() && !self.prefetch_still_fresh() {
+            self.set_state(OpEvent::Restage);
+            self.host.async_stats().prefetches_redone.fetch_add(1, Ordering::Relaxed);
+            self.slot_flow.fetch_and(!STAGED, Ordering::SeqCst);
+            match self.host.engine() {
+                Ok(engine) => self.post_slot_read(engine),
+                Err(error) => self.slot_staged(Outcome::Library(error.code)),
+            }
+            return;
+        }
+        let outcome = self
+            .slot_outcome
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+            .unwrap_or(Outcome::Library(OpError::InternalError));
+        let outcome = self.keep_destination_past(outcome);
+        let stats = self.host.async_stats();
+        stats.stream_copies.fetch_add(1, Ordering::Relaxed);
+        self.note_release(stats);
+        self.publish(outcome);
+    }
+
+    /// Fills the slot past the bytes `outcome` read with the destination's own bytes, so
+    /// that the stream's copy leaves them unchanged; a failed fill turns the outcome into
+    /// a driver error (the destination past the read is then undefined).
+    pub(super) fn keep_destination_past(&self, outcome: Outcome) -> Outcome {
+        let Some(slot) = self.slot else { return outcome };
+        if self.slot_phase.load(Ordering::SeqCst) != SLOT_COPY_QUEUED {
+            return outcome;
+        }
+        let size = self.submitted.size_bytes();
+        let read = match outcome {
+            Outcome::Bytes(n) => n.min(size),
+            _ => 0,
+        };
+        if read == size {
+            return outcome;
+        }
+        let device = self.host.device();
+        // SAFETY: the slot is ours until the release; the device range is the op's
+        // validated destination, which the held stream no longer writes.
+        let filled = unsafe {
+            device.copy_now(
+                self.device_ordinal,
+                Direction::Write,
+                self.submitted.device_addr() + read,
+                slot.host_ptr.add(read as usize),
+                (size - read) as usize,
+                true,
+            )
+        };
+        match filled {
+            Ok(()) => outcome,
+            Err(error) => {
+                log::error!("a failed async read could not keep its destination: {error}");
+                Outcome::Library(OpError::HipDriverError)
+            }
+        }
+    }
+}

@@ -1,0 +1,205 @@
+//! Small fully FIXED reads staged ahead into a slot and copied on the user's own stream
+//! (`runtime/src/async_op/slots.rs`, `stream_copy.rs`): the bytes, the counters, short
+//! reads at the end of the file (the destination past them stays as it was), a write
+//! that lands while the stream is held, the engine's path for larger reads and with the
+//! feature off.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use hipfile_runtime::config::Config;
+use hipfile_runtime::{AsyncParams, HandleId};
+use hipfile_test_support::rig::*;
+
+/// A rig with a pattern file of `file_len` bytes and a registered buffer.
+struct Setup {
+    rig: Rig,
+    data: Vec<u8>,
+    file: TempFile,
+    _fd: std::fs::File,
+    handle: HandleId,
+    buffer: u64,
+}
+
+impl Setup {
+    fn new(rig: Rig, tag: &str, file_len: usize, buffer_len: usize) -> Setup {
+        let data = pattern(23, file_len);
+        let file = TempFile::new(tag, &data);
+        // A file changed in the last 30 ms makes a staged read be read again at arm
+        // (`ChangeStamp`): the tests that count redone reads want a settled file.
+        std::thread::sleep(Duration::from_millis(40));
+        let fd = file.open_rw();
+        let handle = rig.register(&fd);
+        let buffer = rig.alloc(buffer_len);
+        rig.driver.buf_register(buffer, buffer_len as u64, 0).expect("buf_register");
+        Setup { rig, data, file, _fd: fd, handle, buffer }
+    }
+
+    fn read(&self, p: &Arc<AsyncParams>, stream: hipfile_runtime::device::StreamHandle) {
+        self.rig.read(self.handle, self.buffer, p, stream);
+    }
+}
+
+fn stream_copies(rig: &Rig) -> u64 {
+    rig.driver.async_stats().stream_copies.load(Ordering::SeqCst)
+}
+
+fn redone(rig: &Rig) -> u64 {
+    rig.driver.async_stats().prefetches_redone.load(Ordering::SeqCst)
+}
+
+/// Reads of 1 B to 64 KiB at odd offsets, all submitted before the stream is synchronized,
+/// each copied on the stream; a read of 64 KiB + 1 takes the engine's path. Every byte
+/// lands where it should and nothing else is written.
+#[test]
+fn small_fixed_reads_are_copied_on_their_own_stream() {
+    for flags in [7u32, 15] {
+        let t = Setup::new(Rig::new(), "stream-copies", 2 * MIB, 2 * MIB);
+        let stream = t.rig.registered_stream(flags);
+        // Page-aligned inputs (flag 8) take page multiples; the last size of each list is
+        // past the largest slot.
+        let sizes: &[usize] = if flags & 8 != 0 {
+            &[4096, 8192, 16 * KIB, 64 * KIB, 64 * KIB + 4096]
+        } else {
+            &[1, 4095, 4096, 5000, 16 * KIB, 16 * KIB + 1, 64 * KIB, 64 * KIB + 1]
+        };
+        let before = stream_copies(&t.rig);
+        let mut placed = Vec::new();
+        let mut buffer_offset = 0usize;
+        for (i, &size) in sizes.iter().enumerate() {
+            let file_offset = if flags & 8 != 0 { (i + 3) * 4096 * 5 } else { 4096 * 7 * i + 13 };
+            let p = params(size, file_offset as i64, buffer_offset as i64);
+            t.read(&p, stream);
+            placed.push((p, size, file_offset, buffer_offset));
+            buffer_offset += size.next_multiple_of(4096) + 4096;
+        }
+        t.rig.sync(stream);
+        let got = t.rig.dev_bytes(t.buffer, 2 * MIB);
+        let mut end_of_last = 0;
+        for (p, size, file_offset, buffer_offset) in &placed {
+            assert_eq!(bytes(p), *size as isize, "flags {flags}: {size} bytes");
+            let what = format!("flags {flags}: {size} bytes at file offset {file_offset}");
+            assert_bytes(
+                &got[*buffer_offset..buffer_offset + size],
+                &t.data[*file_offset..file_offset + size],
+                &what,
+            );
+            assert_all(&got[end_of_last..*buffer_offset], 0, "between the reads");
+            end_of_last = buffer_offset + size;
+        }
+        let copied = stream_copies(&t.rig) - before;
+        assert_eq!(copied, sizes.len() as u64 - 1, "flags {flags}: all but the last read");
+    }
+}
+
+/// A read that comes back short at the end of the file publishes the bytes it read, and
+/// the destination past them keeps what it held (the stream's copy writes it back); a
+/// read at the end publishes 0 and changes nothing.
+#[test]
+fn a_short_read_at_the_end_of_the_file_keeps_the_rest_of_the_destination() {
+    let file_len = 100_000;
+    let t = Setup::new(Rig::new(), "stream-copies-eof", file_len, MIB);
+    let stream = t.rig.registered_stream(7);
+    let old = pattern(99, 64 * KIB);
+    t.rig.set_dev_bytes(t.buffer, &old);
+    let before = stream_copies(&t.rig);
+    let tail = params(16 * KIB, (file_len - 5000) as i64, 0);
+    let at_end = params(4096, file_len as i64, 32 * KIB as i64);
+    t.read(&tail, stream);
+    t.read(&at_end, stream);
+    t.rig.sync(stream);
+    assert_eq!(bytes(&tail), 5000);
+    assert_eq!(bytes(&at_end), 0);
+    let got = t.rig.dev_bytes(t.buffer, 64 * KIB);
+    assert_bytes(&got[..5000], &t.data[file_len - 5000..], "the bytes the file has");
+    assert_bytes(&got[5000..], &old[5000..], "past them: as the destination was");
+    assert_eq!(stream_copies(&t.rig) - before, 2, "both copied on the stream");
+}
+
+/// A read staged while its stream is held, then the range rewritten through another
+/// descriptor: when the stream reaches the read it gets what the file holds then (the
+/// staged bytes are read again, once).
+#[test]
+fn a_staged_read_sees_a_rewrite_made_while_its_stream_was_held() {
+    use std::os::unix::fs::FileExt;
+    for round in 0..3u64 {
+        let t = Setup::new(Rig::new(), "stream-copies-rewrite", MIB, MIB);
+        let stream = t.rig.registered_stream(7);
+        let gate = t.rig.pause(stream).expect("pause");
+        let (copies_before, redone_before) = (stream_copies(&t.rig), redone(&t.rig));
+        let read_before = t.rig.driver.file(t.handle).expect("file").counters().read_bytes();
+        let n = 8 * KIB;
+        let p = params(n, 4096, 0);
+        t.read(&p, stream);
+        wait_until("the staged read", || {
+            t.rig.driver.file(t.handle).expect("file").counters().read_bytes() - read_before
+                == n as u64
+        });
+        assert_eq!(bytes(&p), 0, "published only when the stream reaches the op");
+        let fresh = pattern(70 + round, n);
+        let other = std::fs::OpenOptions::new().write(true).open(&t.file.path).expect("open");
+        other.write_all_at(&fresh, 4096).expect("pwrite");
+        gate.release();
+        t.rig.sync(stream);
+        assert_eq!(bytes(&p), n as isize, "round {round}");
+        assert_bytes(&t.rig.dev_bytes(t.buffer, n), &fresh, &format!("round {round}"));
+        assert_eq!(redone(&t.rig), redone_before + 1, "round {round}: read again");
+        assert_eq!(stream_copies(&t.rig), copies_before + 1, "round {round}");
+    }
+}
+
+/// Reads with parameters that are not all FIXED, and every read with
+/// `HIPFILE_STREAM_COPIES=off`, take the engine's path (and are right).
+#[test]
+fn unfixed_reads_and_the_switch_off_take_the_engines_path() {
+    let off = Config { stream_copies: false, ..small_config() };
+    for (rig, flags) in [(Rig::new(), 0u32), (Rig::new(), 3), (Rig::with(1, off), 7)] {
+        let t = Setup::new(rig, "stream-copies-off", MIB, MIB);
+        let stream = t.rig.registered_stream(flags);
+        let before = stream_copies(&t.rig);
+        let p = params(8 * KIB, 12_345, 0);
+        t.read(&p, stream);
+        t.rig.sync(stream);
+        assert_eq!(bytes(&p), 8 * KIB as isize);
+        assert_bytes(
+            &t.rig.dev_bytes(t.buffer, 8 * KIB),
+            &t.data[12_345..12_345 + 8 * KIB],
+            "data",
+        );
+        assert_eq!(stream_copies(&t.rig), before, "flags {flags}: not copied on the stream");
+    }
+}
+
+/// Thousands of small reads in flight on four streams, twice: every byte right, and the
+/// second round is copied on the streams too (the slots came back once the streams had
+/// copied out of them).
+#[test]
+fn many_small_reads_on_several_streams_and_slots_come_back() {
+    let t = Setup::new(Rig::new(), "stream-copies-many", 8 * MIB, 8 * MIB);
+    let streams: Vec<_> = (0..4).map(|_| t.rig.registered_stream(7)).collect();
+    let ops = 2048;
+    let mut all = Vec::new();
+    for round in 0..2 {
+        let before = stream_copies(&t.rig);
+        for i in 0..ops {
+            let offset = ((i * 7919) % ops) * 4096;
+            let p = params(4096, offset as i64, (i * 4096) as i64);
+            t.read(&p, streams[i % streams.len()]);
+            all.push((p, offset, i * 4096));
+        }
+        for &stream in &streams {
+            t.rig.sync(stream);
+        }
+        let got = t.rig.dev_bytes(t.buffer, ops * 4096);
+        for (p, offset, at) in all.drain(..) {
+            assert_eq!(bytes(&p), 4096);
+            assert_bytes(
+                &got[at..at + 4096],
+                &t.data[offset..offset + 4096],
+                &format!("round {round}"),
+            );
+        }
+        assert!(stream_copies(&t.rig) > before, "round {round}: reads copied on their stream");
+    }
+}
