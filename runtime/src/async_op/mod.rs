@@ -211,7 +211,15 @@ impl AsyncOp {
         let eligible = parts.direction == Direction::Read
             && state.flags.all_fixed()
             && hazards.may_prefetch(&parts.file, range);
-        let prefetch = eligible && state.admit_prefetch(parts.io.size_bytes());
+        let blocking_fallback = !host.device().supports_stream_memops(buffer.device_ordinal);
+        // A small read copied on its own stream stages into its slot, not the arenas: the
+        // slots, not the prefetch window, bound what such reads hold.
+        let slot = if eligible {
+            AsyncOp::wants_slot(&*host, parts.direction, blocking_fallback, parts.io.size_bytes())
+        } else {
+            None
+        };
+        let prefetch = slot.is_none() && eligible && state.admit_prefetch(parts.io.size_bytes());
         let hazard = match parts.direction {
             Direction::Write => {
                 prefetch::note_write(&parts.file);
@@ -219,14 +227,6 @@ impl AsyncOp {
             }
             Direction::Read => Hazard::None,
         };
-        let blocking_fallback = !host.device().supports_stream_memops(buffer.device_ordinal);
-        let slot = AsyncOp::wants_slot(
-            &*host,
-            parts.direction,
-            prefetch,
-            blocking_fallback,
-            parts.io.size_bytes(),
-        );
         Arc::new(AsyncOp {
             _host_guard: HostDropGuard(Some(Arc::clone(&host))),
             host,
@@ -246,7 +246,7 @@ impl AsyncOp {
             holds_prefetch_window: AtomicBool::new(prefetch),
             blocking_fallback,
             released_signal: (Mutex::new(false), std::sync::Condvar::new()),
-            wants_deferred_prefetch: eligible && !prefetch,
+            wants_deferred_prefetch: eligible && !prefetch && slot.is_none(),
             prefetch_generation: AtomicU64::new(0),
             prefetch_stamp: Mutex::new(None),
             hazard,

@@ -30,17 +30,16 @@ pub(super) const SLOT_COPY_QUEUED: u8 = 1;
 pub(super) const SLOT_RETURNED: u8 = 2;
 
 impl AsyncOp {
-    /// Whether a read of `size_bytes` may take a slot: fully FIXED and prefetching, small
-    /// enough, on a device that copies on user streams and holds them on wait-values.
+    /// A slot for a read of `size_bytes` that may prefetch (fully FIXED, no overlapping
+    /// write), small enough, on a device that copies on user streams and holds them on
+    /// wait-values; `None` when none is free.
     pub(super) fn wants_slot(
         host: &dyn super::OpHost,
         direction: Direction,
-        prefetching: bool,
         blocking_fallback: bool,
         size_bytes: u64,
     ) -> Option<Slot> {
         if direction != Direction::Read
-            || !prefetching
             || blocking_fallback
             || size_bytes > SLOT_BYTES as u64
         {
