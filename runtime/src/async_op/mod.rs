@@ -213,8 +213,10 @@ impl AsyncOp {
             && hazards.may_prefetch(&parts.file, range);
         let blocking_fallback = !host.device().supports_stream_memops(buffer.device_ordinal);
         // A small read copied on its own stream stages into its slot, not the arenas: the
-        // slots, not the prefetch window, bound what such reads hold.
-        let slot = if eligible {
+        // slots, not the prefetch window, bound what such reads hold. Only on a stream
+        // with no op waiting ahead: there it shortens the op's round trip; behind a
+        // queue of ops the engine's path moves more of them per second (README, Measured).
+        let slot = if eligible && state.arm_queue().waiting() == 0 {
             AsyncOp::wants_slot(&*host, parts.direction, blocking_fallback, parts.io.size_bytes())
         } else {
             None

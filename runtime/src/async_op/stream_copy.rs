@@ -39,10 +39,7 @@ impl AsyncOp {
         blocking_fallback: bool,
         size_bytes: u64,
     ) -> Option<Slot> {
-        if direction != Direction::Read
-            || blocking_fallback
-            || size_bytes > SLOT_BYTES as u64
-        {
+        if direction != Direction::Read || blocking_fallback || size_bytes > SLOT_BYTES as u64 {
             return None;
         }
         host.slots()?.try_take(size_bytes as usize)
