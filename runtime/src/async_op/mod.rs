@@ -214,9 +214,11 @@ impl AsyncOp {
         let blocking_fallback = !host.device().supports_stream_memops(buffer.device_ordinal);
         // A small read copied on its own stream stages into its slot, not the arenas: the
         // slots, not the prefetch window, bound what such reads hold. Only on a stream
-        // with no op waiting ahead: there it shortens the op's round trip; behind a
-        // queue of ops the engine's path moves more of them per second (README, Measured).
-        let slot = if eligible && state.arm_queue().waiting() == 0 {
+        // whose earlier ops are all released (the op's predecessor released the word):
+        // there it shortens the op's round trip; behind ops in flight the engine's path
+        // moves more of them per second (README, Measured).
+        let stream_idle = state.word().load() == parts.sequence.wrapping_sub(1);
+        let slot = if eligible && stream_idle {
             AsyncOp::wants_slot(&*host, parts.direction, blocking_fallback, parts.io.size_bytes())
         } else {
             None
