@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Finds which thread spins when a test binary, run whole in one process, hangs.
+#
+#   tests/gpu/hang-probe.sh BINARY TEST GRACE_S [ARGS...]
+#
+# Runs target/gpu-bundle/tests/BINARY --test-threads=1 --nocapture ARGS... with
+# HIPFILE_DEVICE=cuda; GRACE_S seconds after libtest starts TEST ("test TEST ..."), if the
+# process is still there, writes for every thread its name, state, CPU time now and 3 s
+# later, its kernel wait channel and kernel stack (and gdb's backtraces where gdb is
+# installed), then kills it. Output under $OUT (or /tmp/hang-probe): BINARY.log (the
+# run), BINARY.threads.txt (the dump). The thread whose CPU time grows is the spinner:
+# the test's own thread or an unnamed helper (run_guarded) in a CUDA call = a blocking
+# CUDA wait (stream sync, cuMemFreeHost); hipfile-io-N = an executor loop; hipfile-arm =
+# the arm poller.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+binary=$1 test=$2 grace=$3; shift 3
+out=${OUT:-/tmp/hang-probe}; mkdir -p "$out"
+log=$out/$binary.log dump=$out/$binary.threads.txt
+HIPFILE_DEVICE=${HIPFILE_DEVICE:-cuda} target/gpu-bundle/tests/"$binary" --test-threads=1 \
+  --nocapture "$@" >"$log" 2>&1 &
+pid=$!
+seen=0
+while kill -0 "$pid" 2>/dev/null; do
+  if [ "$seen" = 0 ] && grep -q -- "test $test " "$log"; then seen=$(date +%s); fi
+  if [ "$seen" != 0 ] && [ $(( $(date +%s) - seen )) -ge "$grace" ]; then
+    echo "HUNG: $test still running after $grace s" | tee "$dump"
+    threads() { for t in /proc/"$pid"/task/*; do
+      echo "$(basename "$t") [$(cat "$t"/comm)] state $(awk '{print $3}' "$t"/stat) utime $(awk '{print $14}' "$t"/stat) wchan $(cat "$t"/wchan 2>/dev/null)"
+    done; }
+    threads >>"$dump"; sleep 3; echo "--- 3 s later" >>"$dump"; threads >>"$dump"
+    for t in /proc/"$pid"/task/*; do
+      echo "--- kernel stack of $(basename "$t") [$(cat "$t"/comm)]"; cat "$t"/stack 2>/dev/null
+    done >>"$dump"
+    if command -v gdb >/dev/null; then
+      timeout 60 gdb -batch -p "$pid" -ex "thread apply all bt 30" >>"$dump" 2>&1
+    fi
+    kill -9 "$pid"; wait "$pid" 2>/dev/null
+    exit 1
+  fi
+  sleep 1
+done
+wait "$pid"; rc=$?
+echo "exit $rc (no hang)" | tee "$dump"
+exit "$rc"
