@@ -2,8 +2,8 @@
 # #16: the async path's per-op round trip on the H200 (small random reads, 4 KiB latency)
 # with --profile, by poller and executor spin settings. Usage:
 #   OUT=dir BENCH=path/to/hipfile-bench benches/scripts/h200-roundtrip.sh [variant...]
-
-# LATENCY=0 skips the latency mode.
+# A variant is NAME:ENV=VALUE[,ENV=VALUE], e.g. "off:HIPFILE_STREAM_COPIES=off" (default:
+# one run with the environment as it is); LATENCY=0 skips the latency mode.
 set -u
 bench=${BENCH:-target/release/hipfile-bench}
 out=${OUT:-/tmp/h200-roundtrip}; mkdir -p "$out"

@@ -43,7 +43,7 @@ pub fn config(cpus: &[usize]) -> Config {
         allow_compat_mode: true,
         use_io_uring: true,
         buffered_writes: BufferedWrites::Thread,
-        stream_copies: true,
+        stream_copies: false,
     };
     config.validate().expect("test config is valid");
     config

@@ -41,6 +41,11 @@ impl Setup {
     }
 }
 
+/// A rig with stream copies on (`HIPFILE_STREAM_COPIES=on`; off by default).
+fn on() -> Rig {
+    Rig::with(1, Config { stream_copies: true, ..small_config() })
+}
+
 fn stream_copies(rig: &Rig) -> u64 {
     rig.driver.async_stats().stream_copies.load(Ordering::SeqCst)
 }
@@ -56,7 +61,7 @@ fn redone(rig: &Rig) -> u64 {
 #[test]
 fn small_fixed_reads_are_copied_on_their_own_stream() {
     for flags in [7u32, 15] {
-        let t = Setup::new(Rig::new(), "stream-copies", 2 * MIB, 2 * MIB);
+        let t = Setup::new(on(), "stream-copies", 2 * MIB, 2 * MIB);
         // Page-aligned inputs (flag 8) take page multiples; the last size of each list is
         // past the largest slot.
         let sizes: &[usize] = if flags & 8 != 0 {
@@ -102,7 +107,7 @@ fn small_fixed_reads_are_copied_on_their_own_stream() {
 #[test]
 fn a_short_read_at_the_end_of_the_file_keeps_the_rest_of_the_destination() {
     let file_len = 100_000;
-    let t = Setup::new(Rig::new(), "stream-copies-eof", file_len, MIB);
+    let t = Setup::new(on(), "stream-copies-eof", file_len, MIB);
     let stream = t.rig.registered_stream(7);
     let old = pattern(99, 64 * KIB);
     t.rig.set_dev_bytes(t.buffer, &old);
@@ -128,7 +133,7 @@ fn a_short_read_at_the_end_of_the_file_keeps_the_rest_of_the_destination() {
 fn a_staged_read_sees_a_rewrite_made_while_its_stream_was_held() {
     use std::os::unix::fs::FileExt;
     for round in 0..3u64 {
-        let t = Setup::new(Rig::new(), "stream-copies-rewrite", MIB, MIB);
+        let t = Setup::new(on(), "stream-copies-rewrite", MIB, MIB);
         let stream = t.rig.registered_stream(7);
         let gate = t.rig.pause(stream).expect("pause");
         let (copies_before, redone_before) = (stream_copies(&t.rig), redone(&t.rig));
@@ -153,12 +158,11 @@ fn a_staged_read_sees_a_rewrite_made_while_its_stream_was_held() {
     }
 }
 
-/// Reads with parameters that are not all FIXED, and every read with
-/// `HIPFILE_STREAM_COPIES=off`, take the engine's path (and are right).
+/// Reads with parameters that are not all FIXED, and every read with stream copies off
+/// (the default), take the engine's path (and are right).
 #[test]
 fn unfixed_reads_and_the_switch_off_take_the_engines_path() {
-    let off = Config { stream_copies: false, ..small_config() };
-    for (rig, flags) in [(Rig::new(), 0u32), (Rig::new(), 3), (Rig::with(1, off), 7)] {
+    for (rig, flags) in [(on(), 0u32), (on(), 3), (Rig::new(), 7)] {
         let t = Setup::new(rig, "stream-copies-off", MIB, MIB);
         let stream = t.rig.registered_stream(flags);
         let before = stream_copies(&t.rig);
@@ -181,7 +185,7 @@ fn unfixed_reads_and_the_switch_off_take_the_engines_path() {
 /// copied out of them.
 #[test]
 fn many_small_reads_on_several_streams_and_slots_come_back() {
-    let t = Setup::new(Rig::new(), "stream-copies-many", 8 * MIB, 8 * MIB);
+    let t = Setup::new(on(), "stream-copies-many", 8 * MIB, 8 * MIB);
     let streams: Vec<_> = (0..4).map(|_| t.rig.registered_stream(7)).collect();
     let ops = 2048;
     let mut all = Vec::new();

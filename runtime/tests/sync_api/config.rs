@@ -461,3 +461,15 @@ fn pinned_staging_beyond_physical_memory_is_refused() {
     // Within it: accepted.
     parse_ok(&[("HIPFILE_STAGING_MB", "64"), ("HIPFILE_THREADS", "1")]);
 }
+
+#[test]
+fn stream_copies_are_off_unless_asked_for() {
+    assert!(!parse_ok(&[]).stream_copies);
+    for on in ["1", "on", " true "] {
+        assert!(parse_ok(&[("HIPFILE_STREAM_COPIES", on)]).stream_copies, "{on:?}");
+    }
+    for off in ["0", "off", "false"] {
+        assert!(!parse_ok(&[("HIPFILE_STREAM_COPIES", off)]).stream_copies, "{off:?}");
+    }
+    rejected(&[("HIPFILE_STREAM_COPIES", "yes")], &cpus(4), "HIPFILE_STREAM_COPIES");
+}
