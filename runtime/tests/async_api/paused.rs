@@ -14,14 +14,14 @@ use hipfile_test_support::rig::*;
 
 const SIZE: usize = MIB;
 
-/// A rig with a 2 MiB pattern file and a registered 1 MiB buffer.
-struct Paused {
-    rig: Rig,
-    data: Vec<u8>,
-    file: TempFile,
+/// A rig with a pattern file and a registered buffer (also `stream_copies.rs`'s).
+pub(crate) struct Paused {
+    pub(crate) rig: Rig,
+    pub(crate) data: Vec<u8>,
+    pub(crate) file: TempFile,
     _fd: std::fs::File,
-    handle: HandleId,
-    buffer: u64,
+    pub(crate) handle: HandleId,
+    pub(crate) buffer: u64,
 }
 
 impl Paused {
@@ -29,7 +29,7 @@ impl Paused {
         Paused::with(Rig::new(), tag, file_len, buffer_len)
     }
 
-    fn with(rig: Rig, tag: &str, file_len: usize, buffer_len: usize) -> Paused {
+    pub(crate) fn with(rig: Rig, tag: &str, file_len: usize, buffer_len: usize) -> Paused {
         let data = pattern(11, file_len);
         let file = TempFile::new(tag, &data);
         // A prefetch of a file changed in the last 30 ms is redone when the stream

@@ -6,44 +6,20 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
+use hipfile_runtime::AsyncParams;
 use hipfile_runtime::config::Config;
-use hipfile_runtime::{AsyncParams, HandleId};
+
+use super::paused::Paused;
 use hipfile_test_support::rig::*;
-
-/// A rig with a pattern file of `file_len` bytes and a registered buffer.
-struct Setup {
-    rig: Rig,
-    data: Vec<u8>,
-    file: TempFile,
-    _fd: std::fs::File,
-    handle: HandleId,
-    buffer: u64,
-}
-
-impl Setup {
-    fn new(rig: Rig, tag: &str, file_len: usize, buffer_len: usize) -> Setup {
-        let data = pattern(23, file_len);
-        let file = TempFile::new(tag, &data);
-        // A file changed in the last 30 ms makes a staged read be read again at arm
-        // (`ChangeStamp`): the tests that count redone reads want a settled file.
-        std::thread::sleep(Duration::from_millis(40));
-        let fd = file.open_rw();
-        let handle = rig.register(&fd);
-        let buffer = rig.alloc(buffer_len);
-        rig.driver.buf_register(buffer, buffer_len as u64, 0).expect("buf_register");
-        Setup { rig, data, file, _fd: fd, handle, buffer }
-    }
-
-    fn read(&self, p: &Arc<AsyncParams>, stream: hipfile_runtime::device::StreamHandle) {
-        self.rig.read(self.handle, self.buffer, p, stream);
-    }
-}
 
 /// A rig with stream copies on (`HIPFILE_STREAM_COPIES=on`; off by default).
 fn on() -> Rig {
     Rig::with(1, Config { stream_copies: true, ..small_config() })
+}
+
+fn read(t: &Paused, p: &Arc<AsyncParams>, stream: hipfile_runtime::device::StreamHandle) {
+    t.rig.read(t.handle, t.buffer, p, stream);
 }
 
 fn stream_copies(rig: &Rig) -> u64 {
@@ -61,7 +37,7 @@ fn redone(rig: &Rig) -> u64 {
 #[test]
 fn small_fixed_reads_are_copied_on_their_own_stream() {
     for flags in [7u32, 15] {
-        let t = Setup::new(on(), "stream-copies", 2 * MIB, 2 * MIB);
+        let t = Paused::with(on(), "stream-copies", 2 * MIB, 2 * MIB);
         // Page-aligned inputs (flag 8) take page multiples; the last size of each list is
         // past the largest slot.
         let sizes: &[usize] = if flags & 8 != 0 {
@@ -76,7 +52,7 @@ fn small_fixed_reads_are_copied_on_their_own_stream() {
             let file_offset = if flags & 8 != 0 { (i + 3) * 4096 * 5 } else { 4096 * 7 * i + 13 };
             let p = params(size, file_offset as i64, buffer_offset as i64);
             let stream = t.rig.registered_stream(flags);
-            t.read(&p, stream);
+            read(&t, &p, stream);
             placed.push((p, size, file_offset, buffer_offset, stream));
             buffer_offset += size.next_multiple_of(4096) + 4096;
         }
@@ -107,16 +83,16 @@ fn small_fixed_reads_are_copied_on_their_own_stream() {
 #[test]
 fn a_short_read_at_the_end_of_the_file_keeps_the_rest_of_the_destination() {
     let file_len = 100_000;
-    let t = Setup::new(on(), "stream-copies-eof", file_len, MIB);
+    let t = Paused::with(on(), "stream-copies-eof", file_len, MIB);
     let stream = t.rig.registered_stream(7);
     let old = pattern(99, 64 * KIB);
     t.rig.set_dev_bytes(t.buffer, &old);
     let before = stream_copies(&t.rig);
     let tail = params(16 * KIB, (file_len - 5000) as i64, 0);
     let at_end = params(4096, file_len as i64, 32 * KIB as i64);
-    t.read(&tail, stream);
+    read(&t, &tail, stream);
     t.rig.sync(stream);
-    t.read(&at_end, stream);
+    read(&t, &at_end, stream);
     t.rig.sync(stream);
     assert_eq!(bytes(&tail), 5000);
     assert_eq!(bytes(&at_end), 0);
@@ -133,14 +109,14 @@ fn a_short_read_at_the_end_of_the_file_keeps_the_rest_of_the_destination() {
 fn a_staged_read_sees_a_rewrite_made_while_its_stream_was_held() {
     use std::os::unix::fs::FileExt;
     for round in 0..3u64 {
-        let t = Setup::new(on(), "stream-copies-rewrite", MIB, MIB);
+        let t = Paused::with(on(), "stream-copies-rewrite", MIB, MIB);
         let stream = t.rig.registered_stream(7);
         let gate = t.rig.pause(stream).expect("pause");
         let (copies_before, redone_before) = (stream_copies(&t.rig), redone(&t.rig));
         let read_before = t.rig.driver.file(t.handle).expect("file").counters().read_bytes();
         let n = 8 * KIB;
         let p = params(n, 4096, 0);
-        t.read(&p, stream);
+        read(&t, &p, stream);
         wait_until("the staged read", || {
             t.rig.driver.file(t.handle).expect("file").counters().read_bytes() - read_before
                 == n as u64
@@ -163,11 +139,11 @@ fn a_staged_read_sees_a_rewrite_made_while_its_stream_was_held() {
 #[test]
 fn unfixed_reads_and_the_switch_off_take_the_engines_path() {
     for (rig, flags) in [(on(), 0u32), (on(), 3), (Rig::new(), 7)] {
-        let t = Setup::new(rig, "stream-copies-off", MIB, MIB);
+        let t = Paused::with(rig, "stream-copies-off", MIB, MIB);
         let stream = t.rig.registered_stream(flags);
         let before = stream_copies(&t.rig);
         let p = params(8 * KIB, 12_345, 0);
-        t.read(&p, stream);
+        read(&t, &p, stream);
         t.rig.sync(stream);
         assert_eq!(bytes(&p), 8 * KIB as isize);
         assert_bytes(
@@ -185,7 +161,7 @@ fn unfixed_reads_and_the_switch_off_take_the_engines_path() {
 /// copied out of them.
 #[test]
 fn many_small_reads_on_several_streams_and_slots_come_back() {
-    let t = Setup::new(on(), "stream-copies-many", 8 * MIB, 8 * MIB);
+    let t = Paused::with(on(), "stream-copies-many", 8 * MIB, 8 * MIB);
     let streams: Vec<_> = (0..4).map(|_| t.rig.registered_stream(7)).collect();
     let ops = 2048;
     let mut all = Vec::new();
@@ -194,7 +170,7 @@ fn many_small_reads_on_several_streams_and_slots_come_back() {
         for i in 0..ops {
             let offset = ((i * 7919) % ops) * 4096;
             let p = params(4096, offset as i64, (i * 4096) as i64);
-            t.read(&p, streams[i % streams.len()]);
+            read(&t, &p, streams[i % streams.len()]);
             all.push((p, offset, i * 4096));
         }
         for &stream in &streams {
