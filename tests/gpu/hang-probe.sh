@@ -6,8 +6,8 @@
 # Runs target/gpu-bundle/tests/BINARY --test-threads=1 --nocapture ARGS... with
 # HIPFILE_DEVICE=cuda; GRACE_S seconds after libtest starts TEST ("test TEST ..."), if the
 # process is still there, writes for every thread its name, state, CPU time now and 3 s
-# later, its kernel wait channel and kernel stack (and gdb's backtraces where gdb is
-# installed), then kills it. Output under $OUT (or /tmp/hang-probe): BINARY.log (the
+# later, its kernel wait channel and kernel stack (and backtraces from gdb, or cuda-gdb,
+# where installed), then kills it. Output under $OUT (or /tmp/hang-probe): BINARY.log (the
 # run), BINARY.threads.txt (the dump). The thread whose CPU time grows is the spinner:
 # the test's own thread or an unnamed helper (run_guarded) in a CUDA call = a blocking
 # CUDA wait (stream sync, cuMemFreeHost); hipfile-io-N = an executor loop; hipfile-arm =
@@ -32,8 +32,10 @@ while kill -0 "$pid" 2>/dev/null; do
     for t in /proc/"$pid"/task/*; do
       echo "--- kernel stack of $(basename "$t") [$(cat "$t"/comm)]"; cat "$t"/stack 2>/dev/null
     done >>"$dump"
-    if command -v gdb >/dev/null; then
-      timeout 60 gdb -batch -p "$pid" -ex "thread apply all bt 30" >>"$dump" 2>&1
+    # gdb, else cuda-gdb (the GPU machine has only the latter; it attaches for host stacks).
+    debugger=$(command -v gdb || command -v cuda-gdb || ls /usr/local/cuda/bin/cuda-gdb 2>/dev/null)
+    if [ -n "$debugger" ]; then
+      timeout 90 "$debugger" -batch -p "$pid" -ex "thread apply all bt 25" >>"$dump" 2>&1
     fi
     kill -9 "$pid"; wait "$pid" 2>/dev/null
     exit 1
