@@ -35,7 +35,7 @@ const IO_URING: &str = "HIPFILE_IO_URING";
 const BUFFERED_WRITES: &str = "HIPFILE_BUFFERED_WRITES";
 const STREAM_COPIES: &str = "HIPFILE_STREAM_COPIES";
 const REASON_BUFFERED_WRITES: &str = "must be thread or io_uring";
-const REASON_IO_URING: &str = "must be 1/on/true or 0/off/false";
+const REASON_ON_OFF: &str = "must be 1/on/true or 0/off/false";
 const CPUS: &str = "HIPFILE_CPUS";
 const CHUNK_KB: &str = "HIPFILE_CHUNK_KB";
 const STAGING_MB: &str = "HIPFILE_STAGING_MB";
@@ -248,6 +248,23 @@ pub struct Config {
     pub stream_copies: bool,
 }
 
+/// A switch: `1`/`on`/`true` or `0`/`off`/`false` (surrounding blanks ignored), `default`
+/// when unset.
+fn on_off(
+    variable: &'static str,
+    value: Option<String>,
+    default: bool,
+) -> Result<bool, ConfigError> {
+    match value.as_deref().map(str::trim) {
+        None => Ok(default),
+        Some("1" | "on" | "true") => Ok(true),
+        Some("0" | "off" | "false") => Ok(false),
+        Some(other) => {
+            Err(ConfigError { variable, value: other.to_string(), reason: REASON_ON_OFF })
+        }
+    }
+}
+
 impl Default for Config {
     /// The configuration with every variable unset, for this process's affinity mask.
     fn default() -> Config {
@@ -354,26 +371,8 @@ impl Config {
         config.cpu_device_count = u32::try_from(cpu_devices).unwrap_or(MAX_CPU_DEVICES);
         // hipFile's bool parsing sees the raw value, empty included.
         config.allow_compat_mode = parse_hipfile_bool(lookup(ALLOW_COMPAT_MODE)).unwrap_or(true);
-        config.use_io_uring = match get(IO_URING).as_deref().map(str::trim) {
-            None | Some("1" | "on" | "true") => true,
-            Some("0" | "off" | "false") => false,
-            Some(other) => {
-                let value = other.to_string();
-                return Err(ConfigError { variable: IO_URING, value, reason: REASON_IO_URING });
-            }
-        };
-        config.stream_copies = match get(STREAM_COPIES).as_deref().map(str::trim) {
-            Some("1" | "on" | "true") => true,
-            None | Some("0" | "off" | "false") => false,
-            Some(other) => {
-                let value = other.to_string();
-                return Err(ConfigError {
-                    variable: STREAM_COPIES,
-                    value,
-                    reason: REASON_IO_URING,
-                });
-            }
-        };
+        config.use_io_uring = on_off(IO_URING, get(IO_URING), true)?;
+        config.stream_copies = on_off(STREAM_COPIES, get(STREAM_COPIES), false)?;
         config.buffered_writes = match get(BUFFERED_WRITES).as_deref().map(str::trim) {
             None | Some("thread") => BufferedWrites::Thread,
             Some("io_uring") => BufferedWrites::IoUring,
