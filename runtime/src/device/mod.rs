@@ -414,6 +414,15 @@ pub trait DeviceCopies {
         false
     }
 
+    /// The count of async ops alive in *every* driver of the process on this backend,
+    /// where their waits hold streams that a [`DeviceCopies::copy_now`] of another driver
+    /// could queue behind (CUDA: the application's primary contexts are the process's).
+    /// `None`: only the engine's own ops can hold the streams its copies could meet (the
+    /// cpu device: each instance has streams of its own).
+    fn process_async_ops(&self) -> Option<&'static core::sync::atomic::AtomicUsize> {
+        None
+    }
+
     /// Copies `len_bytes` between pinned host memory and device memory of
     /// `device_ordinal` and returns once the copy is complete: host → device for
     /// [`Direction::Read`], device → host for [`Direction::Write`]. Runs on the calling

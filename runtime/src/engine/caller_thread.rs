@@ -35,7 +35,7 @@ impl Engine {
         // Read once: an op submitted meanwhile never waits on this copy (its release
         // depends only on engine copies, which always take the safe path), so a stall of
         // a direct copy behind it would end when it is released.
-        let ops_may_hold_streams = self.async_ops_alive() > 0;
+        let ops_may_hold_streams = self.ops_may_hold_streams();
         let copy = |direction, len_bytes| {
             crate::device::injected_fault(crate::fault::Site::DeviceCopy)?;
             // SAFETY: `host` is a pinned fallback chunk of chunk_bytes >= len_bytes, ours

@@ -196,13 +196,20 @@ pub struct Engine {
     async_ops_alive: Arc<AtomicUsize>,
 }
 
-/// Counts one async op as alive until dropped (see [`Engine::track_async_op`]).
+/// Counts one async op as alive until dropped (see [`Engine::track_async_op`]): in its
+/// engine and, where the backend counts them process-wide, there too.
 #[derive(Debug)]
-pub(crate) struct AsyncOpTicket(Arc<AtomicUsize>);
+pub(crate) struct AsyncOpTicket {
+    engine: Arc<AtomicUsize>,
+    process: Option<&'static AtomicUsize>,
+}
 
 impl Drop for AsyncOpTicket {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
+        self.engine.fetch_sub(1, Ordering::SeqCst);
+        if let Some(process) = self.process {
+            process.fetch_sub(1, Ordering::SeqCst);
+        }
     }
 }
 
@@ -335,10 +342,22 @@ impl Engine {
     /// Counts an async op as alive from before its wait-value is enqueued on an
     /// application stream until the ticket is dropped (the op is dropped after its
     /// release). While any is alive, a caller-thread copy must not take a path that a
-    /// held application stream can stall ([`Device::copy_now`]'s `ops_may_hold_streams`).
+    /// held application stream can stall ([`Device::copy_now`]'s `ops_may_hold_streams`);
+    /// on CUDA, whatever driver of the process the op belongs to.
     pub(crate) fn track_async_op(&self) -> AsyncOpTicket {
         self.async_ops_alive.fetch_add(1, Ordering::SeqCst);
-        AsyncOpTicket(Arc::clone(&self.async_ops_alive))
+        let process = self.device.process_async_ops();
+        if let Some(process) = process {
+            process.fetch_add(1, Ordering::SeqCst);
+        }
+        AsyncOpTicket { engine: Arc::clone(&self.async_ops_alive), process }
+    }
+
+    /// Whether an async op of this engine, or of any driver of the process where the
+    /// backend counts them process-wide, may hold an application stream now.
+    pub(crate) fn ops_may_hold_streams(&self) -> bool {
+        self.async_ops_alive() > 0
+            || self.device.process_async_ops().is_some_and(|p| p.load(Ordering::SeqCst) > 0)
     }
 
     /// Async ops alive now (each counted from its submission to its end).

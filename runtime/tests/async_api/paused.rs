@@ -640,3 +640,30 @@ fn caller_thread_copies_know_whether_async_ops_hold_streams() {
     t.rig.device.destroy_user_stream(stream).expect("destroy stream");
     assert_eq!(t.rig.dev_bytes(t.buffer, SIZE / 4), t.data[..SIZE / 4]);
 }
+
+/// On CUDA an op of any driver in the process can hold a stream of the primary context
+/// that another driver's primary-context copy would queue behind, so a one-chunk sync read
+/// of a second driver takes the path no held stream can stall while the first driver's op
+/// waits; on the cpu device each instance has streams of its own and it need not.
+#[test]
+fn another_drivers_held_op_counts_where_the_backend_shares_streams() {
+    let a = Paused::with(Rig::new(), "two-drivers-a", 2 * SIZE, SIZE);
+    let b = Paused::with(Rig::new(), "two-drivers-b", 2 * SIZE, SIZE);
+    let b_engine = b.rig.driver.engine().expect("engine");
+    let beside = || b_engine.stats().caller_thread_requests_beside_ops;
+    let one_chunk =
+        hipfile_core::RawIo { size_bytes: 4096, file_offset_bytes: 0, buffer_offset_bytes: 0 };
+    let before = beside();
+    let stream = a.rig.stream();
+    let gate = a.rig.pause(stream).expect("pause");
+    let p = AsyncParams::new(SIZE / 4, 0);
+    a.rig.submit(Direction::Read, a.handle, a.buffer, &p, stream).expect("accepted");
+    let read = b.rig.driver.io_sync(Direction::Read, b.handle, b.buffer, one_chunk);
+    assert_eq!(read.expect("sync read"), 4096);
+    let shared = b.rig.backend() == "cuda";
+    assert_eq!(beside() - before, u64::from(shared), "backend {}", b.rig.backend());
+    gate.release();
+    a.rig.sync(stream);
+    assert_eq!(bytes(&p), (SIZE / 4) as isize);
+    assert_bytes(&b.rig.dev_bytes(b.buffer, 4096), &b.data[..4096], "the sync read");
+}

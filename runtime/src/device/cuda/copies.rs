@@ -282,6 +282,13 @@ impl DeviceCopies for CudaDevice {
         true
     }
 
+    fn process_async_ops(&self) -> Option<&'static std::sync::atomic::AtomicUsize> {
+        // Every CudaDevice of the process shares the primary contexts, so every driver's
+        // held op can stall a primary-context copy of any other.
+        static ALIVE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        Some(&ALIVE)
+    }
+
     unsafe fn copy_now(
         &self,
         device_ordinal: u32,
