@@ -152,6 +152,75 @@ pub fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
     }
 }
 
+/// A driver with one executor over its own `cpu` device, a `len`-byte pattern file on
+/// tmpfs registered, a registered buffer of `len` bytes and a spare 4 KiB one, ready to
+/// hold a read of the whole file in flight ([`ReadInFlight::hold`]).
+pub struct ReadInFlight {
+    /// The driver.
+    pub driver: Arc<Driver>,
+    /// Its device.
+    pub device: Arc<CpuDevice>,
+    /// The file's bytes.
+    pub data: Vec<u8>,
+    /// The file (removed on drop).
+    pub file: TempFile,
+    /// The descriptor registered as `handle`.
+    pub client: File,
+    /// The registered file.
+    pub handle: hipfile_runtime::HandleId,
+    /// Registered, `len` bytes: the held read's destination.
+    pub buf: u64,
+    /// Not registered, 4 KiB.
+    pub other: u64,
+    /// The file's and the read's length.
+    pub len: usize,
+}
+
+impl ReadInFlight {
+    /// The setup, with the file's bytes from `pattern(len, seed)`.
+    pub fn new(len: usize, seed: u64) -> ReadInFlight {
+        use std::os::fd::AsRawFd;
+        let data = pattern(len, seed);
+        let file = TempFile::new(&tmpfs_dir(), &data);
+        let client = file.open_rw();
+        let (driver, device) = driver_with(config(&[0]));
+        let handle = driver.handle_register(client.as_raw_fd()).expect("handle_register");
+        let buf = device.malloc_device(0, len).expect("malloc_device");
+        let other = device.malloc_device(0, 4096).expect("malloc_device");
+        driver.buf_register(buf, len as u64, 0).expect("buf_register");
+        ReadInFlight { driver, device, data, file, client, handle, buf, other, len }
+    }
+
+    /// Reads the whole file into `buf` on another thread while the device's streams are
+    /// gated, runs `during` while that read is in flight (it cannot finish), then opens
+    /// the gates: the read returns every byte.
+    pub fn hold(&self, during: impl FnOnce(&hipfile_runtime::file::FileHandle)) {
+        use hipfile_core::Direction;
+        let read = || {
+            self.driver.io_sync(Direction::Read, self.handle, self.buf, crate::raw(self.len, 0, 0))
+        };
+        // A first read creates the executor's internal stream (larger than a chunk:
+        // smaller requests run on the caller's thread and use no executor).
+        assert_eq!(read(), Ok(self.len));
+        let file_handle = self.driver.file(self.handle).expect("file");
+        // The first read's op may still be finishing on the executor after it returned.
+        eventually("first read drained", || file_handle.ops_in_flight() == 0);
+        let gates = gate_streams(&self.device);
+        assert!(!gates.is_empty(), "found no stream of the device to gate");
+        thread::scope(|scope| {
+            let reader = scope.spawn(read);
+            // The buffer is marked in use before the handle's first op starts.
+            eventually("read in flight", || file_handle.ops_in_flight() > 0);
+            during(&file_handle);
+            assert!(!reader.is_finished(), "the gated read cannot have finished");
+            drop(gates);
+            assert_eq!(reader.join().expect("reader"), Ok(self.len));
+        });
+        assert!(device_bytes(self.buf, self.len) == self.data, "data of the read in flight");
+        eventually("ops drained", || file_handle.ops_in_flight() == 0);
+    }
+}
+
 /// Gates every stream of `device` that exists now (the executors' internal streams,
 /// created by a first I/O), so that device copies enqueued afterwards wait until the
 /// gates are dropped: a synchronous I/O then stays in flight as long as the test wants.

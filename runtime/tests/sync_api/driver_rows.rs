@@ -376,38 +376,15 @@ fn d16_buf_deregister_unregistered_5024() {
 /// streams, so the read is in flight for as long as the test wants.
 #[test]
 fn d17_buf_deregister_while_read_in_flight_5030_deterministic() {
-    let len = 8 * MIB;
-    let data = pattern(len, 17);
-    let file = TempFile::new(&tmpfs_dir(), &data);
-    let client = file.open_rw();
-    let (driver, device) = driver_with(config(&[0]));
-    let handle = driver.handle_register(client.as_raw_fd()).unwrap();
-    let buf = device.malloc_device(0, len).unwrap();
-    driver.buf_register(buf, len as u64, 0).unwrap();
-    // A first read creates the executor's internal stream (larger than a chunk: smaller
-    // requests run on the caller's thread and use no executor).
-    assert_eq!(driver.io_sync(Direction::Read, handle, buf, raw(len, 0, 0)), Ok(len));
-    let file_handle = driver.file(handle).unwrap();
-
-    // The first read's op may still be finishing on the executor after it returned.
-    eventually("first read drained", || file_handle.ops_in_flight() == 0);
-    let gates = gate_streams(&device);
-    assert!(!gates.is_empty(), "found no stream of the device to gate");
-    thread::scope(|scope| {
-        let reader = scope.spawn(|| driver.io_sync(Direction::Read, handle, buf, raw(len, 0, 0)));
-        // The buffer is marked in use before the handle's first op starts.
-        eventually("read in flight", || file_handle.ops_in_flight() > 0);
+    let t = ReadInFlight::new(8 * MIB, 17);
+    t.hold(|_| {
         for _ in 0..3 {
-            assert_eq!(driver.buf_deregister(buf), Err(err(OpError::InternalError)));
+            assert_eq!(t.driver.buf_deregister(t.buf), Err(err(OpError::InternalError)));
             thread::sleep(Duration::from_millis(2));
         }
-        assert!(!reader.is_finished(), "the gated read cannot have finished");
-        drop(gates);
-        assert_eq!(reader.join().unwrap(), Ok(len));
     });
-    assert!(device_bytes(buf, len) == data, "data of the read");
-    assert_eq!(driver.buf_deregister(buf), Ok(()));
-    driver.handle_deregister(handle);
+    assert_eq!(t.driver.buf_deregister(t.buf), Ok(()));
+    t.driver.handle_deregister(t.handle);
 }
 
 /// D17 as hipFile's test does it: a large read on another thread, deregistration retried

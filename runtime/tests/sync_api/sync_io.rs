@@ -350,42 +350,19 @@ fn write_only_file_first_on_ext4_then_read_write_file() {
 /// device's streams): the read completes with full data, new I/O fails at once.
 #[test]
 fn deregister_handle_with_read_in_flight_read_completes_new_io_5027() {
-    let len = 8 * MIB;
-    let data = pattern(len, 12);
-    let file = TempFile::new(&tmpfs_dir(), &data);
-    let client = file.open_rw();
-    let (driver, device) = driver_with(config(&[0]));
-    let handle = driver.handle_register(client.as_raw_fd()).unwrap();
-    let buf = device.malloc_device(0, len).unwrap();
-    let other = device.malloc_device(0, 4096).unwrap();
-    // A first read creates the executor's internal stream (larger than a chunk: smaller
-    // requests run on the caller's thread and use no executor).
-    assert_eq!(driver.io_sync(Direction::Read, handle, buf, raw(len, 0, 0)), Ok(len));
-    let file_handle = driver.file(handle).unwrap();
-
-    // The first read's op may still be finishing on the executor after it returned.
-    eventually("first read drained", || file_handle.ops_in_flight() == 0);
-    let gates = gate_streams(&device);
-    assert!(!gates.is_empty(), "found no stream of the device to gate");
-    thread::scope(|scope| {
-        let reader = scope.spawn(|| driver.io_sync(Direction::Read, handle, buf, raw(len, 0, 0)));
-        eventually("read in flight", || file_handle.ops_in_flight() > 0);
-        driver.handle_deregister(handle);
+    let t = ReadInFlight::new(8 * MIB, 12);
+    t.hold(|file_handle| {
+        t.driver.handle_deregister(t.handle);
         assert!(file_handle.is_deregistered());
         for direction in [Direction::Read, Direction::Write] {
-            let result = driver.io_sync(direction, handle, other, raw(4096, 0, 0));
+            let result = t.driver.io_sync(direction, t.handle, t.other, raw(4096, 0, 0));
             assert_eq!(result, Err(IoError::Library(OpError::HandleNotRegistered)));
         }
-        assert!(!reader.is_finished(), "the gated read cannot have finished");
-        drop(gates);
-        assert_eq!(reader.join().unwrap(), Ok(len));
     });
-    assert!(device_bytes(buf, len) == data, "data of the read in flight");
-    eventually("ops drained", || file_handle.ops_in_flight() == 0);
     // The file can be registered again.
-    let again = driver.handle_register(client.as_raw_fd()).unwrap();
-    assert_eq!(driver.io_sync(Direction::Read, again, other, raw(4096, 0, 0)), Ok(4096));
-    driver.handle_deregister(again);
+    let again = t.driver.handle_register(t.client.as_raw_fd()).unwrap();
+    assert_eq!(t.driver.io_sync(Direction::Read, again, t.other, raw(4096, 0, 0)), Ok(4096));
+    t.driver.handle_deregister(again);
 }
 
 // ----------------------------------------------------------------------------------------
