@@ -330,9 +330,8 @@ mod tests {
         let during = worker.join().expect("worker");
         let groups = during.since(&before);
         let (spin_ns, _) = groups.get("spin-N").copied().unwrap_or((0, 0));
+        // Counted under its own group while alive (not among the ended threads, whose
+        // share other tests running in parallel make unpredictable).
         assert!(spin_ns >= 20_000_000, "the spinning thread's CPU: {groups:?}");
-        // The spinning thread is alive when counted: at most other tests' threads end.
-        let (ended_ns, _) = groups.get("(ended threads)").copied().unwrap_or((0, 0));
-        assert!(ended_ns < spin_ns / 5, "{groups:?}");
     }
 }
