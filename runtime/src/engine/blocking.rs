@@ -106,6 +106,9 @@ impl BlockingExecutor {
 
     /// Moves the job's range chunk by chunk; the bytes moved (short at end of file).
     fn move_range(&mut self, job: &IoJob) -> Result<u64, (Outcome, Option<DeviceError>)> {
+        if let (Direction::Read, Some(target)) = (job.direction, job.host_target) {
+            return Self::read_into_host(job, target);
+        }
         let device_failure =
             |error: DeviceError| (Outcome::Library(OpError::HipDriverError), Some(error));
         self.make_stream(job.device_ordinal).map_err(device_failure)?;
@@ -120,14 +123,6 @@ impl BlockingExecutor {
             let device_addr = job.device_addr + moved;
             let host = chunk.as_mut_ptr();
             let done = match job.direction {
-                Direction::Read if job.host_target.is_some() => {
-                    let Some(target) = job.host_target else { unreachable!() };
-                    // SAFETY: the target holds the job's length, `moved + len` at most.
-                    let target =
-                        unsafe { std::slice::from_raw_parts_mut(target.at(moved as usize), len) };
-                    crate::file::pread_full(fd, target, file_offset)
-                        .map_err(|error| (executor::os_outcome(&error), None))?
-                }
                 Direction::Read => {
                     // SAFETY: the chunk is ours and holds chunk_bytes >= len bytes.
                     let target = unsafe { std::slice::from_raw_parts_mut(host, len) };
@@ -155,6 +150,21 @@ impl BlockingExecutor {
             }
         }
         Ok(moved)
+    }
+
+    /// A read that lands in pinned host memory (`IoJob::host_target`): one `pread` into
+    /// it, no staging chunk and no device copy.
+    fn read_into_host(
+        job: &IoJob,
+        target: crate::engine::HostTarget,
+    ) -> Result<u64, (Outcome, Option<DeviceError>)> {
+        let len = usize::try_from(job.len_bytes).expect("a slot read fits in memory");
+        // SAFETY: the target holds the job's length.
+        let target = unsafe { std::slice::from_raw_parts_mut(target.at(0), len) };
+        let got = crate::file::pread_full(job.file.buffered_fd(), target, job.file_offset_bytes)
+            .map_err(|error| (executor::os_outcome(&error), None))?;
+        job.file.record_bytes(Direction::Read, ChunkMode::Buffered, got as u64);
+        Ok(got as u64)
     }
 
     /// One copy between the chunk and device memory, complete when this returns.

@@ -190,3 +190,32 @@ fn many_small_reads_on_several_streams_and_slots_come_back() {
         assert!(copied < ops as u64, "round {round}: reads queued behind take the engine");
     }
 }
+
+/// With io_uring off every executor is a blocking one: a read copied on its stream is
+/// read straight into its slot there, and a short read still keeps the destination.
+#[test]
+fn blocking_executors_read_straight_into_the_slot() {
+    let config = Config { stream_copies: true, use_io_uring: false, ..small_config() };
+    let file_len = 100_000;
+    let t = Paused::with(Rig::with(1, config), "stream-copies-blocking", file_len, MIB);
+    let stream = t.rig.registered_stream(7);
+    let old = pattern(98, 32 * KIB);
+    t.rig.set_dev_bytes(t.buffer, &old);
+    let before = stream_copies(&t.rig);
+    let whole = params(8 * KIB, 4096, 0);
+    read(&t, &whole, stream);
+    t.rig.sync(stream);
+    let tail = params(16 * KIB, (file_len - 3000) as i64, 16 * KIB as i64);
+    read(&t, &tail, stream);
+    t.rig.sync(stream);
+    assert_eq!(bytes(&whole), 8 * KIB as isize);
+    assert_eq!(bytes(&tail), 3000);
+    let got = t.rig.dev_bytes(t.buffer, 32 * KIB);
+    assert_bytes(&got[..8 * KIB], &t.data[4096..4096 + 8 * KIB], "the whole read");
+    assert_bytes(&got[8 * KIB..16 * KIB], &old[8 * KIB..16 * KIB], "between");
+    assert_bytes(&got[16 * KIB..16 * KIB + 3000], &t.data[file_len - 3000..], "the tail");
+    assert_bytes(&got[16 * KIB + 3000..], &old[16 * KIB + 3000..], "past the end of the file");
+    assert_eq!(stream_copies(&t.rig) - before, 2);
+    let blocking = t.rig.driver.engine().expect("engine").stats().blocking_jobs;
+    assert!(blocking >= 2, "served by blocking executors: {blocking}");
+}
