@@ -136,19 +136,28 @@ impl WordPool {
 
     /// A quiescent pair given back earlier, else two fresh words at 0.
     fn take_pair(&self) -> Result<WordPair, Error> {
+        {
+            let mut state = self.lock();
+            if let Some(pair) = state.pair_without_allocating() {
+                return Ok(pair);
+            }
+        }
+        // A new slab, allocated without the pool's lock: on CUDA a pinned allocation can
+        // wait for a lock that another thread's cuStreamCreate holds while it waits for
+        // streams our ops hold, and an ending op gives its words back under this lock.
+        let slab = crate::device::injected_fault(crate::fault::Site::PinnedAlloc)
+            .and_then(|()| self.device.alloc_pinned(WORDS_PER_SLAB * 4))
+            .map_err(Error::device)?;
         let mut state = self.lock();
-        if state.free.is_empty() && !state.retired.is_empty() {
-            let (free, retired): (Vec<_>, Vec<_>) =
-                state.retired.drain(..).partition(WordPair::quiescent);
-            state.free = free;
-            state.retired = retired;
+        if state.used_in_last_slab + 2 <= WORDS_PER_SLAB {
+            // Another thread added a slab meanwhile: ours stays unused until the pool
+            // drops (it frees every slab).
+            state.slabs.insert(0, slab);
+        } else {
+            state.slabs.push(slab);
+            state.used_in_last_slab = 0;
         }
-        if let Some(pair) = state.free.pop() {
-            return Ok(pair);
-        }
-        let release = self.fresh_word(&mut state)?;
-        let doorbell = self.fresh_word(&mut state)?;
-        Ok(WordPair { release, doorbell, sequence: 0 })
+        Ok(state.pair_without_allocating().expect("the last slab has room for a pair"))
     }
 
     /// Takes back the pair of a state that handed out sequence numbers up to `sequence`.
@@ -165,23 +174,40 @@ impl WordPool {
         (state.free.len(), state.retired.len())
     }
 
-    /// A new word, set to 0.
-    fn fresh_word(&self, state: &mut WordPoolState) -> Result<ReleaseWord, Error> {
-        if state.used_in_last_slab == WORDS_PER_SLAB {
-            let slab = crate::device::injected_fault(crate::fault::Site::PinnedAlloc)
-                .and_then(|()| self.device.alloc_pinned(WORDS_PER_SLAB * 4))
-                .map_err(Error::device)?;
-            state.slabs.push(slab);
-            state.used_in_last_slab = 0;
+}
+
+impl WordPoolState {
+    /// A quiescent pair given back earlier, else two fresh words of the last slab, if
+    /// it has room for them.
+    fn pair_without_allocating(&mut self) -> Option<WordPair> {
+        if self.free.is_empty() && !self.retired.is_empty() {
+            let (free, retired): (Vec<_>, Vec<_>) =
+                self.retired.drain(..).partition(WordPair::quiescent);
+            self.free = free;
+            self.retired = retired;
         }
-        let slab = *state.slabs.last().expect("a slab was just ensured");
-        let index = state.used_in_last_slab;
-        state.used_in_last_slab += 1;
-        // SAFETY: index < WORDS_PER_SLAB, so the word lies inside the slab.
+        if let Some(pair) = self.free.pop() {
+            return Some(pair);
+        }
+        if self.used_in_last_slab + 2 > WORDS_PER_SLAB {
+            return None;
+        }
+        let release = self.next_word();
+        let doorbell = self.next_word();
+        Some(WordPair { release, doorbell, sequence: 0 })
+    }
+
+    /// The next word of the last slab (which has room), set to 0.
+    fn next_word(&mut self) -> ReleaseWord {
+        let slab = *self.slabs.last().expect("a slab with room");
+        let index = self.used_in_last_slab;
+        self.used_in_last_slab += 1;
+        // SAFETY: index < WORDS_PER_SLAB (the caller checked the room), so the word lies
+        // inside the slab.
         let host_ptr = unsafe { slab.host_ptr.cast::<u32>().add(index) };
         // SAFETY: the word is inside a live pinned slab, aligned, and not yet shared.
         unsafe { host_ptr.write_volatile(0) };
-        Ok(ReleaseWord { host_ptr, device_addr: slab.device_addr + 4 * index as u64 })
+        ReleaseWord { host_ptr, device_addr: slab.device_addr + 4 * index as u64 }
     }
 }
 

@@ -198,7 +198,7 @@ impl Sweep {
         assert_bytes(&got, &expected, &what);
         for stream in handles {
             self.rig.driver.stream_deregister(stream).expect("deregister");
-            self.rig.device.destroy_user_stream(stream).expect("destroy stream");
+            self.rig.destroy_stream(stream);
         }
         if direction == Direction::Write {
             // The next read case compares against the original contents.
@@ -399,7 +399,7 @@ fn sync_io_beside_held_streams(tag: &str, with_ops: bool) {
     }
     for &stream in &streams {
         rig.sync(stream);
-        rig.device.destroy_user_stream(stream).expect("destroy stream");
+        rig.destroy_stream(stream);
     }
     let contents = sweep.file.contents();
     for (index, &size) in sizes.iter().enumerate() {

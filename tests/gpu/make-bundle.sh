@@ -14,7 +14,8 @@ for suite in "${suites[@]}"; do
         | grep -o '"executable":"[^"]*"' | tail -1 | cut -d'"' -f4)
   cp "$exe" "$out/tests/$suite"
   # Debug info makes each test binary tens of MiB; the bundle stays small without it.
-  strip "$out/tests/$suite"
+  # The symbol table stays, so a (cuda-)gdb backtrace of a hung test names our functions.
+  strip --strip-debug "$out/tests/$suite"
 done
 # The C library, our headers and the GPU C program (written against the CUDA runtime:
 # Debian's HIP 5.2 NVIDIA-platform headers do not compile against CUDA 13).

@@ -350,6 +350,22 @@ pub trait DeviceCopies {
     /// Invalid device, or the backend failed.
     fn create_internal_stream(&self, device_ordinal: u32) -> Result<InternalStream, DeviceError>;
 
+    /// Makes, on the calling thread, what the data path of device `device_ordinal`
+    /// would otherwise create on first use: on the GPU backends the engine context, up to
+    /// `events` idle events, and a caller-thread copy stream with its scratch. The engine
+    /// calls it when it starts, so that no op's release ever waits for a creation call:
+    /// on CUDA, creating or allocating anything can wait for a lock that another thread's
+    /// `cuStreamCreate` holds while it waits for streams that our ops hold (measured on
+    /// the H200: `tests/gpu/cuda_lock_probe.c`, README "Known limits"). Default: nothing
+    /// to make.
+    ///
+    /// # Errors
+    /// The backend failed to make one of them (the data path makes it on first use then).
+    fn prepare_data_path(&self, device_ordinal: u32, events: usize) -> Result<(), DeviceError> {
+        let _ = (device_ordinal, events);
+        Ok(())
+    }
+
     /// Destroys an internal stream once its work has drained. A handle this device did
     /// not make is ignored (GPU backends) or counted as an invalid release (`cpu`).
     fn destroy_internal_stream(&self, stream: InternalStream);

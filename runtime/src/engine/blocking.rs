@@ -28,6 +28,8 @@ const CHUNK_RETRY: Duration = Duration::from_micros(100);
 /// What a blocking executor needs.
 pub(super) struct BlockingSetup {
     pub(crate) index: usize,
+    /// Internal streams made when the engine started, by device ordinal.
+    pub(crate) streams: Vec<(u32, InternalStream)>,
     pub(crate) device: Arc<dyn Device>,
     pub(crate) fallback: Arc<FallbackPool>,
     pub(crate) stats: Arc<EngineStats>,
@@ -39,7 +41,11 @@ pub(super) struct BlockingSetup {
 pub(super) fn spawn(setup: BlockingSetup) -> std::io::Result<std::thread::JoinHandle<()>> {
     std::thread::Builder::new()
         .name(format!("{}{}-blocking", crate::executor_thread::EXECUTOR_THREAD_PREFIX, setup.index))
-        .spawn(move || BlockingExecutor { setup, streams: HashMap::new() }.run())
+        .spawn(move || {
+            let mut setup = setup;
+            let streams = std::mem::take(&mut setup.streams).into_iter().collect();
+            BlockingExecutor { setup, streams }.run()
+        })
 }
 
 struct BlockingExecutor {

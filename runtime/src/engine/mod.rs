@@ -228,6 +228,42 @@ impl std::fmt::Display for EngineError {
 
 impl std::error::Error for EngineError {}
 
+/// Idle events made ahead per device: enough for every chunk copy the executors can have
+/// in flight with whole chunks (each copy records one), at most the backend's pool.
+fn events_to_prepare(config: &Config) -> usize {
+    let chunks_per_executor = (config.staging_per_executor_bytes / config.staging_chunk_bytes)
+        .max(config.chunks_in_flight)
+        + config.chunks_in_flight;
+    let fallback_chunks = config.pinned_fallback_cap_bytes / config.staging_chunk_bytes;
+    config.executor_cpus.len() * chunks_per_executor + fallback_chunks
+}
+
+/// Makes ahead, on the starting thread, what the data path of each device would
+/// otherwise create on first use ([`crate::device::DeviceCopies::prepare_data_path`]).
+/// A failure is logged: the data path then makes it on first use.
+fn prepare_data_path(device: &dyn Device, config: &Config) {
+    let events = events_to_prepare(config);
+    for ordinal in 0..device.device_count() {
+        if let Err(error) = device.prepare_data_path(ordinal, events) {
+            log::warn!("device {ordinal}: the engine's copy resources were not made ahead: {error}");
+        }
+    }
+}
+
+/// One internal stream per device for an executor, made on the starting thread (see
+/// [`prepare_data_path`]); a device whose stream could not be made gets one on first use.
+fn internal_streams(device: &dyn Device) -> Vec<(u32, InternalStream)> {
+    (0..device.device_count())
+        .filter_map(|ordinal| match device.create_internal_stream(ordinal) {
+            Ok(stream) => Some((ordinal, stream)),
+            Err(error) => {
+                log::debug!("device {ordinal}: executor stream not made ahead: {error}");
+                None
+            }
+        })
+        .collect()
+}
+
 impl Engine {
     /// Starts one executor per entry of `config.executor_cpus`.
     ///
@@ -240,6 +276,8 @@ impl Engine {
             config.staging_chunk_bytes,
             config.pinned_fallback_cap_bytes,
         );
+        fallback.prefill();
+        prepare_data_path(&*device, config);
         let stats = Arc::new(EngineStats::default());
         // Without io_uring (a container's seccomp profile) glommio cannot start: serve
         // every executor's jobs with a blocking one instead of letting glommio fail.
@@ -259,6 +297,7 @@ impl Engine {
             let setup = executor::Setup {
                 index,
                 cpu,
+                streams: internal_streams(&*device),
                 device: Arc::clone(&device),
                 fallback: Arc::clone(&fallback),
                 stats: Arc::clone(&stats),
@@ -300,6 +339,7 @@ impl Engine {
             let (sender, receiver) = queue::job_queue();
             let setup = blocking::BlockingSetup {
                 index,
+                streams: internal_streams(&*device),
                 device: Arc::clone(&device),
                 fallback: Arc::clone(&fallback),
                 stats: Arc::clone(&stats),
@@ -404,7 +444,11 @@ impl Engine {
         self.arena_bytes * self.executors.len() + self.fallback_cap_bytes()
     }
 
-    fn fallback_cap_bytes(&self) -> usize {
+    /// The most pinned memory the fallback pool holds; it is allocated when the engine
+    /// starts (unless an allocation failed then).
+    ///
+    /// Public for the integration tests; embedders do not need it.
+    pub fn fallback_cap_bytes(&self) -> usize {
         self.fallback.cap_bytes()
     }
 

@@ -69,6 +69,37 @@ impl FallbackPool {
         Arc::new(FallbackPool { device, chunk_bytes, cap_chunks, state })
     }
 
+    /// Allocates every chunk up to the cap now (the engine's start), so that no job
+    /// allocates pinned memory later: on CUDA an allocation can wait for a lock another
+    /// thread's `cuStreamCreate` holds while it waits for streams our ops hold. Stops at
+    /// the first failure (chunks are then allocated on demand, as before); returns the
+    /// chunks allocated.
+    pub(crate) fn prefill(&self) -> usize {
+        let mut made = 0;
+        loop {
+            {
+                let mut state = self.lock();
+                if state.allocated_chunks >= self.cap_chunks {
+                    return made;
+                }
+                state.allocated_chunks += 1;
+            }
+            match crate::device::injected_fault(crate::fault::Site::PinnedAlloc)
+                .and_then(|()| self.device.alloc_pinned(self.chunk_bytes))
+            {
+                Ok(region) => {
+                    self.lock().free.push(region);
+                    made += 1;
+                }
+                Err(error) => {
+                    self.lock().allocated_chunks -= 1;
+                    log::debug!("pinned fallback chunk {made} not allocated ahead: {error}");
+                    return made;
+                }
+            }
+        }
+    }
+
     /// The most pinned memory the pool will ever hold.
     pub(crate) fn cap_bytes(&self) -> usize {
         self.cap_chunks * self.chunk_bytes

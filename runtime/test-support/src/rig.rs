@@ -21,7 +21,7 @@ pub use crate::page_cache;
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock, mpsc};
+use std::sync::{Arc, Mutex, OnceLock, mpsc};
 use std::time::{Duration, Instant};
 
 use hipfile_core::RawIo;
@@ -61,6 +61,39 @@ pub fn open_backend(devices: u32) -> (Arc<dyn UserDevice>, Option<Arc<CpuDevice>
     match open_selected(selection(), devices) {
         Ok(SelectedDevice { device, cpu }) => (device, cpu),
         Err(reason) => panic!("HIPFILE_DEVICE={:?} unavailable: {reason}", selection()),
+    }
+}
+
+/// Devices of the GPU rigs dropped so far in this process (gone ones pruned).
+type WeakDevices = Vec<std::sync::Weak<dyn UserDevice>>;
+fn dropped_gpu_devices() -> std::sync::MutexGuard<'static, WeakDevices> {
+    static DEVICES: Mutex<WeakDevices> = Mutex::new(Vec::new());
+    DEVICES.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Waits (at most 10 s) until the drivers of dropped GPU rigs are gone: each rig's device
+/// object is shared by its driver, engine and pools, and goes once all of them have been
+/// dropped. A driver is dropped after its last op, often on the library's drop thread,
+/// and frees its pinned memory then; on CUDA `cuMemFreeHost` waits for every stream held
+/// on a wait-value and meanwhile blocks pinned allocation in the whole process, so a test
+/// that holds a gate of its own while its engine starts would wait for a free that waits
+/// for its gate (README "Known limits"). So one test's driver ends before the next
+/// test's starts, as when each test runs in a process of its own.
+fn wait_for_earlier_drivers() {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut drivers = dropped_gpu_devices();
+        drivers.retain(|device| device.strong_count() > 0);
+        if drivers.is_empty() {
+            return;
+        }
+        if Instant::now() > deadline {
+            println!("note: {} earlier driver(s) still alive after 10 s; going on", drivers.len());
+            drivers.clear();
+            return;
+        }
+        drop(drivers);
+        std::thread::sleep(Duration::from_millis(2));
     }
 }
 
@@ -111,6 +144,25 @@ pub struct Rig {
     /// pinned memory synchronizes a CUDA device, which never finishes while a test holds
     /// a stream.
     staging: OnceLock<Pinned>,
+    /// Streams [`Rig::stream`] made and the test did not destroy: destroyed with the rig,
+    /// so that the tests of one process do not pile up streams in the CUDA context
+    /// (past about 35 streams, `cuStreamCreate` waits for streams held on wait-values:
+    /// README "Known limits").
+    streams: Mutex<Vec<StreamHandle>>,
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        if self.cpu.is_none() {
+            dropped_gpu_devices().push(Arc::downgrade(&self.device));
+        }
+        let streams = std::mem::take(self.streams.get_mut().unwrap_or_else(|p| p.into_inner()));
+        for stream in streams {
+            // Work still queued on a stream finishes first: CUDA releases a destroyed
+            // stream once it is idle, the cpu device drains it.
+            let _ = self.device.destroy_user_stream(stream);
+        }
+    }
 }
 
 impl Default for Rig {
@@ -136,9 +188,12 @@ impl Rig {
     /// Like [`Rig::with`], but the driver is left closed (use count 0).
     pub fn closed(devices: u32, config: Config) -> Rig {
         let (device, cpu) = open_backend(devices);
+        if cpu.is_none() {
+            wait_for_earlier_drivers();
+        }
         let base: Arc<dyn Device> = Arc::clone(&device) as Arc<dyn Device>;
         let driver = Driver::new(config, base);
-        Rig { device, driver, cpu, staging: OnceLock::new() }
+        Rig { device, driver, cpu, staging: OnceLock::new(), streams: Mutex::default() }
     }
 
     /// The backend's name (`cpu`, `cuda`, ...).
@@ -156,7 +211,26 @@ impl Rig {
 
     /// A new stream on device 0, not registered.
     pub fn stream(&self) -> StreamHandle {
-        self.device.create_user_stream(0).expect("create stream")
+        let stream = self.device.create_user_stream(0).expect("create stream");
+        self.streams.lock().unwrap_or_else(|p| p.into_inner()).push(stream);
+        stream
+    }
+
+    /// The device and the driver, and the streams [`Rig::stream`] made, which are now
+    /// the caller's to destroy. The rest of the rig is dropped, except its pinned
+    /// staging, which is leaked: on CUDA freeing pinned memory waits for every stream
+    /// held on a wait-value, and the caller may still hold one.
+    pub fn into_parts(mut self) -> (Arc<dyn UserDevice>, Arc<Driver>, Vec<StreamHandle>) {
+        // (The device is then waited for by the next rig like any dropped rig's.)
+        let streams = std::mem::take(self.streams.get_mut().unwrap_or_else(|p| p.into_inner()));
+        std::mem::forget(self.staging.take());
+        (Arc::clone(&self.device), Arc::clone(&self.driver), streams)
+    }
+
+    /// Destroys a stream [`Rig::stream`] made (the rig no longer destroys it on drop).
+    pub fn destroy_stream(&self, stream: StreamHandle) {
+        self.streams.lock().unwrap_or_else(|p| p.into_inner()).retain(|&s| s != stream);
+        self.device.destroy_user_stream(stream).expect("destroy stream");
     }
 
     /// A new stream on device 0, registered with `flags`.

@@ -268,8 +268,8 @@ fn submission_on_a_destroyed_stream_is_a_driver_error() {
     let buffer = rig.alloc(64 * KIB);
     let unregistered = rig.stream();
     let registered = rig.registered_stream(7);
-    rig.device.destroy_user_stream(unregistered).expect("destroy");
-    rig.device.destroy_user_stream(registered).expect("destroy");
+    rig.destroy_stream(unregistered);
+    rig.destroy_stream(registered);
     for stream in [unregistered, registered] {
         for direction in [Direction::Read, Direction::Write] {
             let p = params(64 * KIB, 0, 0);

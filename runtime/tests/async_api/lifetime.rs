@@ -79,7 +79,7 @@ fn dropping_the_driver_right_after_sync() {
                 rig.read(handle, buffer, &p, stream);
                 rig.sync(stream);
                 phases.mark("read + sync");
-                let Rig { device, driver, .. } = rig;
+                let (device, driver, _streams) = rig.into_parts();
                 let weak = std::sync::Arc::downgrade(&driver);
                 drop(driver);
                 wait_until("the driver to be dropped", || weak.upgrade().is_none());
@@ -120,7 +120,7 @@ fn dropping_the_driver_while_ops_are_queued() {
         for p in &ops {
             rig.read(handle, buffer, p, stream);
         }
-        let Rig { device, driver, .. } = rig;
+        let (device, driver, _streams) = rig.into_parts();
         let weak = std::sync::Arc::downgrade(&driver);
         drop(driver);
         gate.release();

@@ -311,9 +311,12 @@ fn many_streams_one_buffer(n: usize, direction: Direction) {
         Direction::Read => vec![0; TOTAL],
         Direction::Write => vec![0; TOTAL],
     };
-    for k in 0..n {
+    // Every stream is made before any is held: on CUDA, cuStreamCreate can wait for the
+    // context's held streams (README "Known limits").
+    let made: Vec<StreamHandle> =
+        (0..n).map(|k| rig.stream_with(flag_cycle[k % flag_cycle.len()])).collect();
+    for (k, &stream) in made.iter().enumerate() {
         let flags = flag_cycle[k % flag_cycle.len()];
-        let stream = rig.stream_with(flags);
         let gate = rig.pause(stream).expect("pause");
         let aligned = flags.is_some_and(|f| f & 8 != 0);
         let (buffer_start, file_start) = (k * slice, (n - 1 - k) * slice);
@@ -510,4 +513,67 @@ fn large_ops_fan_out_and_are_verified() {
         wait_until("the write's jobs to finish", || jobs(&rig) - before >= 2);
         assert_eq!(jobs(&rig) - before, 2, "flags {flags}: the write fans out");
     }
+}
+
+/// An application thread that makes streams while ops of ours hold other streams is never
+/// stuck for good. On CUDA, `cuStreamCreate` in a context of about 35 streams waits for the
+/// context's streams held on wait-values (ours, until their data is in) and meanwhile
+/// holds a lock that pinned allocations and stream creation in any context also take
+/// (`tests/gpu/cuda_lock_probe.c`; found as a hang of a whole test binary in one process).
+/// So the engine makes what its data path needs when it starts (the fallback pool, each
+/// executor's stream, events, device scratch) and an op's release needs no creation call:
+/// the ops complete, and then the creator does. On the cpu device stream creation never
+/// waits, and the test checks the data and that the pool was allocated at the start and
+/// never grew.
+#[test]
+fn streams_made_while_ops_hold_streams() {
+    const STREAMS: usize = 8;
+    const OPS: usize = 4;
+    const OP: usize = 256 * KIB;
+    let rig = Arc::new(Rig::new());
+    let engine = rig.driver.engine().expect("engine");
+    let cap = engine.fallback_cap_bytes();
+    assert_eq!(engine.fallback_pinned_bytes(), cap, "the fallback pool is made at the start");
+    let total = STREAMS * OPS * OP;
+    let data = pattern(77, total);
+    let file = TempFile::new("streams-made", &data);
+    let fd = file.open_rw();
+    let handle = rig.register(&fd);
+    let buffer = rig.alloc(total);
+    let flag_cycle = [None, Some(0), Some(7), Some(15)];
+    let streams: Vec<StreamHandle> =
+        (0..STREAMS).map(|k| rig.stream_with(flag_cycle[k % flag_cycle.len()])).collect();
+    let work_rig = Arc::clone(&rig);
+    let made = run_watched(&rig.driver, "reads while another thread makes streams", HANG_GUARD, {
+        move || {
+            let rig = &work_rig;
+            std::thread::scope(|scope| {
+                let creator = scope.spawn(|| {
+                    let made: Vec<StreamHandle> = (0..200).map(|_| rig.stream()).collect();
+                    made.len()
+                });
+                for round in 0..6 {
+                    let mut ops = Vec::new();
+                    for (k, &stream) in streams.iter().enumerate() {
+                        for i in 0..OPS {
+                            let at = ((k * OPS + i) * OP) as i64;
+                            let p = params(OP, at, at);
+                            rig.read(handle, buffer, &p, stream);
+                            ops.push(p);
+                        }
+                    }
+                    for &stream in &streams {
+                        rig.sync(stream);
+                    }
+                    for (i, p) in ops.iter().enumerate() {
+                        assert_eq!(bytes(p), OP as isize, "round {round} op {i}");
+                    }
+                }
+                creator.join().expect("creator")
+            })
+        }
+    });
+    assert_eq!(made, 200);
+    assert_bytes(&rig.dev_bytes(buffer, total), &data, "every read");
+    assert_eq!(engine.fallback_pinned_bytes(), cap, "the fallback pool never grew");
 }

@@ -11,7 +11,7 @@ use crate::device::gpu::GpuBackend;
 use crate::device::{DeviceCopies, DeviceError, InternalStream};
 
 use super::sys::*;
-use super::{CudaDevice, InternalEntry, result};
+use super::{CudaDevice, EventEntry, InternalEntry, result};
 
 /// The largest device scratch of an engine stream: a host → device copy through it longer
 /// than this moves in scratch-sized pieces (in stream order, so one scratch serves them).
@@ -87,11 +87,9 @@ impl CudaDevice {
         let pooled = pool.lock().unwrap_or_else(|p| p.into_inner()).pop();
         let entry = match pooled {
             Some(entry) => entry,
-            None => {
-                // The context the pool belongs to is current.
-                let stream = result::stream_create(&self.api, CU_STREAM_NON_BLOCKING)?;
-                InternalEntry { stream, ordinal, scratch: Default::default() }
-            }
+            // The context the pool belongs to is current. (One entry of the engine
+            // context's pool is made when the engine starts: prepare_data_path.)
+            None => self.prepared_entry(ordinal, bounce)?,
         };
         let stream = entry.stream;
         let enqueued = match direction {
@@ -129,6 +127,31 @@ impl CudaDevice {
     /// to [`MAX_SCRATCH_BYTES`].
     fn scratch_bytes(&self) -> usize {
         self.min_copy_bytes.min(MAX_SCRATCH_BYTES)
+    }
+
+    /// `entry`'s device scratch, allocated now if it has none yet; the engine context is
+    /// current.
+    fn scratch_of(&self, entry: &InternalEntry) -> Result<CUdeviceptr, DeviceError> {
+        if let Some(&scratch) = entry.scratch.get() {
+            return Ok(scratch);
+        }
+        let scratch = result::mem_alloc(&self.api, self.scratch_bytes())?;
+        Ok(*entry.scratch.get_or_init(|| scratch))
+    }
+
+    /// A new non-blocking stream of the current context, with its device scratch when
+    /// `bounce` (the engine context is current) and copies bounce: everything a copy on
+    /// it will need, made now (see [`DeviceCopies::prepare_data_path`]).
+    fn prepared_entry(&self, ordinal: u32, bounce: bool) -> Result<InternalEntry, DeviceError> {
+        let stream = result::stream_create(&self.api, CU_STREAM_NON_BLOCKING)?;
+        let entry = InternalEntry { stream, ordinal, scratch: Default::default() };
+        if bounce && self.min_copy_bytes > 0 && self.engine_isolated(ordinal) {
+            if let Err(error) = self.scratch_of(&entry) {
+                let _ = self.destroy_entry(&entry);
+                return Err(error);
+            }
+        }
+        Ok(entry)
     }
 
     /// Enqueues a host → device copy on `entry`'s stream. With `bounce`, one shorter than
@@ -178,14 +201,8 @@ impl CudaDevice {
         len_bytes: usize,
     ) -> Result<(), DeviceError> {
         let scratch_bytes = self.scratch_bytes();
-        let scratch = match entry.scratch.get() {
-            Some(&scratch) => scratch,
-            None => {
-                // The engine context is current.
-                let scratch = result::mem_alloc(&self.api, scratch_bytes)?;
-                *entry.scratch.get_or_init(|| scratch)
-            }
-        };
+        // Made with the stream (`prepared_entry`), before any copy.
+        let scratch = self.scratch_of(entry)?;
         let mut done = 0;
         while done < len_bytes {
             let piece = (len_bytes - done).min(scratch_bytes);
@@ -214,11 +231,23 @@ impl CudaDevice {
 
 impl DeviceCopies for CudaDevice {
     fn create_internal_stream(&self, device_ordinal: u32) -> Result<InternalStream, DeviceError> {
-        let stream = self.in_engine_context(device_ordinal, || {
-            result::stream_create(&self.api, CU_STREAM_NON_BLOCKING)
-        })?;
-        let entry = InternalEntry { stream, ordinal: device_ordinal, scratch: Default::default() };
+        let entry = self.in_engine_context(device_ordinal, || self.prepared_entry(device_ordinal, true))?;
         Ok(self.handles.stream_handle(entry))
+    }
+
+    fn prepare_data_path(&self, device_ordinal: u32, events: usize) -> Result<(), DeviceError> {
+        self.in_engine_context(device_ordinal, || {
+            self.handles.prefill_events(device_ordinal, events, || {
+                let event = result::event_create(&self.api, CU_EVENT_DISABLE_TIMING)?;
+                Ok(EventEntry { event, ordinal: device_ordinal })
+            })?;
+            let pool = &self.caller_streams[device_ordinal as usize];
+            if pool.lock().unwrap_or_else(|p| p.into_inner()).is_empty() {
+                let entry = self.prepared_entry(device_ordinal, true)?;
+                pool.lock().unwrap_or_else(|p| p.into_inner()).push(entry);
+            }
+            Ok(())
+        })
     }
 
     fn destroy_internal_stream(&self, stream: InternalStream) {

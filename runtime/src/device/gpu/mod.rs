@@ -221,6 +221,27 @@ impl<S, E> OwnedHandles<S, E> {
 }
 
 impl<S, E: DeviceEntry> OwnedHandles<S, E> {
+    /// Makes idle events of device `ordinal` with `create` until its pool holds `count`
+    /// (at most [`EVENT_POOL_CAP`]), so that recording them later creates nothing.
+    ///
+    /// # Errors
+    /// `create`'s; the events made before it failed stay pooled.
+    pub(crate) fn prefill_events(
+        &self,
+        ordinal: u32,
+        count: usize,
+        mut create: impl FnMut() -> Result<E, DeviceError>,
+    ) -> Result<(), DeviceError> {
+        let count = count.min(EVENT_POOL_CAP);
+        while self.pool(ordinal).lock().unwrap_or_else(PoisonError::into_inner).len() < count {
+            // Made outside the lock; a pool that another thread filled meanwhile ends a
+            // few over the cap (pools shrink back as events are released).
+            let event = Box::new(create()?);
+            self.pool(ordinal).lock().unwrap_or_else(PoisonError::into_inner).push(event);
+        }
+        Ok(())
+    }
+
     /// Records an event of device `ordinal`: an idle pooled one, else one `create` makes;
     /// `record` enqueues it (the backend's context or device is current). An event whose
     /// record failed goes back to the pool, or to `destroy` when the pool is full.

@@ -39,6 +39,8 @@ use files::{FileEntry, OpenFiles};
 pub(super) struct Setup {
     pub(crate) index: usize,
     pub(crate) cpu: usize,
+    /// Internal streams made when the engine started, by device ordinal.
+    pub(crate) streams: Vec<(u32, InternalStream)>,
     pub(crate) device: Arc<dyn Device>,
     pub(crate) fallback: Arc<FallbackPool>,
     pub(crate) stats: Arc<EngineStats>,
@@ -109,13 +111,17 @@ fn uring_refuses(errno: i32) -> bool {
 }
 
 impl Executor {
-    fn new(setup: Setup) -> Rc<Executor> {
+    fn new(mut setup: Setup) -> Rc<Executor> {
         let staging_budget = StagingBudget::new(setup.arena_bytes);
+        let streams = std::mem::take(&mut setup.streams)
+            .into_iter()
+            .map(|(ordinal, stream)| (ordinal, Rc::new(stream)))
+            .collect();
         Rc::new(Executor {
             setup,
             arena: Cell::new(None),
             utility: RefCell::new(None),
-            streams: RefCell::new(HashMap::new()),
+            streams: RefCell::new(streams),
             files: RefCell::new(HashMap::new()),
             probed_devices: RefCell::new(HashSet::new()),
             active_jobs: Cell::new(0),
@@ -177,7 +183,8 @@ impl Executor {
         self.files.borrow_mut().clear();
     }
 
-    /// The executor's internal stream on `device_ordinal`, created on first use.
+    /// The executor's internal stream on `device_ordinal`: made when the engine started,
+    /// or now if that failed.
     fn stream_for(&self, device_ordinal: u32) -> Result<Rc<InternalStream>, DeviceError> {
         if let Some(stream) = self.streams.borrow().get(&device_ordinal) {
             return Ok(Rc::clone(stream));
