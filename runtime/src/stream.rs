@@ -173,7 +173,6 @@ impl WordPool {
         let state = self.lock();
         (state.free.len(), state.retired.len())
     }
-
 }
 
 impl WordPoolState {

@@ -15,7 +15,9 @@
  * 4. While it is blocked (or after the loop if none blocked), each probe call runs on a
  *    thread of its own with a 3 s limit: which ones return and which wait.
  * 5. The gate is released from the host: does the creator go on?
- * One line per fact on stdout. Control: held-streams 0.
+ * One line per fact on stdout. Control: held-streams 0. Run it with and without
+ * CUDA_DEVICE_MAX_CONNECTIONS=32 (hipfile-rs sets 32 when it starts CUDA): the suite's
+ * hangs had 32, this probe's first runs the default.
  */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -46,7 +48,7 @@ static double now_s(void) {
 static CUcontext primary, engine;
 static CUstream engine_stream;
 static CUevent engine_event;
-static CUdeviceptr engine_dev, engine_word_dev;
+static CUdeviceptr engine_dev, engine_word_dev, app_dev;
 static uint32_t *engine_word;
 static void *engine_host;
 static volatile int creator_blocked, creator_done, creator_count;
@@ -93,6 +95,12 @@ static void *probe_call(void *arg) {
     case 10: r = cuMemcpyHtoD(engine_dev, engine_host, 4096); break;
     case 11: { void *h; r = cuMemHostAlloc(&h, 1 << 20, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP);
                if (r == 0) r = cuMemFreeHost(h); break; }
+    /* The engine's copies into the application's memory (primary context), on the
+       engine's stream: the bounce (device -> device from the engine's scratch) and a
+       direct host -> device copy. In the GPU suite the former waited on a lock that a
+       blocked cuStreamCreate held (benches/results/h200-cuda-lock-findings-2026-12-04.txt). */
+    case 12: r = cuMemcpyDtoDAsync(app_dev, engine_dev, 4096, engine_stream); break;
+    case 13: r = cuMemcpyHtoDAsync(app_dev, engine_host, 4096, engine_stream); break;
     }
     p->result = r;
     p->finished = 1;
@@ -120,6 +128,7 @@ int main(int argc, char **argv) {
     CHECK(cuCtxPopCurrent(NULL));
 
     CHECK(cuCtxSetCurrent(primary));
+    CHECK(cuMemAlloc(&app_dev, 1 << 20));
     uint32_t *gate;
     CUdeviceptr gate_dev;
     CHECK(cuMemHostAlloc((void **)&gate, 4096, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP));
@@ -155,7 +164,8 @@ int main(int argc, char **argv) {
                                   "cuStreamSynchronize (engine stream)", "cuEventCreate (engine ctx)",
                                   "cuMemHostAlloc 1 MiB", "cuMemAlloc 1 MiB (engine ctx)",
                                   "cuStreamCreate (engine ctx)", "cuMemHostRegister 1 MiB",
-                                  "cuMemcpyHtoD sync (engine ctx)", "cuMemHostAlloc + cuMemFreeHost"};
+                                  "cuMemcpyHtoD sync (engine ctx)", "cuMemHostAlloc + cuMemFreeHost",
+                                  "cuMemcpyDtoDAsync engine -> app memory", "cuMemcpyHtoDAsync host -> app memory"};
     int n = (int)(sizeof names / sizeof names[0]);
     for (int i = 0; i < n; i++) {
         probe_t *p = calloc(1, sizeof *p);

@@ -8,8 +8,8 @@
 # process is still there, writes for every thread its name, state, CPU time now and 3 s
 # later, its kernel wait channel and kernel stack (and backtraces from gdb, or cuda-gdb,
 # where installed), then kills it. TEST "-" means any test: the dump is taken when the
-# run's output has not grown for GRACE_S seconds (no test finished or started). Output under $OUT (or /tmp/hang-probe): BINARY.log (the
-# run), BINARY.threads.txt (the dump). The thread whose CPU time grows is the spinner:
+# run's output has not grown for GRACE_S seconds (no test finished or started). Output
+# under $OUT (or /tmp/hang-probe): BINARY.log (the run), BINARY.threads.txt (the dump). The thread whose CPU time grows is the spinner:
 # the test's own thread or an unnamed helper (run_guarded) in a CUDA call = a blocking
 # CUDA wait (stream sync, cuMemFreeHost); hipfile-io-N = an executor loop; hipfile-arm =
 # the arm poller.

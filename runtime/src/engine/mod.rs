@@ -245,7 +245,9 @@ fn prepare_data_path(device: &dyn Device, config: &Config) {
     let events = events_to_prepare(config);
     for ordinal in 0..device.device_count() {
         if let Err(error) = device.prepare_data_path(ordinal, events) {
-            log::warn!("device {ordinal}: the engine's copy resources were not made ahead: {error}");
+            log::warn!(
+                "device {ordinal}: the engine's copy resources were not made ahead: {error}"
+            );
         }
     }
 }

@@ -145,11 +145,13 @@ impl CudaDevice {
     fn prepared_entry(&self, ordinal: u32, bounce: bool) -> Result<InternalEntry, DeviceError> {
         let stream = result::stream_create(&self.api, CU_STREAM_NON_BLOCKING)?;
         let entry = InternalEntry { stream, ordinal, scratch: Default::default() };
-        if bounce && self.min_copy_bytes > 0 && self.engine_isolated(ordinal) {
-            if let Err(error) = self.scratch_of(&entry) {
-                let _ = self.destroy_entry(&entry);
-                return Err(error);
-            }
+        if bounce
+            && self.min_copy_bytes > 0
+            && self.engine_isolated(ordinal)
+            && let Err(error) = self.scratch_of(&entry)
+        {
+            let _ = self.destroy_entry(&entry);
+            return Err(error);
         }
         Ok(entry)
     }
@@ -231,7 +233,8 @@ impl CudaDevice {
 
 impl DeviceCopies for CudaDevice {
     fn create_internal_stream(&self, device_ordinal: u32) -> Result<InternalStream, DeviceError> {
-        let entry = self.in_engine_context(device_ordinal, || self.prepared_entry(device_ordinal, true))?;
+        let entry =
+            self.in_engine_context(device_ordinal, || self.prepared_entry(device_ordinal, true))?;
         Ok(self.handles.stream_handle(entry))
     }
 

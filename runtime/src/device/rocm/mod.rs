@@ -325,6 +325,16 @@ impl DeviceCopies for RocmDevice {
         Ok(self.handles.stream_handle(InternalEntry { stream, ordinal: device_ordinal }))
     }
 
+    fn prepare_data_path(&self, device_ordinal: u32, events: usize) -> Result<(), DeviceError> {
+        // Idle events made now, so that recording one on the data path creates nothing
+        // (DeviceCopies::prepare_data_path says why; measured on CUDA, not yet on ROCm).
+        self.make_current(device_ordinal)?;
+        self.handles.prefill_events(device_ordinal, events, || {
+            let event = result::event_create_with_flags(hipEventDisableTiming)?;
+            Ok(EventEntry { event, ordinal: device_ordinal })
+        })
+    }
+
     fn destroy_internal_stream(&self, stream: InternalStream) {
         let Some(entry) = self.handles.take_stream(stream) else {
             return;
