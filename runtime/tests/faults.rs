@@ -360,8 +360,13 @@ fn buffered_engine_writes_take_pwrite_unless_io_uring_is_asked_for() {
 #[test]
 fn a_failed_read_copied_on_its_stream_leaves_the_destination_as_it_was() {
     let _serial = serial();
-    let rig =
-        Rig::with(1, hipfile_runtime::config::Config { stream_copies: true, ..small_config() });
+    let rig = Rig::with(
+        1,
+        hipfile_runtime::config::Config {
+            stream_copies: hipfile_runtime::config::StreamCopies::Idle,
+            ..small_config()
+        },
+    );
     let data = pattern(5, MIB);
     let file = TempFile::new("slot-eio", &data);
     let fd = file.open_rw();

@@ -46,7 +46,7 @@ static double now_s(void) {
 }
 
 static CUcontext primary, engine;
-static CUstream engine_stream;
+static CUstream engine_stream, app_stream;
 static CUevent engine_event;
 static CUdeviceptr engine_dev, engine_word_dev, app_dev;
 static uint32_t *engine_word;
@@ -101,6 +101,10 @@ static void *probe_call(void *arg) {
        blocked cuStreamCreate held (benches/results/h200-cuda-lock-findings-2026-12-04.txt). */
     case 12: r = cuMemcpyDtoDAsync(app_dev, engine_dev, 4096, engine_stream); break;
     case 13: r = cuMemcpyHtoDAsync(app_dev, engine_host, 4096, engine_stream); break;
+    /* What a submission enqueues on the application's own (idle) stream: a memop (the
+       doorbell, the wait's neighbour) and, for reads copied on their stream, the copy. */
+    case 14: cuCtxSetCurrent(primary); r = cuStreamWriteValue32(app_stream, engine_word_dev, 9, 0); break;
+    case 15: cuCtxSetCurrent(primary); r = cuMemcpyHtoDAsync(app_dev, engine_host, 4096, app_stream); break;
     }
     p->result = r;
     p->finished = 1;
@@ -129,6 +133,7 @@ int main(int argc, char **argv) {
 
     CHECK(cuCtxSetCurrent(primary));
     CHECK(cuMemAlloc(&app_dev, 1 << 20));
+    CHECK(cuStreamCreate(&app_stream, CU_STREAM_NON_BLOCKING));
     uint32_t *gate;
     CUdeviceptr gate_dev;
     CHECK(cuMemHostAlloc((void **)&gate, 4096, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP));
@@ -165,7 +170,8 @@ int main(int argc, char **argv) {
                                   "cuMemHostAlloc 1 MiB", "cuMemAlloc 1 MiB (engine ctx)",
                                   "cuStreamCreate (engine ctx)", "cuMemHostRegister 1 MiB",
                                   "cuMemcpyHtoD sync (engine ctx)", "cuMemHostAlloc + cuMemFreeHost",
-                                  "cuMemcpyDtoDAsync engine -> app memory", "cuMemcpyHtoDAsync host -> app memory"};
+                                  "cuMemcpyDtoDAsync engine -> app memory", "cuMemcpyHtoDAsync host -> app memory",
+                                  "cuStreamWriteValue32 (app stream)", "cuMemcpyHtoDAsync on the app stream"};
     int n = (int)(sizeof names / sizeof names[0]);
     for (int i = 0; i < n; i++) {
         probe_t *p = calloc(1, sizeof *p);

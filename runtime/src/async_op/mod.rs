@@ -212,14 +212,16 @@ impl AsyncOp {
             && state.flags.all_fixed()
             && hazards.may_prefetch(&parts.file, range);
         let blocking_fallback = !host.device().supports_stream_memops(buffer.device_ordinal);
-        // A small read copied on its own stream stages into its slot, not the arenas: the
-        // slots, not the prefetch window, bound what such reads hold. Only on a stream
-        // whose earlier ops are all released (the op's predecessor released the word):
-        // there it shortens the op's round trip; behind ops in flight the engine's path
-        // moves more of them per second (README, Measured).
-        let stream_idle = state.word().load() == parts.sequence.wrapping_sub(1);
-        let slot = if eligible && stream_idle {
-            AsyncOp::wants_slot(&*host, parts.direction, blocking_fallback, parts.io.size_bytes())
+        // A read copied on its own stream stages into its slot, not the arenas: the
+        // slots, not the prefetch window, bound what such reads hold. With
+        // `HIPFILE_STREAM_COPIES=on`, small ones only on a stream whose earlier ops are
+        // all released (the op's predecessor released the word): there it shortens the
+        // op's round trip; behind ops in flight the engine's path moves more of them per
+        // second (README, Measured). With `all`, every one the slots hold whose range lies
+        // inside the file now (a short read would need a CUDA copy to keep the rest of
+        // the destination), so that its release needs no CUDA call.
+        let slot = if eligible {
+            AsyncOp::wants_slot(&*host, parts.direction, blocking_fallback, state, &parts)
         } else {
             None
         };

@@ -1,7 +1,7 @@
 //! Staging slots of reads copied on the user's own stream.
 //!
-//! A small fully FIXED read (at most [`SLOT_BYTES`]) takes a slot of pinned, portable
-//! host memory at submission and enqueues on its stream, behind the op's wait-value, the
+//! A small fully FIXED read (at most [`SLOT_BYTES`]; with `HIPFILE_STREAM_COPIES=all` any
+//! of at most [`MAX_SLOT_BYTES`]) takes a slot of pinned, portable host memory at submission and enqueues on its stream, behind the op's wait-value, the
 //! copy slot → destination and a write of the slot's *done word*. The engine reads the
 //! file into the slot while the stream works towards the op; when the stream reaches it,
 //! the poller only checks that the staged bytes are still fresh and stores the release
@@ -19,14 +19,20 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use crate::device::{Device, PinnedRegion};
 use crate::word::ReleaseWord;
 
-/// Largest read served through a slot.
+/// Largest read served through a slot on an idle stream (`HIPFILE_STREAM_COPIES=on`).
 pub(crate) const SLOT_BYTES: usize = 64 * 1024;
+/// Largest read served through a slot with `HIPFILE_STREAM_COPIES=all`.
+pub(crate) const MAX_SLOT_BYTES: usize = 16 << 20;
 /// Slot sizes: a read takes the smallest that holds it.
-const CLASS_BYTES: [usize; 3] = [4 * 1024, 16 * 1024, SLOT_BYTES];
-/// Bytes of slots per pinned slab (plus a page of done words).
+const CLASS_BYTES: [usize; 7] =
+    [4 * 1024, 16 * 1024, SLOT_BYTES, 256 * 1024, 1 << 20, 4 << 20, MAX_SLOT_BYTES];
+/// Bytes of slots per pinned slab (plus a page of done words), for slots of at most this.
 const SLAB_BYTES: usize = 1 << 20;
-/// Most slabs of one size (16 MiB): past that, reads take the engine's path.
-const MAX_SLABS: usize = 16;
+/// Most pinned bytes of one size: 16 MiB of small slots, 64 MiB of larger ones; past
+/// that, reads take the engine's path.
+const fn class_cap_bytes(slot_bytes: usize) -> usize {
+    if slot_bytes <= SLOT_BYTES { 16 << 20 } else { 64 << 20 }
+}
 
 /// One slot lent to an op.
 #[derive(Clone, Copy)]
@@ -67,11 +73,15 @@ struct PoolState {
 /// The driver's slots, by size (allocated on first use, a slab at a time).
 pub(crate) struct SlotPool {
     classes: [SlotClass; CLASS_BYTES.len()],
+    /// `HIPFILE_STREAM_COPIES=all`: every fully FIXED read inside the file, up to
+    /// [`MAX_SLOT_BYTES`], on any stream; otherwise small reads on idle streams only.
+    all_reads: bool,
 }
 
 impl SlotPool {
-    pub(crate) fn new(device: Arc<dyn Device>) -> SlotPool {
+    pub(crate) fn new(device: Arc<dyn Device>, all_reads: bool) -> SlotPool {
         SlotPool {
+            all_reads,
             classes: std::array::from_fn(|class| SlotClass {
                 device: Arc::clone(&device),
                 class,
@@ -81,8 +91,14 @@ impl SlotPool {
         }
     }
 
-    /// A free slot of at least `len_bytes` (at most [`SLOT_BYTES`]), if one is free or
-    /// can be made; never blocks on a stream.
+    /// Whether every fully FIXED read inside the file takes a slot (`all`), not only
+    /// small ones on idle streams.
+    pub(crate) fn all_reads(&self) -> bool {
+        self.all_reads
+    }
+
+    /// A free slot of at least `len_bytes` (at most [`MAX_SLOT_BYTES`]), if one is free
+    /// or can be made; never blocks on a stream.
     pub(crate) fn try_take(&self, len_bytes: usize) -> Option<Slot> {
         let class = CLASS_BYTES.iter().position(|&bytes| len_bytes <= bytes)?;
         self.classes[class].try_take()
@@ -119,8 +135,17 @@ impl SlotClass {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Bytes of one slab: [`SLAB_BYTES`], or one slot when slots are larger.
+    fn slab_bytes(&self) -> usize {
+        SLAB_BYTES.max(self.slot_bytes)
+    }
+
     fn slots_per_slab(&self) -> usize {
-        SLAB_BYTES / self.slot_bytes
+        self.slab_bytes() / self.slot_bytes
+    }
+
+    fn max_slabs(&self) -> usize {
+        (class_cap_bytes(self.slot_bytes) / self.slab_bytes()).max(1)
     }
 
     fn try_take(&self) -> Option<Slot> {
@@ -128,7 +153,7 @@ impl SlotClass {
         if state.free.is_empty() {
             self.reclaim(&mut state);
         }
-        if state.free.is_empty() && !state.alloc_failed && state.slabs.len() < MAX_SLABS {
+        if state.free.is_empty() && !state.alloc_failed && state.slabs.len() < self.max_slabs() {
             self.grow(&mut state);
         }
         let index = state.free.pop()?;
@@ -168,7 +193,7 @@ impl SlotClass {
 
     fn grow(&self, state: &mut PoolState) {
         let data = crate::device::injected_fault(crate::fault::Site::PinnedAlloc)
-            .and_then(|()| self.device.alloc_pinned(SLAB_BYTES));
+            .and_then(|()| self.device.alloc_pinned(self.slab_bytes()));
         let words = data.and_then(|data| match self.device.alloc_pinned(4096) {
             Ok(words) => Ok((data, words)),
             Err(error) => {
@@ -236,24 +261,53 @@ mod tests {
 
     fn pool() -> SlotPool {
         let device: Arc<dyn Device> = CpuDevice::new(1);
-        SlotPool::new(device)
+        SlotPool::new(device, false)
     }
 
     #[test]
     fn a_read_takes_the_smallest_slot_that_holds_it_and_none_past_the_largest() {
         let pool = pool();
-        for (len, class) in [(1, 0), (4096, 0), (4097, 1), (16 * 1024, 1), (SLOT_BYTES, 2)] {
+        let sizes = [
+            (1, 0),
+            (4096, 0),
+            (4097, 1),
+            (16 * 1024, 1),
+            (SLOT_BYTES, 2),
+            (SLOT_BYTES + 1, 3),
+            (1 << 20, 4),
+            (3 << 20, 5),
+            (MAX_SLOT_BYTES, 6),
+        ];
+        for (len, class) in sizes {
             let slot = pool.try_take(len).expect("a slot");
             assert_eq!(slot.class, class, "{len} bytes");
+            // The slot's bytes are all writable pinned memory (the cpu device guards
+            // every allocation with inaccessible pages).
+            // SAFETY: the slot holds at least `len` bytes and is ours until given back.
+            unsafe { slot.host_ptr.write_bytes(0xa5, len) };
             pool.give_back(&slot);
         }
-        assert!(pool.try_take(SLOT_BYTES + 1).is_none());
+        assert!(pool.try_take(MAX_SLOT_BYTES + 1).is_none());
+    }
+
+    #[test]
+    fn large_slots_are_a_slab_each_up_to_their_cap() {
+        let pool = pool();
+        let per_class = class_cap_bytes(MAX_SLOT_BYTES) / MAX_SLOT_BYTES;
+        let taken: Vec<Slot> =
+            (0..per_class).map(|_| pool.try_take(MAX_SLOT_BYTES).expect("slot")).collect();
+        assert!(pool.try_take(MAX_SLOT_BYTES).is_none(), "no slot past the cap");
+        assert!(pool.try_take(SLOT_BYTES).is_some(), "each size has its own cap");
+        for slot in &taken {
+            pool.give_back(slot);
+        }
+        assert!(pool.try_take(MAX_SLOT_BYTES).is_some());
     }
 
     #[test]
     fn slots_run_out_at_the_cap_and_come_back_once_their_done_word_shows_their_use() {
         let pool = pool();
-        let per_class = MAX_SLABS * SLAB_BYTES / SLOT_BYTES;
+        let per_class = class_cap_bytes(SLOT_BYTES) / SLOT_BYTES;
         let taken: Vec<Slot> =
             (0..per_class).map(|_| pool.try_take(SLOT_BYTES).expect("slot")).collect();
         assert!(pool.try_take(SLOT_BYTES).is_none(), "no slot past the cap");

@@ -14,7 +14,7 @@ use std::sync::atomic::Ordering;
 use hipfile_core::{Direction, OpError, OpEvent, Outcome};
 
 use super::AsyncOp;
-use super::slots::{SLOT_BYTES, Slot};
+use super::slots::{MAX_SLOT_BYTES, SLOT_BYTES, Slot};
 use crate::engine::{Completion, Engine, HostTarget, IoJob, JobEnd};
 
 /// The engine staged the bytes (its outcome is in `slot_outcome`).
@@ -30,19 +30,33 @@ pub(super) const SLOT_COPY_QUEUED: u8 = 1;
 pub(super) const SLOT_RETURNED: u8 = 2;
 
 impl AsyncOp {
-    /// A slot for a read of `size_bytes` that may prefetch (fully FIXED, no overlapping
-    /// write), small enough, on a device that copies on user streams and holds them on
-    /// wait-values; `None` when none is free.
+    /// A slot for a read that may prefetch (fully FIXED, no overlapping write) on a
+    /// device that copies on user streams and holds them on wait-values: with
+    /// `HIPFILE_STREAM_COPIES=on` one of at most [`SLOT_BYTES`] on an idle stream (its
+    /// predecessor released), with `all` one of at most [`MAX_SLOT_BYTES`] whose range
+    /// lies inside the file now; `None` otherwise or when none is free.
     pub(super) fn wants_slot(
         host: &dyn super::OpHost,
         direction: Direction,
         blocking_fallback: bool,
-        size_bytes: u64,
+        state: &crate::stream::StreamState,
+        parts: &super::OpParts,
     ) -> Option<Slot> {
-        if direction != Direction::Read || blocking_fallback || size_bytes > SLOT_BYTES as u64 {
+        if direction != Direction::Read || blocking_fallback {
             return None;
         }
-        host.slots()?.try_take(size_bytes as usize)
+        let pool = host.slots()?;
+        let size_bytes = parts.io.size_bytes();
+        let wanted = if pool.all_reads() {
+            size_bytes <= MAX_SLOT_BYTES as u64
+                && parts.file.size_bytes().is_ok_and(|file| parts.io.file_end_bytes() <= file)
+        } else {
+            size_bytes <= SLOT_BYTES as u64 && state.word().load() == parts.sequence.wrapping_sub(1)
+        };
+        if !wanted {
+            return None;
+        }
+        pool.try_take(size_bytes as usize)
     }
 
     /// Enqueues, behind the op's wait-value, the copy out of its slot and the slot's done

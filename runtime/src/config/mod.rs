@@ -36,6 +36,7 @@ const BUFFERED_WRITES: &str = "HIPFILE_BUFFERED_WRITES";
 const STREAM_COPIES: &str = "HIPFILE_STREAM_COPIES";
 const REASON_BUFFERED_WRITES: &str = "must be thread or io_uring";
 const REASON_ON_OFF: &str = "must be 1/on/true or 0/off/false";
+const REASON_STREAM_COPIES: &str = "must be 1/on/true, 0/off/false or all";
 const CPUS: &str = "HIPFILE_CPUS";
 const CHUNK_KB: &str = "HIPFILE_CHUNK_KB";
 const STAGING_MB: &str = "HIPFILE_STAGING_MB";
@@ -170,6 +171,24 @@ pub enum BufferedWrites {
     IoUring,
 }
 
+/// Which async reads stage into a slot of pinned memory and copy on the user's own stream
+/// (`HIPFILE_STREAM_COPIES`; `async_op::slots`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum StreamCopies {
+    /// None: the engine copies every read (`off`, the default).
+    #[default]
+    Off,
+    /// Fully FIXED reads of at most 64 KiB submitted to an idle stream (`on`): on the H200
+    /// it took 3-10 µs off a lone 4 KiB read and cost 18-22 % of the small random reads
+    /// per second of 8 busy streams.
+    Idle,
+    /// Every fully FIXED read of at most 16 MiB whose range lies inside the file when it is
+    /// submitted, on any stream (`all`): the release of such a read is a host write, no
+    /// CUDA call, so an application thread's `cuStreamCreate` waiting for held streams
+    /// cannot stall it (README "Known limits"). Not yet measured on a GPU.
+    All,
+}
+
 /// Which device backend to use (`HIPFILE_DEVICE`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum DeviceSelection {
@@ -241,11 +260,9 @@ pub struct Config {
     pub use_io_uring: bool,
     /// How io_uring executors write page-cache chunks (`HIPFILE_BUFFERED_WRITES`).
     pub buffered_writes: BufferedWrites,
-    /// Whether small fully FIXED async reads submitted to an idle stream stage ahead into
-    /// a slot and copy on the user's own stream (`HIPFILE_STREAM_COPIES`, default off:
-    /// on the H200 it took 3-10 µs off a lone 4 KiB read and cost 18-22 % of the small
-    /// random reads per second of 8 busy streams; `async_op::slots`).
-    pub stream_copies: bool,
+    /// Which fully FIXED async reads stage ahead into a slot and copy on the user's own
+    /// stream (`HIPFILE_STREAM_COPIES`, default off; [`StreamCopies`]).
+    pub stream_copies: StreamCopies,
 }
 
 /// A switch: `1`/`on`/`true` or `0`/`off`/`false` (surrounding blanks ignored), `default`
@@ -372,7 +389,14 @@ impl Config {
         // hipFile's bool parsing sees the raw value, empty included.
         config.allow_compat_mode = parse_hipfile_bool(lookup(ALLOW_COMPAT_MODE)).unwrap_or(true);
         config.use_io_uring = on_off(IO_URING, get(IO_URING), true)?;
-        config.stream_copies = on_off(STREAM_COPIES, get(STREAM_COPIES), false)?;
+        config.stream_copies = match get(STREAM_COPIES).as_deref().map(str::trim) {
+            Some("all") => StreamCopies::All,
+            raw => match on_off(STREAM_COPIES, raw.map(str::to_string), false) {
+                Ok(true) => StreamCopies::Idle,
+                Ok(false) => StreamCopies::Off,
+                Err(error) => return Err(ConfigError { reason: REASON_STREAM_COPIES, ..error }),
+            },
+        };
         config.buffered_writes = match get(BUFFERED_WRITES).as_deref().map(str::trim) {
             None | Some("thread") => BufferedWrites::Thread,
             Some("io_uring") => BufferedWrites::IoUring,
@@ -467,7 +491,7 @@ impl Config {
             allow_compat_mode: true,
             use_io_uring: true,
             buffered_writes: BufferedWrites::Thread,
-            stream_copies: false,
+            stream_copies: StreamCopies::Off,
         }
     }
 

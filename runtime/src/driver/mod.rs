@@ -27,7 +27,7 @@ use hipfile_core::OpError;
 use crate::arm::ArmPoller;
 use crate::async_op::{AsyncStats, OpHost, SlotPool, WriteHazardTable};
 use crate::buffer::RegisteredBuffer;
-use crate::config::Config;
+use crate::config::{Config, StreamCopies};
 use crate::device::Device;
 use crate::engine::Engine;
 use crate::error::Error;
@@ -84,8 +84,8 @@ impl Driver {
         // By default prefetches may hold half the staging arenas; the other half serves
         // the ops the streams have reached (stream.rs, PrefetchBudget).
         let prefetch_cap_bytes = config.prefetch_cap_bytes() as u64;
-        let slots = (config.stream_copies && device.copies_on_user_streams())
-            .then(|| SlotPool::new(Arc::clone(&device)));
+        let slots = (config.stream_copies != StreamCopies::Off && device.copies_on_user_streams())
+            .then(|| SlotPool::new(Arc::clone(&device), config.stream_copies == StreamCopies::All));
         Arc::new(Driver {
             slots,
             compat_mode_allowed: AtomicBool::new(config.allow_compat_mode),

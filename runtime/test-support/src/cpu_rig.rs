@@ -43,7 +43,7 @@ pub fn config(cpus: &[usize]) -> Config {
         allow_compat_mode: true,
         use_io_uring: true,
         buffered_writes: BufferedWrites::Thread,
-        stream_copies: false,
+        stream_copies: hipfile_runtime::config::StreamCopies::Off,
     };
     config.validate().expect("test config is valid");
     config

@@ -8,14 +8,14 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use hipfile_runtime::AsyncParams;
-use hipfile_runtime::config::Config;
+use hipfile_runtime::config::{Config, StreamCopies};
 
 use super::paused::Paused;
 use hipfile_test_support::rig::*;
 
 /// A rig with stream copies on (`HIPFILE_STREAM_COPIES=on`; off by default).
 fn on() -> Rig {
-    Rig::with(1, Config { stream_copies: true, ..small_config() })
+    Rig::with(1, Config { stream_copies: StreamCopies::Idle, ..small_config() })
 }
 
 fn read(t: &Paused, p: &Arc<AsyncParams>, stream: hipfile_runtime::device::StreamHandle) {
@@ -195,7 +195,8 @@ fn many_small_reads_on_several_streams_and_slots_come_back() {
 /// read straight into its slot there, and a short read still keeps the destination.
 #[test]
 fn blocking_executors_read_straight_into_the_slot() {
-    let config = Config { stream_copies: true, use_io_uring: false, ..small_config() };
+    let config =
+        Config { stream_copies: StreamCopies::Idle, use_io_uring: false, ..small_config() };
     let file_len = 100_000;
     let t = Paused::with(Rig::with(1, config), "stream-copies-blocking", file_len, MIB);
     let stream = t.rig.registered_stream(7);
@@ -218,4 +219,54 @@ fn blocking_executors_read_straight_into_the_slot() {
     assert_eq!(stream_copies(&t.rig) - before, 2);
     let blocking = t.rig.driver.engine().expect("engine").stats().blocking_jobs;
     assert!(blocking >= 2, "served by blocking executors: {blocking}");
+}
+
+/// `HIPFILE_STREAM_COPIES=all`: fully FIXED reads of up to 16 MiB are copied on their own
+/// stream also behind ops in flight (all queued on one held stream), so their release is a
+/// host write and needs no CUDA call; a read reaching past the end of the file, one over
+/// 16 MiB and one on a stream without FIXED flags take the engine's path. Every byte
+/// lands where it should.
+#[test]
+fn with_all_every_fixed_read_inside_the_file_is_copied_on_its_stream() {
+    let rig = Rig::with(1, Config { stream_copies: StreamCopies::All, ..small_config() });
+    let file_len = 40 * MIB;
+    let t = Paused::with(rig, "stream-copies-all", file_len, 40 * MIB);
+    let fixed = t.rig.registered_stream(15);
+    let plain = t.rig.registered_stream(0);
+    let gate = t.rig.pause(fixed).expect("pause");
+    let before = stream_copies(&t.rig);
+    let sizes = [4096, 64 * KIB, 256 * KIB + 4096, MIB, 3 * MIB, 16 * MIB];
+    let mut placed = Vec::new();
+    let mut at = 0usize;
+    for (i, &size) in sizes.iter().enumerate() {
+        let file_offset = (i * 5 + 1) * 4096;
+        let p = params(size, file_offset as i64, at as i64);
+        read(&t, &p, fixed);
+        placed.push((p, size, file_offset, at));
+        at += size + 4096;
+    }
+    // Past the end of the file (short: 4 KiB), over the largest slot, and unfixed.
+    let engine_reads = [
+        (8 * KIB, file_len - 4096, 4096, fixed),
+        (16 * MIB + 4096, 4096, 16 * MIB + 4096, fixed),
+        (64 * KIB, 8192, 64 * KIB, plain),
+    ];
+    for &(size, file_offset, want, stream) in &engine_reads {
+        let p = params(size, file_offset as i64, at as i64);
+        read(&t, &p, stream);
+        placed.push((p, want, file_offset, at));
+        at += size + 4096;
+    }
+    assert!(at <= 40 * MIB);
+    assert_eq!(bytes(&placed[0].0), 0, "held: nothing done yet");
+    gate.release();
+    t.rig.sync(fixed);
+    t.rig.sync(plain);
+    let got = t.rig.dev_bytes(t.buffer, at);
+    for (p, want, file_offset, at) in &placed {
+        assert_eq!(bytes(p), *want as isize, "{want} bytes at file offset {file_offset}");
+        let what = format!("{want} bytes at file offset {file_offset}");
+        assert_bytes(&got[*at..at + want], &t.data[*file_offset..file_offset + want], &what);
+    }
+    assert_eq!(stream_copies(&t.rig) - before, sizes.len() as u64, "the fixed reads inside");
 }

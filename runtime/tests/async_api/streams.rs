@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use hipfile_core::Direction;
+use hipfile_runtime::config::{Config, StreamCopies};
 use hipfile_runtime::device::StreamHandle;
 use hipfile_runtime::{AsyncParams, HandleId};
 use hipfile_test_support::rig::*;
@@ -517,32 +518,49 @@ fn large_ops_fan_out_and_are_verified() {
 
 /// An application thread that makes streams while ops of ours hold other streams is never
 /// stuck for good. On CUDA, `cuStreamCreate` in a context of about 35 streams waits for the
-/// context's streams held on wait-values (ours, until their data is in) and meanwhile
-/// holds a lock that pinned allocations and stream creation in any context also take
-/// (`tests/gpu/cuda_lock_probe.c`; found as a hang of a whole test binary in one process).
-/// So the engine makes what its data path needs when it starts (the fallback pool, each
-/// executor's stream, events, device scratch) and an op's release needs no creation call:
-/// the ops complete, and then the creator does. On the cpu device stream creation never
+/// context's streams held on wait-values (ours, until their data is in) and meanwhile can
+/// hold a lock that pinned allocations, stream creation and (seen once) the engine's copy
+/// into the application's memory also take (`tests/gpu/cuda_lock_probe.c`; found as a hang
+/// of a whole test binary in one process). So the engine makes what its data path needs
+/// when it starts (the fallback pool, each executor's stream, events, device scratch).
+/// **Open on CUDA** with the engine's copies (README "Known limits"): the copy into the
+/// application's buffer waited for that lock. On the cpu device stream creation never
 /// waits, and the test checks the data and that the pool was allocated at the start and
 /// never grew.
 #[test]
 fn streams_made_while_ops_hold_streams() {
+    streams_made_during_reads(Rig::new(), 4, 256 * KIB, [None, Some(0), Some(7), Some(15)]);
+}
+
+/// The same with reads copied on their own streams (`HIPFILE_STREAM_COPIES=all`, fully
+/// FIXED reads inside the file): their release is a host write, no CUDA call, so nothing a
+/// blocked `cuStreamCreate` holds can stop it. Every op must have been copied on its
+/// stream.
+#[test]
+fn streams_made_while_reads_copied_on_their_streams_hold_streams() {
+    let rig = Rig::with(1, Config { stream_copies: StreamCopies::All, ..small_config() });
+    let copies = streams_made_during_reads(rig, 4, 256 * KIB, [Some(15); 4]);
+    assert_eq!(copies, 8 * 4 * 6, "every read copied on its own stream");
+}
+
+/// 8 streams registered with `flags` in turn run 6 rounds of `ops` reads of `op` bytes
+/// each (every byte checked) while another thread makes 200 streams, all under a
+/// watchdog. Returns the reads copied on their streams.
+fn streams_made_during_reads(rig: Rig, ops: usize, op: usize, flags: [Option<u32>; 4]) -> u64 {
     const STREAMS: usize = 8;
-    const OPS: usize = 4;
-    const OP: usize = 256 * KIB;
-    let rig = Arc::new(Rig::new());
+    let rig = Arc::new(rig);
     let engine = rig.driver.engine().expect("engine");
     let cap = engine.fallback_cap_bytes();
     assert_eq!(engine.fallback_pinned_bytes(), cap, "the fallback pool is made at the start");
-    let total = STREAMS * OPS * OP;
+    let total = STREAMS * ops * op;
     let data = pattern(77, total);
     let file = TempFile::new("streams-made", &data);
     let fd = file.open_rw();
     let handle = rig.register(&fd);
     let buffer = rig.alloc(total);
-    let flag_cycle = [None, Some(0), Some(7), Some(15)];
     let streams: Vec<StreamHandle> =
-        (0..STREAMS).map(|k| rig.stream_with(flag_cycle[k % flag_cycle.len()])).collect();
+        (0..STREAMS).map(|k| rig.stream_with(flags[k % flags.len()])).collect();
+    let copied_before = rig.driver.async_stats().stream_copies.load(Ordering::SeqCst);
     let work_rig = Arc::clone(&rig);
     let made = run_watched(&rig.driver, "reads while another thread makes streams", HANG_GUARD, {
         move || {
@@ -553,20 +571,20 @@ fn streams_made_while_ops_hold_streams() {
                     made.len()
                 });
                 for round in 0..6 {
-                    let mut ops = Vec::new();
+                    let mut submitted = Vec::new();
                     for (k, &stream) in streams.iter().enumerate() {
-                        for i in 0..OPS {
-                            let at = ((k * OPS + i) * OP) as i64;
-                            let p = params(OP, at, at);
+                        for i in 0..ops {
+                            let at = ((k * ops + i) * op) as i64;
+                            let p = params(op, at, at);
                             rig.read(handle, buffer, &p, stream);
-                            ops.push(p);
+                            submitted.push(p);
                         }
                     }
                     for &stream in &streams {
                         rig.sync(stream);
                     }
-                    for (i, p) in ops.iter().enumerate() {
-                        assert_eq!(bytes(p), OP as isize, "round {round} op {i}");
+                    for (i, p) in submitted.iter().enumerate() {
+                        assert_eq!(bytes(p), op as isize, "round {round} op {i}");
                     }
                 }
                 creator.join().expect("creator")
@@ -576,4 +594,5 @@ fn streams_made_while_ops_hold_streams() {
     assert_eq!(made, 200);
     assert_bytes(&rig.dev_bytes(buffer, total), &data, "every read");
     assert_eq!(engine.fallback_pinned_bytes(), cap, "the fallback pool never grew");
+    rig.driver.async_stats().stream_copies.load(Ordering::SeqCst) - copied_before
 }

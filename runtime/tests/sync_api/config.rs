@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 
 use hipfile_runtime::config::{
     BufferedWrites, Config, ConfigError, DEFAULT_MAX_EXECUTORS, DeviceSelection, ENV_VARS,
-    MAX_EXECUTORS, default_executor_count, usable_cpus,
+    MAX_EXECUTORS, StreamCopies, default_executor_count, usable_cpus,
 };
 use hipfile_runtime::file::DirectPolicy;
 use proptest::prelude::*;
@@ -464,12 +464,18 @@ fn pinned_staging_beyond_physical_memory_is_refused() {
 
 #[test]
 fn stream_copies_are_off_unless_asked_for() {
-    assert!(!parse_ok(&[]).stream_copies);
+    assert_eq!(parse_ok(&[]).stream_copies, StreamCopies::Off);
     for on in ["1", "on", " true "] {
-        assert!(parse_ok(&[("HIPFILE_STREAM_COPIES", on)]).stream_copies, "{on:?}");
+        let got = parse_ok(&[("HIPFILE_STREAM_COPIES", on)]).stream_copies;
+        assert_eq!(got, StreamCopies::Idle, "{on:?}");
     }
     for off in ["0", "off", "false"] {
-        assert!(!parse_ok(&[("HIPFILE_STREAM_COPIES", off)]).stream_copies, "{off:?}");
+        let got = parse_ok(&[("HIPFILE_STREAM_COPIES", off)]).stream_copies;
+        assert_eq!(got, StreamCopies::Off, "{off:?}");
     }
-    rejected(&[("HIPFILE_STREAM_COPIES", "yes")], &cpus(4), "HIPFILE_STREAM_COPIES");
+    let all = parse_ok(&[("HIPFILE_STREAM_COPIES", " all")]).stream_copies;
+    assert_eq!(all, StreamCopies::All);
+    for bad in ["yes", "ALL", "idle"] {
+        rejected(&[("HIPFILE_STREAM_COPIES", bad)], &cpus(4), "HIPFILE_STREAM_COPIES");
+    }
 }
