@@ -290,13 +290,19 @@ mod tests {
         assert!(pool.try_take(MAX_SLOT_BYTES + 1).is_none());
     }
 
+    /// Every slot of `slot_bytes` up to its size's cap; none past it.
+    fn take_all(pool: &SlotPool, slot_bytes: usize) -> Vec<Slot> {
+        let per_class = class_cap_bytes(slot_bytes) / slot_bytes;
+        let taken: Vec<Slot> =
+            (0..per_class).map(|_| pool.try_take(slot_bytes).expect("slot")).collect();
+        assert!(pool.try_take(slot_bytes).is_none(), "no slot past the cap");
+        taken
+    }
+
     #[test]
     fn large_slots_are_a_slab_each_up_to_their_cap() {
         let pool = pool();
-        let per_class = class_cap_bytes(MAX_SLOT_BYTES) / MAX_SLOT_BYTES;
-        let taken: Vec<Slot> =
-            (0..per_class).map(|_| pool.try_take(MAX_SLOT_BYTES).expect("slot")).collect();
-        assert!(pool.try_take(MAX_SLOT_BYTES).is_none(), "no slot past the cap");
+        let taken = take_all(&pool, MAX_SLOT_BYTES);
         assert!(pool.try_take(SLOT_BYTES).is_some(), "each size has its own cap");
         for slot in &taken {
             pool.give_back(slot);
@@ -307,10 +313,7 @@ mod tests {
     #[test]
     fn slots_run_out_at_the_cap_and_come_back_once_their_done_word_shows_their_use() {
         let pool = pool();
-        let per_class = class_cap_bytes(SLOT_BYTES) / SLOT_BYTES;
-        let taken: Vec<Slot> =
-            (0..per_class).map(|_| pool.try_take(SLOT_BYTES).expect("slot")).collect();
-        assert!(pool.try_take(SLOT_BYTES).is_none(), "no slot past the cap");
+        let taken = take_all(&pool, SLOT_BYTES);
         // Distinct, non-overlapping memory and distinct generations.
         let mut starts: Vec<usize> = taken.iter().map(|s| s.host_ptr as usize).collect();
         starts.sort_unstable();
