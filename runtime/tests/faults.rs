@@ -404,3 +404,57 @@ fn a_failed_read_copied_on_its_stream_leaves_the_destination_as_it_was() {
         "data",
     );
 }
+
+/// A fully FIXED write copied into a slot on its own stream (`HIPFILE_STREAM_COPIES=all`):
+/// when that copy cannot be enqueued the submission is refused with
+/// hipFileHipDriverError and `*bytes_p` untouched (later writes are copied again); when
+/// the file write fails, `*bytes_p` is the error and the stream goes
+/// on.
+#[test]
+fn a_write_copied_into_a_slot_fails_cleanly() {
+    let _serial = serial();
+    let config =
+        Config { stream_copies: hipfile_runtime::config::StreamCopies::All, ..small_config() };
+    let rig = Rig::with(1, config);
+    let file = TempFile::new("slot-write", &pattern(7, MIB));
+    let fd = file.open_rw();
+    let handle = rig.register(&fd);
+    let buffer = rig.alloc(MIB);
+    let data = pattern(8, 64 * KIB);
+    rig.set_dev_bytes(buffer, &data);
+    let stream = rig.registered_stream(15);
+    let copies =
+        || rig.driver.async_stats().stream_copies.load(std::sync::atomic::Ordering::SeqCst);
+    let before = copies();
+    let refused = params(64 * KIB, 0, 0);
+    refused.bytes_done.store(-77, std::sync::atomic::Ordering::SeqCst);
+    let guard =
+        fault::install(Plan { seed: 0x511, rules: vec![once(Site::DeviceCopy, Fault::Errno(0))] });
+    let got = rig.submit(Direction::Write, handle, buffer, &refused, stream);
+    assert_eq!(guard.injected(), vec![1]);
+    drop(guard);
+    assert_eq!(got.map_err(|e| e.code), Err(OpError::HipDriverError));
+    assert_eq!(bytes(&refused), -77, "*bytes_p untouched");
+    // Later writes are copied into slots on the stream and land.
+    let written: Vec<_> = (0..4).map(|i| params(64 * KIB, (i * 64 * KIB) as i64, 0)).collect();
+    for p in &written {
+        rig.write(handle, buffer, p, stream);
+    }
+    rig.sync(stream);
+    assert!(written.iter().all(|p| bytes(p) == (64 * KIB) as isize));
+    assert_eq!(copies(), before + 4, "copied into slots on the stream");
+    assert_bytes(&file.contents()[3 * 64 * KIB..4 * 64 * KIB], &data, "the last write");
+    // A failing file write: -EIO, and the stream goes on.
+    let guard = fault::install(Plan {
+        seed: 0x512,
+        rules: vec![
+            every(Site::ChunkWrite, Fault::Errno(libc::EIO)),
+            every(Site::FileWrite, Fault::Errno(libc::EIO)),
+        ],
+    });
+    let failed = params(64 * KIB, 0, 0);
+    rig.write(handle, buffer, &failed, stream);
+    rig.sync(stream);
+    drop(guard);
+    assert_eq!(bytes(&failed), -(libc::EIO as isize));
+}

@@ -128,7 +128,8 @@ pub struct AsyncStats {
     pub release_to_arm_ns: AtomicU64,
     /// Arms timed in [`AsyncStats::release_to_arm_ns`].
     pub timed_arms: AtomicU64,
-    /// Reads staged ahead into a slot and copied on the user's stream (`slots`).
+    /// Reads staged ahead into a slot and copied on the user's stream, and writes whose
+    /// bytes the user's stream copied into a slot (`slots`).
     pub stream_copies: AtomicU64,
 }
 
@@ -219,12 +220,9 @@ impl AsyncOp {
         // op's round trip; behind ops in flight the engine's path moves more of them per
         // second (README, Measured). With `all`, every one the slots hold whose range lies
         // inside the file now (a short read would need a CUDA copy to keep the rest of
-        // the destination), so that its release needs no CUDA call.
-        let slot = if eligible {
-            AsyncOp::wants_slot(&*host, parts.direction, blocking_fallback, state, &parts)
-        } else {
-            None
-        };
+        // the destination), so that its release needs no CUDA call; and fully FIXED
+        // writes, whose bytes the stream copies into the slot before the op's doorbell.
+        let slot = AsyncOp::wants_slot(&*host, blocking_fallback, eligible, state, &parts);
         let prefetch = slot.is_none() && eligible && state.admit_prefetch(parts.io.size_bytes());
         let hazard = match parts.direction {
             Direction::Write => {
@@ -301,10 +299,17 @@ impl Drop for AsyncOp {
             self.release_host();
         }
         if let Some(slot) = &self.slot
-            && self.slot_phase.load(std::sync::atomic::Ordering::SeqCst) == stream_copy::SLOT_HELD
             && let Some(pool) = self.host.slots()
         {
-            pool.give_back(slot);
+            match self.slot_phase.load(std::sync::atomic::Ordering::SeqCst) {
+                stream_copy::SLOT_HELD => pool.give_back(slot),
+                // A write's slot, read by its job (which held the op): lent again once
+                // the stream's copy into it shows done.
+                stream_copy::SLOT_COPY_QUEUED if self.direction == Direction::Write => {
+                    pool.retire(slot)
+                }
+                _ => {}
+            }
         }
     }
 }

@@ -20,7 +20,7 @@ impl AsyncOp {
             self.release_host();
             return;
         }
-        if self.slot.is_some() {
+        if self.slot.is_some() && self.direction == Direction::Read {
             self.arm_slot();
             return;
         }
@@ -118,7 +118,9 @@ impl AsyncOp {
                 device_ordinal: self.device_ordinal,
                 wait_for_copies: fan_out || !self.releases_device_side(),
                 arm_gate: gate.clone(),
-                host_target: None,
+                // A write with a slot: the stream copied its bytes there before the
+                // doorbell (`enqueue_copy_into_slot`).
+                host_memory: self.write_slot_memory(offset),
                 may_start: None,
                 done: Completion::new(Arc::clone(self.host.device()), done),
             };

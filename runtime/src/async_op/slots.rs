@@ -1,7 +1,9 @@
 //! Staging slots of reads copied on the user's own stream.
 //!
 //! A small fully FIXED read (at most [`SLOT_BYTES`]; with `HIPFILE_STREAM_COPIES=all` any
-//! of at most [`MAX_SLOT_BYTES`]) takes a slot of pinned, portable host memory at submission and enqueues on its stream, behind the op's wait-value, the
+//! of at most [`MAX_SLOT_BYTES`] inside the file, and fully FIXED writes too: their stream
+//! copies the source into the slot ahead of the op's doorbell, `stream_copy`) takes a
+//! slot of pinned, portable host memory at submission and enqueues on its stream, behind the op's wait-value, the
 //! copy slot → destination and a write of the slot's *done word*. The engine reads the
 //! file into the slot while the stream works towards the op; when the stream reaches it,
 //! the poller only checks that the staged bytes are still fresh and stores the release

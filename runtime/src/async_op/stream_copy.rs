@@ -15,7 +15,7 @@ use hipfile_core::{Direction, OpError, OpEvent, Outcome};
 
 use super::AsyncOp;
 use super::slots::{MAX_SLOT_BYTES, SLOT_BYTES, Slot};
-use crate::engine::{Completion, Engine, HostTarget, IoJob, JobEnd};
+use crate::engine::{Completion, Engine, HostMemory, IoJob, JobEnd};
 
 /// The engine staged the bytes (its outcome is in `slot_outcome`).
 const STAGED: u8 = 1;
@@ -28,35 +28,103 @@ pub(super) const SLOT_HELD: u8 = 0;
 pub(super) const SLOT_COPY_QUEUED: u8 = 1;
 /// Given back unused.
 pub(super) const SLOT_RETURNED: u8 = 2;
+/// A write's copy into it is enqueued but its done write is not: never lent again.
+pub(super) const SLOT_LOST: u8 = 3;
 
 impl AsyncOp {
-    /// A slot for a read that may prefetch (fully FIXED, no overlapping write) on a
-    /// device that copies on user streams and holds them on wait-values: with
-    /// `HIPFILE_STREAM_COPIES=on` one of at most [`SLOT_BYTES`] on an idle stream (its
-    /// predecessor released), with `all` one of at most [`MAX_SLOT_BYTES`] whose range
-    /// lies inside the file now; `None` otherwise or when none is free.
+    /// A slot for an op on a device that copies on user streams and holds them on
+    /// wait-values, `None` otherwise or when none is free. A read must be able to prefetch
+    /// (`prefetchable`: fully FIXED, no overlapping write): with `HIPFILE_STREAM_COPIES=on`
+    /// one of at most [`SLOT_BYTES`] on an idle stream (its predecessor released), with
+    /// `all` one of at most [`MAX_SLOT_BYTES`] whose range lies inside the file now. A
+    /// write, only with `all`: fully FIXED, of at most [`MAX_SLOT_BYTES`].
     pub(super) fn wants_slot(
         host: &dyn super::OpHost,
-        direction: Direction,
         blocking_fallback: bool,
+        prefetchable: bool,
         state: &crate::stream::StreamState,
         parts: &super::OpParts,
     ) -> Option<Slot> {
-        if direction != Direction::Read || blocking_fallback {
+        if blocking_fallback {
             return None;
         }
         let pool = host.slots()?;
         let size_bytes = parts.io.size_bytes();
-        let wanted = if pool.all_reads() {
-            size_bytes <= MAX_SLOT_BYTES as u64
-                && parts.file.size_bytes().is_ok_and(|file| parts.io.file_end_bytes() <= file)
-        } else {
-            size_bytes <= SLOT_BYTES as u64 && state.word().load() == parts.sequence.wrapping_sub(1)
+        let wanted = match (parts.direction, pool.all_reads()) {
+            (Direction::Read, true) => {
+                prefetchable
+                    && size_bytes <= MAX_SLOT_BYTES as u64
+                    && parts.file.size_bytes().is_ok_and(|file| parts.io.file_end_bytes() <= file)
+            }
+            (Direction::Read, false) => {
+                prefetchable
+                    && size_bytes <= SLOT_BYTES as u64
+                    && state.word().load() == parts.sequence.wrapping_sub(1)
+            }
+            (Direction::Write, all) => {
+                all && state.flags.all_fixed() && size_bytes <= MAX_SLOT_BYTES as u64
+            }
         };
         if !wanted {
             return None;
         }
         pool.try_take(size_bytes as usize)
+    }
+
+    /// For a write with a slot (`HIPFILE_STREAM_COPIES=all`): enqueues on its stream,
+    /// ahead of the doorbell and the wait-value, the copy of its source range into the slot
+    /// and the slot's done write. When the doorbell rings the slot holds the bytes (stream
+    /// order), and the engine writes the file from it: no device copy and no CUDA call
+    /// stands between the stream reaching the op and its release. Nothing of this holds
+    /// the stream. The slot is lent again after the op's job (at the op's drop), once its
+    /// done word shows this use.
+    pub(super) fn enqueue_copy_into_slot(&self) -> Result<(), crate::device::DeviceError> {
+        let (Direction::Write, Some(slot)) = (self.direction, &self.slot) else {
+            return Ok(());
+        };
+        let device = self.host.device();
+        let pool = self.host.slots().expect("an op with a slot has a pool");
+        let handle = self.stream.handle;
+        let len = self.submitted.size_bytes() as usize;
+        // SAFETY: the slot is pinned memory of the pool, ours until the op drops (and
+        // then lent again only once its done word shows this copy ran); the source range
+        // was validated at submission.
+        let copied =
+            crate::device::injected_fault(crate::fault::Site::DeviceCopy).and_then(|()| unsafe {
+                device.copy_on_stream(
+                    handle,
+                    Direction::Write,
+                    self.submitted.device_addr(),
+                    slot.host_ptr,
+                    len,
+                )
+            });
+        if let Err(error) = copied {
+            pool.give_back(slot);
+            self.slot_phase.store(SLOT_RETURNED, Ordering::SeqCst);
+            return Err(error);
+        }
+        // SAFETY: the done word lives in the pool's slab as long as the driver.
+        let noted = unsafe {
+            device.stream_write_value32(handle, slot.done_word.device_addr, slot.generation)
+        };
+        if let Err(error) = noted {
+            pool.lose();
+            self.slot_phase.store(SLOT_LOST, Ordering::SeqCst);
+            return Err(error);
+        }
+        self.slot_phase.store(SLOT_COPY_QUEUED, Ordering::SeqCst);
+        self.host.async_stats().stream_copies.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Where a write with a slot takes the bytes of its part at `offset_bytes` from.
+    pub(super) fn write_slot_memory(&self, offset_bytes: u64) -> Option<HostMemory> {
+        let (Direction::Write, Some(slot)) = (self.direction, &self.slot) else {
+            return None;
+        };
+        // SAFETY: parts lie inside the op, which the slot holds whole.
+        Some(HostMemory::new(unsafe { slot.host_ptr.add(offset_bytes as usize) }))
     }
 
     /// Enqueues, behind the op's wait-value, the copy out of its slot and the slot's done
@@ -74,8 +142,9 @@ impl AsyncOp {
         // destination was validated at submission.
         let copied =
             crate::device::injected_fault(crate::fault::Site::DeviceCopy).and_then(|()| unsafe {
-                device.copy_to_device_on_stream(
+                device.copy_on_stream(
                     handle,
+                    Direction::Read,
                     self.submitted.device_addr(),
                     slot.host_ptr,
                     len,
@@ -119,7 +188,7 @@ impl AsyncOp {
             device_ordinal: self.device_ordinal,
             wait_for_copies: false,
             arm_gate: None,
-            host_target: Some(HostTarget::new(slot.host_ptr)),
+            host_memory: Some(HostMemory::new(slot.host_ptr)),
             may_start: None,
             done: Completion::new(Arc::clone(self.host.device()), done),
         };

@@ -45,7 +45,7 @@ impl AsyncOp {
         let admitted = self.holds_prefetch_window.load(Ordering::SeqCst);
         let prefetch_gate =
             if admitted && self.slot.is_none() { self.start_prefetch(engine) } else { None };
-        if self.slot.is_some() {
+        if self.slot.is_some() && self.direction == Direction::Read {
             // A slot read prefetches without a gate (`stream_copy`).
             self.set_state(OpEvent::Prefetch);
             self.note_prefetch_start();
@@ -53,7 +53,9 @@ impl AsyncOp {
         let queued = if self.blocking_fallback {
             self.enqueue_host_function_arm()
         } else {
-            self.enqueue_doorbell_arm()
+            self.enqueue_copy_into_slot()
+                .map_err(|error| EnqueueError { error: Error::device(error), nothing_queued: true })
+                .and_then(|()| self.enqueue_doorbell_arm())
         };
         if let Err(error) = queued {
             if error.nothing_queued {
@@ -66,7 +68,7 @@ impl AsyncOp {
             self.host.async_stats().prefetched.fetch_add(1, Ordering::Relaxed);
             self.post(engine, self.submitted, Some(receiver));
         }
-        if self.slot.is_some() {
+        if self.slot.is_some() && self.direction == Direction::Read {
             self.host.async_stats().prefetched.fetch_add(1, Ordering::Relaxed);
             self.post_slot_read(engine);
         }
@@ -109,7 +111,7 @@ impl AsyncOp {
             Err(WriteThenWaitError::WaitNotQueued(error)) => Some(error),
         };
         // A slot read's copy goes behind the wait; unqueued, the op fails like a wait.
-        if let (None, Some(slot)) = (&wait_failed, &self.slot) {
+        if let (None, Some(slot), Direction::Read) = (&wait_failed, &self.slot, self.direction) {
             wait_failed = self.enqueue_stream_copy(slot).err();
         }
         // The doorbell will ring either way: the arm runs and, for an op whose wait could

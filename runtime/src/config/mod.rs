@@ -183,9 +183,11 @@ pub enum StreamCopies {
     /// per second of 8 busy streams.
     Idle,
     /// Every fully FIXED read of at most 16 MiB whose range lies inside the file when it is
-    /// submitted, on any stream (`all`): the release of such a read is a host write, no
-    /// CUDA call, so an application thread's `cuStreamCreate` waiting for held streams
-    /// cannot stall it (README "Known limits"). Not yet measured on a GPU.
+    /// submitted, and every fully FIXED write of at most 16 MiB (the stream copies its
+    /// bytes into the slot before the op's doorbell), on any stream (`all`): between the
+    /// stream reaching such an op and its release there is no CUDA call, so an
+    /// application thread's `cuStreamCreate` waiting for held streams cannot stall it
+    /// (README "Known limits"). Not yet measured on a GPU.
     All,
 }
 

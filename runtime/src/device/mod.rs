@@ -570,25 +570,27 @@ pub trait StreamMemoryOps {
         false
     }
 
-    /// Enqueues on a user stream a copy of `len_bytes` from pinned host memory at `source`
-    /// to the device address `target`, run when the stream reaches it (after the wait-value
-    /// enqueued before it).
+    /// Enqueues on a user stream a copy of `len_bytes` between pinned host memory at
+    /// `host` and the device address `device_addr`: host → device for
+    /// [`Direction::Read`](hipfile_core::Direction::Read), device → host for `Write`; run
+    /// when the stream reaches it, in stream order.
     ///
     /// # Errors
     /// Not supported, unknown stream, invalid addresses, or the backend failed.
     ///
     /// # Safety
-    /// `source` is memory from [`HostMemory::alloc_pinned`] of this device that stays
-    /// allocated, and holds the bytes to copy, until the copy has run; the device range is
-    /// memory the application asked to be written.
-    unsafe fn copy_to_device_on_stream(
+    /// `host` is memory from [`HostMemory::alloc_pinned`] of this device that stays
+    /// allocated until the copy has run (and, for a read, holds the bytes by then); the
+    /// device range is memory the application asked to be written (read) or read (write).
+    unsafe fn copy_on_stream(
         &self,
         stream: StreamHandle,
-        target: u64,
-        source: *const u8,
+        direction: hipfile_core::Direction,
+        device_addr: u64,
+        host: *mut u8,
         len_bytes: usize,
     ) -> Result<(), DeviceError> {
-        let _ = (stream, target, source, len_bytes);
+        let _ = (stream, direction, device_addr, host, len_bytes);
         Err(DeviceError::new(DeviceError::HIP_ERROR_NOT_SUPPORTED, "copies on user streams"))
     }
 

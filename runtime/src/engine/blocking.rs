@@ -112,8 +112,8 @@ impl BlockingExecutor {
 
     /// Moves the job's range chunk by chunk; the bytes moved (short at end of file).
     fn move_range(&mut self, job: &IoJob) -> Result<u64, (Outcome, Option<DeviceError>)> {
-        if let (Direction::Read, Some(target)) = (job.direction, job.host_target) {
-            return Self::read_into_host(job, target);
+        if let Some(host) = job.host_memory {
+            return Self::move_with_host(job, host);
         }
         let device_failure =
             |error: DeviceError| (Outcome::Library(OpError::HipDriverError), Some(error));
@@ -158,19 +158,29 @@ impl BlockingExecutor {
         Ok(moved)
     }
 
-    /// A read that lands in pinned host memory (`IoJob::host_target`): one `pread` into
-    /// it, no staging chunk and no device copy.
-    fn read_into_host(
+    /// A job whose bytes are in pinned host memory (`IoJob::host_memory`): one `pread`
+    /// into it or one `pwrite` from it, no staging chunk and no device copy.
+    fn move_with_host(
         job: &IoJob,
-        target: crate::engine::HostTarget,
+        host: crate::engine::HostMemory,
     ) -> Result<u64, (Outcome, Option<DeviceError>)> {
-        let len = usize::try_from(job.len_bytes).expect("a slot read fits in memory");
-        // SAFETY: the target holds the job's length.
-        let target = unsafe { std::slice::from_raw_parts_mut(target.at(0), len) };
-        let got = crate::file::pread_full(job.file.buffered_fd(), target, job.file_offset_bytes)
-            .map_err(|error| (executor::os_outcome(&error), None))?;
-        job.file.record_bytes(Direction::Read, ChunkMode::Buffered, got as u64);
-        Ok(got as u64)
+        let len = usize::try_from(job.len_bytes).expect("a slot fits in memory");
+        let fd = job.file.buffered_fd();
+        let moved = match job.direction {
+            Direction::Read => {
+                // SAFETY: the host memory holds the job's length and is the job's to write.
+                let target = unsafe { std::slice::from_raw_parts_mut(host.at(0), len) };
+                crate::file::pread_full(fd, target, job.file_offset_bytes)
+            }
+            Direction::Write => {
+                // SAFETY: the host memory holds the job's length, filled before the job.
+                let source = unsafe { std::slice::from_raw_parts(host.at(0).cast_const(), len) };
+                crate::file::pwrite_full(fd, source, job.file_offset_bytes)
+            }
+        }
+        .map_err(|error| (executor::os_outcome(&error), None))?;
+        job.file.record_bytes(job.direction, ChunkMode::Buffered, moved as u64);
+        Ok(moved as u64)
     }
 
     /// One copy between the chunk and device memory, complete when this returns.

@@ -97,13 +97,14 @@ impl Drop for Completion {
     }
 }
 
-/// Pinned host memory a read lands in instead of device memory ([`IoJob::host_target`]).
+/// Pinned host memory a read lands in, or a write takes its bytes from, instead of device
+/// memory ([`IoJob::host_memory`]).
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct HostTarget(*mut u8);
+pub(crate) struct HostMemory(*mut u8);
 
-impl HostTarget {
-    pub(crate) fn new(host_ptr: *mut u8) -> HostTarget {
-        HostTarget(host_ptr)
+impl HostMemory {
+    pub(crate) fn new(host_ptr: *mut u8) -> HostMemory {
+        HostMemory(host_ptr)
     }
 
     /// The byte at `offset_bytes` from the start.
@@ -116,9 +117,9 @@ impl HostTarget {
     }
 }
 
-// SAFETY: the memory belongs to the op that posted the job and outlives it; only the job
-// writes it while the job runs.
-unsafe impl Send for HostTarget {}
+// SAFETY: the memory belongs to the op that posted the job and outlives it; while the job
+// runs only the job touches it (a read writes it, a write reads it).
+unsafe impl Send for HostMemory {}
 
 /// One byte range to move between a file and device memory.
 pub(crate) struct IoJob {
@@ -145,10 +146,11 @@ pub(crate) struct IoJob {
     /// stale) or a disconnected gate (the op was abandoned) ends the job without touching
     /// device memory.
     pub(crate) arm_gate: Option<flume::Receiver<bool>>,
-    /// For a read: land the bytes in this pinned host memory (at least `len_bytes`)
-    /// instead of copying them to `device_addr` (a slot of a read copied on the user's
-    /// stream); the job then touches no device memory.
-    pub(crate) host_target: Option<HostTarget>,
+    /// Pinned host memory of at least `len_bytes` (a slot of an op copied on the user's
+    /// stream) that a read lands in instead of being copied to `device_addr`, or that a
+    /// write takes its bytes from instead of `device_addr`; the job then touches no
+    /// device memory.
+    pub(crate) host_memory: Option<HostMemory>,
     /// Asked once when the executor takes the job up, before it touches the file or
     /// memory: `false` ends the job at once with `ECANCELED` (a cancelled batch entry).
     pub(crate) may_start: Option<StartCheck>,
@@ -513,7 +515,7 @@ impl Engine {
                 device_ordinal: request.device_ordinal,
                 wait_for_copies: true,
                 arm_gate: None,
-                host_target: None,
+                host_memory: None,
                 may_start: None,
                 done: Completion::new(
                     Arc::clone(&self.device),

@@ -270,3 +270,66 @@ fn with_all_every_fixed_read_inside_the_file_is_copied_on_its_stream() {
     }
     assert_eq!(stream_copies(&t.rig) - before, sizes.len() as u64, "the fixed reads inside");
 }
+
+/// `HIPFILE_STREAM_COPIES=all`, writes: a fully FIXED write of up to 16 MiB has its bytes
+/// copied into a slot on its own stream, in stream order (after the device copy the
+/// application enqueued before it on the held stream, not at submission), and the engine
+/// writes the file from the slot; a write on a stream without FIXED flags takes the
+/// engine's path. The file holds exactly what the buffer held at each write's turn.
+#[test]
+fn with_all_fixed_writes_take_their_bytes_from_a_slot_filled_in_stream_order() {
+    writes_from_slots(Config { stream_copies: StreamCopies::All, ..small_config() });
+}
+
+/// The same on blocking executors (io_uring off): one `pwrite` from the slot.
+#[test]
+fn with_all_blocking_executors_write_straight_from_the_slot() {
+    let config = Config { stream_copies: StreamCopies::All, use_io_uring: false, ..small_config() };
+    writes_from_slots(config);
+}
+
+fn writes_from_slots(config: Config) {
+    let rig = Rig::with(1, config);
+    let len = 40 * MIB;
+    let t = Paused::with(rig, "stream-copies-writes", len, len);
+    let fixed = t.rig.registered_stream(15);
+    let plain = t.rig.registered_stream(0);
+    let sizes = [4096, 64 * KIB, MIB + 4096, 16 * MIB];
+    let fresh = pattern(123, len);
+    let staged = t.rig.pinned(len);
+    staged.fill(&fresh);
+    let gate = t.rig.pause(fixed).expect("pause");
+    let before = stream_copies(&t.rig);
+    let mut placed = Vec::new();
+    let mut at = 0usize;
+    for (i, &size) in sizes.iter().enumerate() {
+        let file_offset = (i * 3 + 1) * MIB;
+        // The application's own copy of new bytes into the source, queued before the
+        // write: the write must see them.
+        // SAFETY: `staged` lives until the stream has run the copy (synchronized below).
+        unsafe { t.rig.copy_to_device_on(fixed, t.buffer + at as u64, &staged, size) }
+            .expect("copy");
+        let p = params(size, file_offset as i64, at as i64);
+        t.rig.write(t.handle, t.buffer, &p, fixed);
+        placed.push((p, size, file_offset));
+        at += size + 4096;
+    }
+    let unfixed_at = at;
+    let unfixed = params(64 * KIB, (30 * MIB) as i64, unfixed_at as i64);
+    t.rig.write(t.handle, t.buffer, &unfixed, plain);
+    assert_eq!(bytes(&placed[0].0), 0, "held: nothing done yet");
+    gate.release();
+    t.rig.sync(fixed);
+    t.rig.sync(plain);
+    let contents = t.file.contents();
+    for (p, size, file_offset) in &placed {
+        assert_eq!(bytes(p), *size as isize, "{size} bytes at file offset {file_offset}");
+        let what = format!("{size} bytes written at file offset {file_offset}");
+        assert_bytes(&contents[*file_offset..file_offset + size], &fresh[..*size], &what);
+    }
+    assert_eq!(bytes(&unfixed), (64 * KIB) as isize);
+    let buffer_then = t.rig.dev_bytes(t.buffer + unfixed_at as u64, 64 * KIB);
+    let got = &contents[30 * MIB..30 * MIB + 64 * KIB];
+    assert_bytes(got, &buffer_then, "the unfixed write");
+    assert_eq!(stream_copies(&t.rig) - before, sizes.len() as u64, "the fixed writes");
+}

@@ -496,15 +496,23 @@ impl StreamMemoryOps for CpuDevice {
         true
     }
 
-    unsafe fn copy_to_device_on_stream(
+    unsafe fn copy_on_stream(
         &self,
         stream: StreamHandle,
-        target: u64,
-        source: *const u8,
+        direction: hipfile_core::Direction,
+        device_addr: u64,
+        host: *mut u8,
         len_bytes: usize,
     ) -> Result<(), DeviceError> {
-        let source = source as usize as u64;
-        self.enqueue_copy(stream.0, target, source, len_bytes, CopyRule::HostToDevice)
+        let host = host as usize as u64;
+        match direction {
+            hipfile_core::Direction::Read => {
+                self.enqueue_copy(stream.0, device_addr, host, len_bytes, CopyRule::HostToDevice)
+            }
+            hipfile_core::Direction::Write => {
+                self.enqueue_copy(stream.0, host, device_addr, len_bytes, CopyRule::DeviceToHost)
+            }
+        }
     }
 
     fn synchronize_stream(&self, stream: StreamHandle) -> Result<(), DeviceError> {

@@ -3,6 +3,8 @@
 
 use std::ffi::c_void;
 
+use hipfile_core::Direction;
+
 use crate::device::{DeviceError, HostFn, StreamHandle, StreamMemoryOps, WriteThenWaitError};
 
 use super::sys::*;
@@ -55,18 +57,39 @@ impl StreamMemoryOps for CudaDevice {
         true
     }
 
-    unsafe fn copy_to_device_on_stream(
+    unsafe fn copy_on_stream(
         &self,
         stream: StreamHandle,
-        target: u64,
-        source: *const u8,
+        direction: Direction,
+        device_addr: u64,
+        host: *mut u8,
         len_bytes: usize,
     ) -> Result<(), DeviceError> {
         self.ensure_any_current()?;
         let cu_stream = stream.0 as CUstream;
-        // SAFETY: caller's contract (pinned portable source, live until the copy ran).
-        let first =
-            unsafe { result::memcpy_htod_async(&self.api, target, source, len_bytes, cu_stream) };
+        let enqueue = || {
+            // SAFETY: the caller's contract (pinned portable host memory, live until the
+            // copy ran; a valid device range).
+            unsafe {
+                match direction {
+                    Direction::Read => result::memcpy_htod_async(
+                        &self.api,
+                        device_addr,
+                        host.cast_const(),
+                        len_bytes,
+                        cu_stream,
+                    ),
+                    Direction::Write => result::memcpy_dtoh_async(
+                        &self.api,
+                        host,
+                        device_addr,
+                        len_bytes,
+                        cu_stream,
+                    ),
+                }
+            }
+        };
+        let first = enqueue();
         if first.is_ok() {
             return first;
         }
@@ -78,9 +101,7 @@ impl StreamMemoryOps for CudaDevice {
         };
         // SAFETY: the stream's context, pushed and popped around one call.
         unsafe { result::ctx_push_current(&self.api, context) }?;
-        // SAFETY: as above.
-        let pushed =
-            unsafe { result::memcpy_htod_async(&self.api, target, source, len_bytes, cu_stream) };
+        let pushed = enqueue();
         // SAFETY: pops what we pushed.
         let _ = unsafe { result::ctx_pop_current_status(&self.api) };
         super::contexts::forget_current_context();

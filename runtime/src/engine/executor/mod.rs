@@ -217,7 +217,7 @@ impl Executor {
             file_offset_bytes: *file_offset_bytes,
             device_addr: *device_addr,
             len_bytes: *len_bytes,
-            host_target: job.host_target,
+            host_memory: job.host_memory,
         };
         let _ = guard;
         // When a prefetched read's gate opened (`--profile`'s gate-to-copy/release).
@@ -349,8 +349,9 @@ struct JobRange {
     file_offset_bytes: u64,
     device_addr: u64,
     len_bytes: u64,
-    /// Reads land here instead of at `device_addr` ([`IoJob::host_target`]).
-    host_target: Option<crate::engine::HostTarget>,
+    /// Reads land here, writes come from here, instead of `device_addr`
+    /// ([`IoJob::host_memory`]).
+    host_memory: Option<crate::engine::HostMemory>,
 }
 
 /// The errno behind a glommio error (its conversion to io::Error drops the OS code of

@@ -126,7 +126,7 @@ impl Executor {
                         self.phases().count_gate_opened();
                     }
                     if got > 0
-                        && let Some(host) = range.host_target
+                        && let Some(host) = range.host_memory
                     {
                         // SAFETY: the target holds the job's length, of which this chunk
                         // is a part; the staging holds `got` bytes.

@@ -45,7 +45,7 @@ impl Executor {
             Err(code) => return (Outcome::Library(code), None, VecDeque::new()),
         };
         let depth = self.setup.chunks_in_flight.max(1);
-        let mut staged: VecDeque<(Chunk, EventHandle, WriteStaging, StagingShare)> =
+        let mut staged: VecDeque<(Chunk, Option<EventHandle>, WriteStaging, StagingShare)> =
             VecDeque::new();
         let mut writes: VecDeque<(Chunk, Task<Result<usize, i32>>)> = VecDeque::new();
         let mut written = Written::default();
@@ -59,7 +59,12 @@ impl Executor {
                 let share = self.staging_budget.take(len, holds_none).await;
                 self.phases().add_since(Phase::StagingWait, asked);
                 let Some(share) = share else { break };
-                let source = range.device_addr + chunk.op_offset_bytes;
+                let source = match range.host_memory {
+                    // SAFETY: the host memory holds the job's length, of which this chunk
+                    // is a part.
+                    Some(host) => Source::Host(unsafe { host.at(chunk.op_offset_bytes as usize) }),
+                    None => Source::Device(range.device_addr + chunk.op_offset_bytes),
+                };
                 match self.stage_from_device(files, stream, source, chunk, holds_none).await {
                     Ok(Some((event, staging))) => {
                         chunks.pop_front();
@@ -74,10 +79,12 @@ impl Executor {
                 }
             }
             if let Some((chunk, event, staging, share)) = staged.pop_front() {
-                let waited = self.wait_event(&event).await;
-                self.setup.device.destroy_event(event);
-                if let (Err(error), None) = (waited, &failure) {
-                    failure = Some((Outcome::Library(OpError::HipDriverError), Some(error)));
+                if let Some(event) = event {
+                    let waited = self.wait_event(&event).await;
+                    self.setup.device.destroy_event(event);
+                    if let (Err(error), None) = (waited, &failure) {
+                        failure = Some((Outcome::Library(OpError::HipDriverError), Some(error)));
+                    }
                 }
                 let mode_switch = writes.back().is_some_and(|(c, _)| c.mode != chunk.mode);
                 if mode_switch {
@@ -130,7 +137,8 @@ impl Executor {
 
     /// Allocates staging for one chunk (arena DMA buffer, or fallback when the buffer
     /// glommio hands out lies outside the arena or io_uring refuses the file) and enqueues
-    /// the device → host copy.
+    /// the device → host copy; from host memory ([`IoJob::host_memory`]) the bytes are
+    /// copied in at once and there is no event.
     ///
     /// A fallback chunk is waited for only when the job `holds_none` (nothing staged or
     /// being written); otherwise it is taken only if free, and `Ok(None)` says none was:
@@ -142,10 +150,10 @@ impl Executor {
         &self,
         files: &OpenFiles,
         stream: &InternalStream,
-        source: u64,
+        source: Source,
         chunk: Chunk,
         holds_none: bool,
-    ) -> Result<Option<(EventHandle, WriteStaging)>, DeviceError> {
+    ) -> Result<Option<(Option<EventHandle>, WriteStaging)>, DeviceError> {
         let len = chunk.len_bytes as usize;
         // DMA buffers come from the executor's io_memory whatever file hands them out.
         let mut buffer = match &files.buffered {
@@ -164,10 +172,23 @@ impl Executor {
         let staging = if in_arena && !files.uring_refused.get() {
             EngineStats::add(&self.setup.stats.arena_chunks, 1);
             let target = buffer.as_bytes_mut().as_mut_ptr();
-            crate::device::injected_fault(Site::DeviceCopy)?;
-            // SAFETY: `buffer` is an arena (registered, pinned) buffer of `len` bytes that
-            // the returned staging keeps alive until the copy's event is waited for.
-            unsafe { self.setup.device.copy_from_device_async(stream, target, source, len)? };
+            match source {
+                Source::Host(from) => {
+                    // SAFETY: `from` holds the chunk's `len` bytes (see `write_range`); the
+                    // buffer holds `len`.
+                    unsafe { std::ptr::copy_nonoverlapping(from.cast_const(), target, len) };
+                    return Ok(Some((None, WriteStaging::Arena(buffer))));
+                }
+                Source::Device(source) => {
+                    crate::device::injected_fault(Site::DeviceCopy)?;
+                    // SAFETY: `buffer` is an arena (registered, pinned) buffer of `len`
+                    // bytes that the returned staging keeps alive until the copy's event
+                    // is waited for.
+                    unsafe {
+                        self.setup.device.copy_from_device_async(stream, target, source, len)?
+                    };
+                }
+            }
             WriteStaging::Arena(buffer)
         } else {
             let chunk_memory = if holds_none {
@@ -180,23 +201,39 @@ impl Executor {
             };
             EngineStats::add(&self.setup.stats.fallback_chunks, 1);
             crate::stats::count_fallback_chunk();
-            crate::device::injected_fault(Site::DeviceCopy)?;
-            // SAFETY: the fallback chunk is pinned, ours, and >= len bytes; kept alive in
-            // the returned staging until the copy's event is waited for.
-            unsafe {
-                self.setup.device.copy_from_device_async(
-                    stream,
-                    chunk_memory.as_mut_ptr(),
-                    source,
-                    len,
-                )?
-            };
+            match source {
+                Source::Host(from) => {
+                    // SAFETY: `from` holds the chunk's `len` bytes; the fallback chunk is
+                    // ours and holds at least `len`.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            from.cast_const(),
+                            chunk_memory.as_mut_ptr(),
+                            len,
+                        )
+                    };
+                    return Ok(Some((None, WriteStaging::Fallback(buffer, chunk_memory))));
+                }
+                Source::Device(source) => {
+                    crate::device::injected_fault(Site::DeviceCopy)?;
+                    // SAFETY: the fallback chunk is pinned, ours, and >= len bytes; kept
+                    // alive in the returned staging until the copy's event is waited for.
+                    unsafe {
+                        self.setup.device.copy_from_device_async(
+                            stream,
+                            chunk_memory.as_mut_ptr(),
+                            source,
+                            len,
+                        )?
+                    };
+                }
+            }
             WriteStaging::Fallback(buffer, chunk_memory)
         };
         let recorded = crate::device::injected_fault(Site::DeviceEvent)
             .and_then(|()| self.setup.device.record_event(stream));
         match recorded {
-            Ok(event) => Ok(Some((event, staging))),
+            Ok(event) => Ok(Some((Some(event), staging))),
             Err(error) => {
                 self.settle_unrecorded_copy(stream, staging);
                 Err(error)
@@ -327,6 +364,15 @@ impl Executor {
         };
         Ok(written + rest.map_err(|e| os_errno(&e))?)
     }
+}
+
+/// Where a chunk of a write comes from.
+#[derive(Clone, Copy)]
+enum Source {
+    /// The job's device memory (a device → host copy into the staging).
+    Device(u64),
+    /// Pinned host memory holding the chunk ([`crate::engine::IoJob::host_memory`]).
+    Host(*mut u8),
 }
 
 /// Writes the first `len` bytes of `buffer` at `offset` with `pwrite` on the executor's
