@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The open CUDA deadlock of README "Known limits" (an application thread creating streams
 # while async ops hold streams), in one device call: the lock probe in its variants, then
-# the two tests that reproduce it, each in a process of its own under each variant that
+# the three tests about it (engine path, reads and writes copied on their streams), each in a process of its own under each variant that
 # may matter: the default; copies into the application's memory without the bounce
 # through the engine's scratch (HIPFILE_CUDA_MIN_COPY_BYTES=0); CUDA's default 8 hardware
 # queues instead of the 32 hipfile-rs sets (CUDA_DEVICE_MAX_CONNECTIONS=8). Run with
@@ -10,7 +10,8 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 tests/gpu/cuda-lock-probe.sh 2>&1 | grep -E "^===|creator|probe: .*(WAITS|app )|after the gate|^exit"
 tests=(streams::streams_made_while_ops_hold_streams
-       streams::streams_made_while_reads_copied_on_their_streams_hold_streams)
+       streams::streams_made_while_reads_copied_on_their_streams_hold_streams
+       streams::streams_made_while_writes_copied_into_slots_hold_streams)
 for variant in "HIPFILE_LOCK_CHECK=default" "HIPFILE_CUDA_MIN_COPY_BYTES=0" "CUDA_DEVICE_MAX_CONNECTIONS=8"; do
   for test in "${tests[@]}"; do
     env "$variant" HIPFILE_DEVICE=cuda timeout -s KILL 50 target/gpu-bundle/tests/async_api \

@@ -529,7 +529,9 @@ fn large_ops_fan_out_and_are_verified() {
 /// never grew.
 #[test]
 fn streams_made_while_ops_hold_streams() {
-    streams_made_during_reads(Rig::new(), 4, 256 * KIB, [None, Some(0), Some(7), Some(15)]);
+    let flags = [None, Some(0), Some(7), Some(15)];
+    streams_made_during(Rig::new(), Direction::Read, 4, 256 * KIB, flags);
+    streams_made_during(Rig::new(), Direction::Write, 4, 256 * KIB, flags);
 }
 
 /// The same with reads copied on their own streams (`HIPFILE_STREAM_COPIES=all`, fully
@@ -539,14 +541,29 @@ fn streams_made_while_ops_hold_streams() {
 #[test]
 fn streams_made_while_reads_copied_on_their_streams_hold_streams() {
     let rig = Rig::with(1, Config { stream_copies: StreamCopies::All, ..small_config() });
-    let copies = streams_made_during_reads(rig, 4, 256 * KIB, [Some(15); 4]);
+    let copies = streams_made_during(rig, Direction::Read, 4, 256 * KIB, [Some(15); 4]);
     assert_eq!(copies, 8 * 4 * 6, "every read copied on its own stream");
 }
 
-/// 8 streams registered with `flags` in turn run 6 rounds of `ops` reads of `op` bytes
-/// each (every byte checked) while another thread makes 200 streams, all under a
-/// watchdog. Returns the reads copied on their streams.
-fn streams_made_during_reads(rig: Rig, ops: usize, op: usize, flags: [Option<u32>; 4]) -> u64 {
+/// The same with writes whose bytes their stream copies into a slot ahead of their
+/// doorbell (`HIPFILE_STREAM_COPIES=all`, fully FIXED).
+#[test]
+fn streams_made_while_writes_copied_into_slots_hold_streams() {
+    let rig = Rig::with(1, Config { stream_copies: StreamCopies::All, ..small_config() });
+    let copies = streams_made_during(rig, Direction::Write, 4, 256 * KIB, [Some(15); 4]);
+    assert_eq!(copies, 8 * 4 * 6, "every write copied into a slot on its own stream");
+}
+
+/// 8 streams registered with `flags` in turn run 6 rounds of `ops` reads or writes of
+/// `op` bytes each (every byte checked) while another thread makes 200 streams, all under
+/// a watchdog. Returns the ops copied on their streams.
+fn streams_made_during(
+    rig: Rig,
+    direction: Direction,
+    ops: usize,
+    op: usize,
+    flags: [Option<u32>; 4],
+) -> u64 {
     const STREAMS: usize = 8;
     let rig = Arc::new(rig);
     let engine = rig.driver.engine().expect("engine");
@@ -554,15 +571,22 @@ fn streams_made_during_reads(rig: Rig, ops: usize, op: usize, flags: [Option<u32
     assert_eq!(engine.fallback_pinned_bytes(), cap, "the fallback pool is made at the start");
     let total = STREAMS * ops * op;
     let data = pattern(77, total);
-    let file = TempFile::new("streams-made", &data);
+    let file = match direction {
+        Direction::Read => TempFile::new("streams-made", &data),
+        Direction::Write => TempFile::new("streams-made", &vec![0; total]),
+    };
     let fd = file.open_rw();
     let handle = rig.register(&fd);
     let buffer = rig.alloc(total);
+    if direction == Direction::Write {
+        rig.set_dev_bytes(buffer, &data);
+    }
     let streams: Vec<StreamHandle> =
         (0..STREAMS).map(|k| rig.stream_with(flags[k % flags.len()])).collect();
     let copied_before = rig.driver.async_stats().stream_copies.load(Ordering::SeqCst);
     let work_rig = Arc::clone(&rig);
-    let made = run_watched(&rig.driver, "reads while another thread makes streams", HANG_GUARD, {
+    let what = format!("{direction:?}s while another thread makes streams");
+    let made = run_watched(&rig.driver, &what, HANG_GUARD, {
         move || {
             let rig = &work_rig;
             std::thread::scope(|scope| {
@@ -576,7 +600,7 @@ fn streams_made_during_reads(rig: Rig, ops: usize, op: usize, flags: [Option<u32
                         for i in 0..ops {
                             let at = ((k * ops + i) * op) as i64;
                             let p = params(op, at, at);
-                            rig.read(handle, buffer, &p, stream);
+                            rig.submit(direction, handle, buffer, &p, stream).expect("accepted");
                             submitted.push(p);
                         }
                     }
@@ -592,7 +616,10 @@ fn streams_made_during_reads(rig: Rig, ops: usize, op: usize, flags: [Option<u32
         }
     });
     assert_eq!(made, 200);
-    assert_bytes(&rig.dev_bytes(buffer, total), &data, "every read");
+    match direction {
+        Direction::Read => assert_bytes(&rig.dev_bytes(buffer, total), &data, "every read"),
+        Direction::Write => assert_bytes(&file.contents(), &data, "every write"),
+    }
     assert_eq!(engine.fallback_pinned_bytes(), cap, "the fallback pool never grew");
     rig.driver.async_stats().stream_copies.load(Ordering::SeqCst) - copied_before
 }
