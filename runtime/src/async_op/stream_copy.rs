@@ -82,34 +82,8 @@ impl AsyncOp {
         let (Direction::Write, Some(slot)) = (self.direction, &self.slot) else {
             return Ok(());
         };
-        let device = self.host.device();
-        let pool = self.host.slots().expect("an op with a slot has a pool");
-        let handle = self.stream.handle;
-        let len = self.submitted.size_bytes() as usize;
-        // SAFETY: the slot is pinned memory of the pool, ours until the op drops (and
-        // then lent again only once its done word shows this copy ran); the source range
-        // was validated at submission.
-        let copied =
-            crate::device::injected_fault(crate::fault::Site::DeviceCopy).and_then(|()| unsafe {
-                device.copy_on_stream(
-                    handle,
-                    Direction::Write,
-                    self.submitted.device_addr(),
-                    slot.host_ptr,
-                    len,
-                )
-            });
-        if let Err(error) = copied {
-            pool.give_back(slot);
-            self.slot_phase.store(SLOT_RETURNED, Ordering::SeqCst);
-            return Err(error);
-        }
-        // SAFETY: the done word lives in the pool's slab as long as the driver.
-        let noted = unsafe {
-            device.stream_write_value32(handle, slot.done_word.device_addr, slot.generation)
-        };
-        if let Err(error) = noted {
-            pool.lose();
+        if let Some(error) = self.enqueue_slot_copy(slot)? {
+            self.host.slots().expect("an op with a slot has a pool").lose();
             self.slot_phase.store(SLOT_LOST, Ordering::SeqCst);
             return Err(error);
         }
@@ -133,25 +107,41 @@ impl AsyncOp {
         &self,
         slot: &Slot,
     ) -> Result<(), crate::device::DeviceError> {
-        let device = self.host.device();
         let pool = self.host.slots().expect("an op with a slot has a pool");
+        match self.enqueue_slot_copy(slot)? {
+            None => pool.retire(slot),
+            Some(_) => pool.lose(),
+        }
+        self.slot_phase.store(SLOT_COPY_QUEUED, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Enqueues on the op's stream the copy between its slot and its device range (slot →
+    /// destination for a read, source → slot for a write), then the slot's done write.
+    /// `Err` when the copy could not be enqueued (the slot went back to the pool);
+    /// `Ok(Some(error))` when the done write could not (the slot must never be lent again).
+    fn enqueue_slot_copy(
+        &self,
+        slot: &Slot,
+    ) -> Result<Option<crate::device::DeviceError>, crate::device::DeviceError> {
+        let device = self.host.device();
         let handle = self.stream.handle;
         let len = self.submitted.size_bytes() as usize;
         // SAFETY: the slot is pinned memory of the pool, which lives as long as the driver
         // (the op holds it) and is not lent again until its done word shows this use; the
-        // destination was validated at submission.
+        // device range was validated at submission.
         let copied =
             crate::device::injected_fault(crate::fault::Site::DeviceCopy).and_then(|()| unsafe {
                 device.copy_on_stream(
                     handle,
-                    Direction::Read,
+                    self.direction,
                     self.submitted.device_addr(),
                     slot.host_ptr,
                     len,
                 )
             });
         if let Err(error) = copied {
-            pool.give_back(slot);
+            self.host.slots().expect("an op with a slot has a pool").give_back(slot);
             self.slot_phase.store(SLOT_RETURNED, Ordering::SeqCst);
             return Err(error);
         }
@@ -159,12 +149,7 @@ impl AsyncOp {
         let noted = unsafe {
             device.stream_write_value32(handle, slot.done_word.device_addr, slot.generation)
         };
-        match noted {
-            Ok(()) => pool.retire(slot),
-            Err(_) => pool.lose(),
-        }
-        self.slot_phase.store(SLOT_COPY_QUEUED, Ordering::SeqCst);
-        Ok(())
+        Ok(noted.err())
     }
 
     /// Posts the read of the whole op into its slot (no gate: the bytes stay in the slot

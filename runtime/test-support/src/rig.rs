@@ -227,6 +227,33 @@ impl Rig {
         (Arc::clone(&self.device), Arc::clone(&self.driver), streams)
     }
 
+    /// Submits `per_stream` ops of `op_bytes` on each of `streams` (op `i` of stream `k` at
+    /// file and buffer offset `(k * per_stream + i) * op_bytes`), synchronizes every
+    /// stream and checks that each op moved all its bytes (`what` names the batch).
+    pub fn run_disjoint(
+        &self,
+        direction: Direction,
+        (handle, buffer): (HandleId, u64),
+        streams: &[StreamHandle],
+        (per_stream, op_bytes): (usize, usize),
+        what: &str,
+    ) {
+        let mut ops = Vec::new();
+        for i in 0..per_stream {
+            for (k, &stream) in streams.iter().enumerate() {
+                let at = ((k * per_stream + i) * op_bytes) as i64;
+                let p = params(op_bytes, at, at);
+                self.submit(direction, handle, buffer, &p, stream).expect("submit");
+                ops.push(p);
+            }
+        }
+        for &stream in streams {
+            self.sync(stream);
+        }
+        let counts: Vec<isize> = ops.iter().map(|p| bytes(p)).collect();
+        assert!(counts.iter().all(|&n| n == op_bytes as isize), "{what}: byte counts {counts:?}");
+    }
+
     /// Destroys a stream [`Rig::stream`] made (the rig no longer destroys it on drop).
     pub fn destroy_stream(&self, stream: StreamHandle) {
         self.streams.lock().unwrap_or_else(|p| p.into_inner()).retain(|&s| s != stream);

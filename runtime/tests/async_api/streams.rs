@@ -595,21 +595,8 @@ fn streams_made_during(
                     made.len()
                 });
                 for round in 0..6 {
-                    let mut submitted = Vec::new();
-                    for (k, &stream) in streams.iter().enumerate() {
-                        for i in 0..ops {
-                            let at = ((k * ops + i) * op) as i64;
-                            let p = params(op, at, at);
-                            rig.submit(direction, handle, buffer, &p, stream).expect("accepted");
-                            submitted.push(p);
-                        }
-                    }
-                    for &stream in &streams {
-                        rig.sync(stream);
-                    }
-                    for (i, p) in submitted.iter().enumerate() {
-                        assert_eq!(bytes(p), op as isize, "round {round} op {i}");
-                    }
+                    let what = format!("round {round}");
+                    rig.run_disjoint(direction, (handle, buffer), &streams, (ops, op), &what);
                 }
                 creator.join().expect("creator")
             })

@@ -369,20 +369,8 @@ fn arenas_of_two_chunks_serve_eight_streams_of_large_ops() {
         .map(|k| rig.stream_with(if k % 2 == 0 { Some(7) } else { None }))
         .collect();
     let run = |direction: Direction| {
-        let mut ops = Vec::new();
-        for i in 0..PER_STREAM {
-            for (k, &stream) in streams.iter().enumerate() {
-                let at = ((k * PER_STREAM + i) * OP) as i64;
-                let p = params(OP, at, at);
-                rig.submit(direction, handle, buffer, &p, stream).expect("submit");
-                ops.push(p);
-            }
-        }
-        for &stream in &streams {
-            rig.sync(stream);
-        }
-        let counts: Vec<isize> = ops.iter().map(|p| bytes(p)).collect();
-        assert!(counts.iter().all(|&n| n == OP as isize), "{direction:?} byte counts {counts:?}");
+        let what = format!("{direction:?}");
+        rig.run_disjoint(direction, (handle, buffer), &streams, (PER_STREAM, OP), &what);
     };
     run(Direction::Read);
     assert_bytes(&rig.dev_bytes(buffer, data.len()), &data, "every byte read");
