@@ -220,8 +220,9 @@ impl AsyncOp {
         // op's round trip; behind ops in flight the engine's path moves more of them per
         // second (README, Measured). With `all`, every one the slots hold whose range lies
         // inside the file now (a short read would need a CUDA copy to keep the rest of
-        // the destination), so that its release needs no CUDA call; and fully FIXED
-        // writes, whose bytes the stream copies into the slot before the op's doorbell.
+        // the destination), so that its release needs no CUDA call; and writes with a
+        // FIXED source range, whose bytes the stream copies into the slot before the op's
+        // doorbell.
         let slot = AsyncOp::wants_slot(&*host, blocking_fallback, eligible, state, &parts);
         let prefetch = slot.is_none() && eligible && state.admit_prefetch(parts.io.size_bytes());
         let hazard = match parts.direction {

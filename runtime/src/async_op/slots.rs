@@ -1,7 +1,8 @@
 //! Staging slots of reads copied on the user's own stream.
 //!
 //! A small fully FIXED read (at most [`SLOT_BYTES`]; with `HIPFILE_STREAM_COPIES=all` any
-//! of at most [`MAX_SLOT_BYTES`] inside the file, and fully FIXED writes too: their stream
+//! of at most [`MAX_SLOT_BYTES`] inside the file, and writes with FIXED buffer offset and
+//! size too: their stream
 //! copies the source into the slot ahead of the op's doorbell, `stream_copy`) takes a
 //! slot of pinned, portable host memory at submission and enqueues on its stream, behind the op's wait-value, the
 //! copy slot → destination and a write of the slot's *done word*. The engine reads the

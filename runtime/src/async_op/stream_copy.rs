@@ -11,7 +11,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use hipfile_core::{Direction, OpError, OpEvent, Outcome};
+use hipfile_core::{Direction, OpError, OpEvent, Outcome, StreamFlags};
 
 use super::AsyncOp;
 use super::slots::{MAX_SLOT_BYTES, SLOT_BYTES, Slot};
@@ -37,7 +37,9 @@ impl AsyncOp {
     /// (`prefetchable`: fully FIXED, no overlapping write): with `HIPFILE_STREAM_COPIES=on`
     /// one of at most [`SLOT_BYTES`] on an idle stream (its predecessor released), with
     /// `all` one of at most [`MAX_SLOT_BYTES`] whose range lies inside the file now. A
-    /// write, only with `all`: fully FIXED, of at most [`MAX_SLOT_BYTES`].
+    /// write, only with `all`: of at most [`MAX_SLOT_BYTES`], with its buffer offset and
+    /// size FIXED (the source range is known at submission; the file offset may be read
+    /// when the stream reaches it).
     pub(super) fn wants_slot(
         host: &dyn super::OpHost,
         blocking_fallback: bool,
@@ -62,7 +64,8 @@ impl AsyncOp {
                     && state.word().load() == parts.sequence.wrapping_sub(1)
             }
             (Direction::Write, all) => {
-                all && state.flags.all_fixed() && size_bytes <= MAX_SLOT_BYTES as u64
+                let source_fixed = StreamFlags::FIXED_BUF_OFFSET | StreamFlags::FIXED_FILE_SIZE;
+                all && state.flags.contains(source_fixed) && size_bytes <= MAX_SLOT_BYTES as u64
             }
         };
         if !wanted {

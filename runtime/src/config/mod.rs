@@ -183,8 +183,9 @@ pub enum StreamCopies {
     /// per second of 8 busy streams.
     Idle,
     /// Every fully FIXED read of at most 16 MiB whose range lies inside the file when it is
-    /// submitted, and every fully FIXED write of at most 16 MiB (the stream copies its
-    /// bytes into the slot before the op's doorbell), on any stream (`all`): between the
+    /// submitted, and every write of at most 16 MiB with FIXED buffer offset and size (the
+    /// stream copies its bytes into the slot before the op's doorbell), on any stream
+    /// (`all`): between the
     /// stream reaching such an op and its release there is no CUDA call, so an
     /// application thread's `cuStreamCreate` waiting for held streams cannot stall it
     /// (README "Known limits"). Not yet measured on a GPU.

@@ -333,3 +333,35 @@ fn writes_from_slots(config: Config) {
     assert_bytes(got, &buffer_then, "the unfixed write");
     assert_eq!(stream_copies(&t.rig) - before, sizes.len() as u64, "the fixed writes");
 }
+
+/// `HIPFILE_STREAM_COPIES=all`: a write whose buffer offset and size are FIXED but whose
+/// file offset is not takes a slot too (its source range is known at submission), and
+/// lands at the file offset the parameters hold when the stream reaches it; a write on a
+/// stream that fixes only the file offset and size takes the engine's path.
+#[test]
+fn with_all_a_write_with_a_fixed_source_takes_a_slot_and_binds_its_file_offset_late() {
+    let rig = Rig::with(1, Config { stream_copies: StreamCopies::All, ..small_config() });
+    let t = Paused::with(rig, "stream-copies-late-offset", 4 * MIB, MIB);
+    let data = pattern(124, 256 * KIB);
+    t.rig.set_dev_bytes(t.buffer, &data);
+    // FIXED_BUF_OFFSET | FIXED_FILE_SIZE, and FIXED_FILE_OFFSET | FIXED_FILE_SIZE.
+    let (source_fixed, offset_fixed) = (t.rig.registered_stream(5), t.rig.registered_stream(6));
+    let gates =
+        [t.rig.pause(source_fixed).expect("pause"), t.rig.pause(offset_fixed).expect("pause")];
+    let before = stream_copies(&t.rig);
+    let late = params(128 * KIB, 0, 0);
+    t.rig.write(t.handle, t.buffer, &late, source_fixed);
+    // Bound when the stream reaches the op: 2 MiB, not 0.
+    late.file_offset_bytes.store((2 * MIB) as i64, Ordering::SeqCst);
+    let engine_path = params(128 * KIB, (3 * MIB) as i64, (128 * KIB) as i64);
+    t.rig.write(t.handle, t.buffer, &engine_path, offset_fixed);
+    assert_eq!(stream_copies(&t.rig) - before, 1, "only the fixed-source write");
+    drop(gates);
+    t.rig.sync(source_fixed);
+    t.rig.sync(offset_fixed);
+    assert_eq!((bytes(&late), bytes(&engine_path)), ((128 * KIB) as isize, (128 * KIB) as isize));
+    let contents = t.file.contents();
+    assert_bytes(&contents[2 * MIB..2 * MIB + 128 * KIB], &data[..128 * KIB], "at the late offset");
+    assert_bytes(&contents[..128 * KIB], &t.data[..128 * KIB], "not at the submitted one");
+    assert_bytes(&contents[3 * MIB..3 * MIB + 128 * KIB], &data[128 * KIB..], "the engine's write");
+}
