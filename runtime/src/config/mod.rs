@@ -185,10 +185,9 @@ pub enum StreamCopies {
     /// Every fully FIXED read of at most 16 MiB whose range lies inside the file when it is
     /// submitted, and every write of at most 16 MiB with FIXED buffer offset and size (the
     /// stream copies its bytes into the slot before the op's doorbell), on any stream
-    /// (`all`): between the
-    /// stream reaching such an op and its release there is no CUDA call, so an
-    /// application thread's `cuStreamCreate` waiting for held streams cannot stall it
-    /// (README "Known limits"). Not yet measured on a GPU.
+    /// (`all`): between the stream reaching such an op and its release there is no CUDA
+    /// call, so an application thread's `cuStreamCreate` waiting for held streams cannot
+    /// stall it (README "Known limits"). Not yet measured on a GPU.
     All,
 }
 
