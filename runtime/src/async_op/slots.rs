@@ -31,11 +31,8 @@ const CLASS_BYTES: [usize; 7] =
     [4 * 1024, 16 * 1024, SLOT_BYTES, 256 * 1024, 1 << 20, 4 << 20, MAX_SLOT_BYTES];
 /// Bytes of slots per pinned slab (plus a page of done words), for slots of at most this.
 const SLAB_BYTES: usize = 1 << 20;
-/// Most pinned bytes of one size: 16 MiB of small slots, 64 MiB of larger ones; past
-/// that, reads take the engine's path.
-const fn class_cap_bytes(slot_bytes: usize) -> usize {
-    if slot_bytes <= SLOT_BYTES { 16 << 20 } else { 64 << 20 }
-}
+/// Most pinned bytes of slots of one small size; past that, ops take the engine's path.
+const SMALL_CLASS_CAP_BYTES: usize = 16 << 20;
 
 /// One slot lent to an op.
 #[derive(Clone, Copy)]
@@ -82,14 +79,26 @@ pub(crate) struct SlotPool {
 }
 
 impl SlotPool {
-    pub(crate) fn new(device: Arc<dyn Device>, all_reads: bool) -> SlotPool {
+    /// Slots of every size, none allocated yet; `large_cap_bytes` bounds each size above
+    /// [`SLOT_BYTES`] (`HIPFILE_STREAM_COPY_MB`), small sizes hold 16 MiB each.
+    pub(crate) fn new(
+        device: Arc<dyn Device>,
+        all_reads: bool,
+        large_cap_bytes: usize,
+    ) -> SlotPool {
         SlotPool {
             all_reads,
-            classes: std::array::from_fn(|class| SlotClass {
-                device: Arc::clone(&device),
-                class,
-                slot_bytes: CLASS_BYTES[class],
-                state: Mutex::new(PoolState::default()),
+            classes: std::array::from_fn(|class| {
+                let slot_bytes = CLASS_BYTES[class];
+                let cap_bytes =
+                    if slot_bytes <= SLOT_BYTES { SMALL_CLASS_CAP_BYTES } else { large_cap_bytes };
+                SlotClass {
+                    device: Arc::clone(&device),
+                    class,
+                    slot_bytes,
+                    cap_bytes,
+                    state: Mutex::new(PoolState::default()),
+                }
             }),
         }
     }
@@ -130,6 +139,8 @@ struct SlotClass {
     device: Arc<dyn Device>,
     class: usize,
     slot_bytes: usize,
+    /// The most pinned bytes of slabs of this size (at least one slab).
+    cap_bytes: usize,
     state: Mutex<PoolState>,
 }
 
@@ -148,7 +159,7 @@ impl SlotClass {
     }
 
     fn max_slabs(&self) -> usize {
-        (class_cap_bytes(self.slot_bytes) / self.slab_bytes()).max(1)
+        (self.cap_bytes / self.slab_bytes()).max(1)
     }
 
     fn try_take(&self) -> Option<Slot> {
@@ -264,7 +275,14 @@ mod tests {
 
     fn pool() -> SlotPool {
         let device: Arc<dyn Device> = CpuDevice::new(1);
-        SlotPool::new(device, false)
+        SlotPool::new(device, false, LARGE_CAP_BYTES)
+    }
+
+    /// The large sizes' cap in these tests (the default of `HIPFILE_STREAM_COPY_MB`).
+    const LARGE_CAP_BYTES: usize = 64 << 20;
+
+    fn class_cap_bytes(slot_bytes: usize) -> usize {
+        if slot_bytes <= SLOT_BYTES { SMALL_CLASS_CAP_BYTES } else { LARGE_CAP_BYTES }
     }
 
     #[test]
@@ -300,6 +318,24 @@ mod tests {
             (0..per_class).map(|_| pool.try_take(slot_bytes).expect("slot")).collect();
         assert!(pool.try_take(slot_bytes).is_none(), "no slot past the cap");
         taken
+    }
+
+    #[test]
+    fn the_large_sizes_cap_is_the_one_given() {
+        let device: Arc<dyn Device> = CpuDevice::new(1);
+        let pool = SlotPool::new(device, true, 32 << 20);
+        let taken: Vec<Slot> =
+            (0..2).map(|_| pool.try_take(MAX_SLOT_BYTES).expect("slot")).collect();
+        assert!(pool.try_take(MAX_SLOT_BYTES).is_none(), "two 16 MiB slots in 32 MiB");
+        assert_eq!(
+            (0..32).filter_map(|_| pool.try_take(1 << 20)).count(),
+            32,
+            "32 of 1 MiB in 32 MiB"
+        );
+        assert!(pool.try_take(1 << 20).is_none());
+        for slot in &taken {
+            pool.give_back(slot);
+        }
     }
 
     #[test]

@@ -34,9 +34,13 @@ const THREADS: &str = "HIPFILE_THREADS";
 const IO_URING: &str = "HIPFILE_IO_URING";
 const BUFFERED_WRITES: &str = "HIPFILE_BUFFERED_WRITES";
 const STREAM_COPIES: &str = "HIPFILE_STREAM_COPIES";
+const STREAM_COPY_MB: &str = "HIPFILE_STREAM_COPY_MB";
 const REASON_BUFFERED_WRITES: &str = "must be thread or io_uring";
 const REASON_ON_OFF: &str = "must be 1/on/true or 0/off/false";
 const REASON_STREAM_COPIES: &str = "must be 1/on/true, 0/off/false or all";
+const REASON_STREAM_COPY_MB: &str = "must be an integer number of MiB, at least 16";
+/// Default of `HIPFILE_STREAM_COPY_MB`.
+const DEFAULT_STREAM_COPY_MB: usize = 64;
 const CPUS: &str = "HIPFILE_CPUS";
 const CHUNK_KB: &str = "HIPFILE_CHUNK_KB";
 const STAGING_MB: &str = "HIPFILE_STAGING_MB";
@@ -147,8 +151,15 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     (IO_URING, "the engine uses io_uring: 1/on/true or 0/off/false (default on)"),
     (
         STREAM_COPIES,
-        "small fully FIXED async reads (64 KiB or less) submitted to an idle stream stage \
-         ahead and copy on the user's own stream: 1/on/true or 0/off/false (default off)",
+        "async ops copied on the user's own stream through pinned slots: on (fully FIXED \
+         reads of 64 KiB or less submitted to an idle stream), all (fully FIXED reads and \
+         writes with a FIXED buffer offset and size, up to 16 MiB, on any stream) or \
+         off; also 1/true, 0/false (default off)",
+    ),
+    (
+        STREAM_COPY_MB,
+        "with HIPFILE_STREAM_COPIES=all: the most pinned MiB of slots of each size above \
+         64 KiB (256 KiB, 1, 4 and 16 MiB), at least 16 (default 64)",
     ),
     (
         BUFFERED_WRITES,
@@ -265,6 +276,10 @@ pub struct Config {
     /// Which fully FIXED async reads stage ahead into a slot and copy on the user's own
     /// stream (`HIPFILE_STREAM_COPIES`, default off; [`StreamCopies`]).
     pub stream_copies: StreamCopies,
+    /// With [`StreamCopies::All`]: the most pinned bytes of slots of each size above
+    /// 64 KiB (`HIPFILE_STREAM_COPY_MB`); an op that finds no free slot takes the engine's
+    /// path.
+    pub stream_copy_cap_bytes: usize,
 }
 
 /// A switch: `1`/`on`/`true` or `0`/`off`/`false` (surrounding blanks ignored), `default`
@@ -399,6 +414,13 @@ impl Config {
                 Err(error) => return Err(ConfigError { reason: REASON_STREAM_COPIES, ..error }),
             },
         };
+        config.stream_copy_cap_bytes = parse_mib(
+            STREAM_COPY_MB,
+            get(STREAM_COPY_MB),
+            DEFAULT_STREAM_COPY_MB,
+            16,
+            REASON_STREAM_COPY_MB,
+        )?;
         config.buffered_writes = match get(BUFFERED_WRITES).as_deref().map(str::trim) {
             None | Some("thread") => BufferedWrites::Thread,
             Some("io_uring") => BufferedWrites::IoUring,
@@ -494,6 +516,7 @@ impl Config {
             use_io_uring: true,
             buffered_writes: BufferedWrites::Thread,
             stream_copies: StreamCopies::Off,
+            stream_copy_cap_bytes: DEFAULT_STREAM_COPY_MB * MIB,
         }
     }
 

@@ -85,7 +85,10 @@ impl Driver {
         // the ops the streams have reached (stream.rs, PrefetchBudget).
         let prefetch_cap_bytes = config.prefetch_cap_bytes() as u64;
         let slots = (config.stream_copies != StreamCopies::Off && device.copies_on_user_streams())
-            .then(|| SlotPool::new(Arc::clone(&device), config.stream_copies == StreamCopies::All));
+            .then(|| {
+                let all = config.stream_copies == StreamCopies::All;
+                SlotPool::new(Arc::clone(&device), all, config.stream_copy_cap_bytes)
+            });
         Arc::new(Driver {
             slots,
             compat_mode_allowed: AtomicBool::new(config.allow_compat_mode),

@@ -44,6 +44,7 @@ pub fn config(cpus: &[usize]) -> Config {
         use_io_uring: true,
         buffered_writes: BufferedWrites::Thread,
         stream_copies: hipfile_runtime::config::StreamCopies::Off,
+        stream_copy_cap_bytes: 64 << 20,
     };
     config.validate().expect("test config is valid");
     config

@@ -478,4 +478,10 @@ fn stream_copies_are_off_unless_asked_for() {
     for bad in ["yes", "ALL", "idle"] {
         rejected(&[("HIPFILE_STREAM_COPIES", bad)], &cpus(4), "HIPFILE_STREAM_COPIES");
     }
+    // The cap of each large slot size: 64 MiB unless set, at least 16.
+    assert_eq!(parse_ok(&[]).stream_copy_cap_bytes, 64 << 20);
+    assert_eq!(parse_ok(&[("HIPFILE_STREAM_COPY_MB", "256")]).stream_copy_cap_bytes, 256 << 20);
+    for bad in ["8", "-1", "lots"] {
+        rejected(&[("HIPFILE_STREAM_COPY_MB", bad)], &cpus(4), "HIPFILE_STREAM_COPY_MB");
+    }
 }
