@@ -229,7 +229,8 @@ impl AsyncOp {
     /// that the stream's copy leaves them unchanged; a failed fill turns the outcome into
     /// a driver error (the destination past the read is then undefined).
     pub(super) fn keep_destination_past(&self, outcome: Outcome) -> Outcome {
-        let Some(slot) = self.slot else { return outcome };
+        // A write's slot is only read by the stream's copy into it: nothing to keep.
+        let (Direction::Read, Some(slot)) = (self.direction, self.slot) else { return outcome };
         if self.slot_phase.load(Ordering::SeqCst) != SLOT_COPY_QUEUED {
             return outcome;
         }
