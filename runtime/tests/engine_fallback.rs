@@ -620,3 +620,39 @@ fn refused_files_an_exhausted_pool_and_many_requests_never_hang() {
         assert!(engine.fallback_pinned_bytes() <= cap, "{}", engine.fallback_pinned_bytes());
     }
 }
+
+/// Nothing is created on the data path: once the engine has started, reads and writes,
+/// sync and async, of a file io_uring refuses (fallback chunks) and of a plain one, with an
+/// exhausted fallback pool, make no internal stream, and the whole fallback pool exists
+/// from the start; a second such round makes no pinned allocation at all (the first made
+/// the streams' release words and the test's own staging). On CUDA either can wait for a lock that an
+/// application thread's blocked `cuStreamCreate` holds while it waits for streams our ops
+/// hold (README "Known limits"); the engine makes all of it when it starts.
+#[test]
+fn the_engine_allocates_nothing_and_makes_no_stream_once_started() {
+    let _serial = serial();
+    let rig = Arc::new(Rig::with(1, starved()));
+    let Some(cpu) = rig.cpu_only("counts the cpu device's allocations and streams") else {
+        return;
+    };
+    let engine = rig.driver.engine().expect("engine");
+    assert_eq!(engine.fallback_pinned_bytes(), engine.fallback_cap_bytes(), "made at start");
+    let started = cpu.stats();
+    assert_eq!(started.internal_streams_created, engine.executor_count() as u64);
+    let round = || {
+        let refused = Parallel::new(&rig, Target::ProcMem, 8, 2);
+        let served = Parallel::new(&rig, Target::File, 8, 2);
+        std::thread::scope(|scope| {
+            scope.spawn(|| served.go(&rig));
+            refused.go(&rig);
+        });
+    };
+    round();
+    let before = cpu.stats();
+    round();
+    let after = cpu.stats();
+    assert_eq!(after.internal_streams_created, started.internal_streams_created, "{after:?}");
+    assert_eq!(after.pinned_allocations, before.pinned_allocations, "{before:?} -> {after:?}");
+    assert!(after.bytes_host_to_device > before.bytes_host_to_device, "the round moved data");
+    assert_eq!(engine.fallback_pinned_bytes(), engine.fallback_cap_bytes());
+}

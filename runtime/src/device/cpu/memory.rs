@@ -373,7 +373,9 @@ impl HostMemory for CpuDevice {
     }
 
     fn alloc_pinned(&self, len_bytes: usize) -> Result<PinnedRegion, DeviceError> {
-        self.malloc_host(len_bytes)
+        let region = self.malloc_host(len_bytes)?;
+        super::stats::bump(&self.shared.stats.pinned_allocations, 1);
+        Ok(region)
     }
 
     unsafe fn free_pinned(&self, region: PinnedRegion) {

@@ -35,6 +35,12 @@ pub struct CpuDeviceStats {
     pub caller_copies: u64,
     /// See [`CpuDeviceStats::caller_copies`].
     pub caller_copies_while_ops_hold_streams: u64,
+    /// [`HostMemory::alloc_pinned`](crate::device::HostMemory::alloc_pinned) calls that
+    /// allocated, and internal streams made: what the engine must never do on its data
+    /// path (on CUDA such calls can wait for a lock a blocked `cuStreamCreate` holds).
+    pub pinned_allocations: u64,
+    /// See [`CpuDeviceStats::pinned_allocations`].
+    pub internal_streams_created: u64,
 }
 
 /// The live counters behind [`CpuDeviceStats`].
@@ -52,6 +58,8 @@ pub(super) struct StatCounters {
     pub(super) invalid_releases: AtomicU64,
     pub(super) caller_copies: AtomicU64,
     pub(super) caller_copies_while_ops_hold_streams: AtomicU64,
+    pub(super) pinned_allocations: AtomicU64,
+    pub(super) internal_streams_created: AtomicU64,
 }
 
 pub(super) fn bump(counter: &AtomicU64, amount: u64) {
@@ -74,6 +82,8 @@ impl StatCounters {
             invalid_releases: get(&self.invalid_releases),
             caller_copies: get(&self.caller_copies),
             caller_copies_while_ops_hold_streams: get(&self.caller_copies_while_ops_hold_streams),
+            pinned_allocations: get(&self.pinned_allocations),
+            internal_streams_created: get(&self.internal_streams_created),
         }
     }
 }

@@ -370,7 +370,9 @@ impl CpuDevice {
 
 impl DeviceCopies for CpuDevice {
     fn create_internal_stream(&self, device_ordinal: u32) -> Result<InternalStream, DeviceError> {
-        self.create_stream(device_ordinal).map(|stream| InternalStream::from_raw(stream.0))
+        let stream = self.create_stream(device_ordinal)?;
+        bump(&self.shared.stats.internal_streams_created, 1);
+        Ok(InternalStream::from_raw(stream.0))
     }
 
     fn destroy_internal_stream(&self, stream: InternalStream) {
