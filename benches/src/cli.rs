@@ -31,7 +31,7 @@ pub enum Command {
     /// devices and backends, memlock and pinned-memory limits, configuration in effect.
     Check(CheckArgs),
     /// The I/O statistics of a running process that uses hipfile-rs (its
-    /// /dev/shm/hipfile-rs-stats.<pid>), like hipFile's ais-stats: once, or refreshed.
+    /// /dev/shm/hipfile-rs-stats.PID), like hipFile's ais-stats: once, or refreshed.
     Stats(StatsArgs),
 }
 

@@ -1,4 +1,4 @@
-//! The C boundary: one macro, [`ffi_fn!`], declares every export of the library.
+//! The C boundary: one macro, `ffi_fn!`, declares every export of the library.
 //!
 //! It expands to `#[unsafe(no_mangle)] pub unsafe extern "C" fn` whose body runs under
 //! [`guard`]: a panic never unwinds into C; it becomes the value [`OnPanic`] gives for

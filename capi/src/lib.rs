@@ -13,7 +13,7 @@
 //! Built as `libhipfile.so` (soname `libhipfile.so.0`) and `libhipfile.a`; `hipfile.pc.in`
 //! and `install.sh` install both with the headers and a pkg-config file.
 //!
-//! Every export is declared through [`boundary::ffi_fn!`]: `#[unsafe(no_mangle)] pub
+//! Every export is declared through `boundary::ffi_fn!`: `#[unsafe(no_mangle)] pub
 //! unsafe extern "C" fn`, body under a guard that turns a panic into
 //! `hipFileInternalError`. The exports use one process-wide driver
 //! (`hipfile_runtime::driver::process::runtime`), configured from `HIPFILE_*`; the

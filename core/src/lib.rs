@@ -3,7 +3,7 @@
 //! It owns what every layer above must agree on:
 //! - [`OpError`]: every `hipFileOpError_t` code with its number and message;
 //! - [`StreamFlags`]: the stream flags, parsed so unknown bits are an error;
-//! - [`validate`] / [`revalidate`]: raw submission arguments → a [`ValidIo`] or the exact
+//! - [`validate()`] / [`revalidate`]: raw submission arguments → a [`ValidIo`] or the exact
 //!   hipFile error, in a documented order of checks;
 //! - [`PlanConfig`] / [`ChunkPlan`]: staging-sized chunks marked direct or buffered;
 //! - [`OpMachine`]: the async op state machine and the value published in `*bytes_p`;

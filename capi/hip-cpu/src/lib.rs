@@ -9,7 +9,7 @@
 //! GPU. (Kernels cannot run: a program that launches kernels needs a real GPU.)
 //!
 //! Everything runs on hipfile-rs's in-process cpu device *inside libhipfile*, reached
-//! through libhipfile's `hipfileCpu*` extension API ([`ext`]), so memory from `hipMalloc`
+//! through libhipfile's `hipfileCpu*` extension API ([`ext`](mod@ext)), so memory from `hipMalloc`
 //! is device memory to `hipFileBufRegister` and `hipFileRead`, and streams from
 //! `hipStreamCreate` are the streams `hipFileReadAsync` enqueues on.
 //!

@@ -564,15 +564,15 @@ pub trait StreamMemoryOps {
         }
     }
 
-    /// Whether [`StreamMemoryOps::copy_to_device_on_stream`] is supported: small fully
-    /// FIXED reads then stage ahead and copy on the user's own stream.
+    /// Whether [`StreamMemoryOps::copy_on_stream`] is supported: async ops may then copy
+    /// through pinned slots on the user's own stream (`HIPFILE_STREAM_COPIES`).
     fn copies_on_user_streams(&self) -> bool {
         false
     }
 
     /// Enqueues on a user stream a copy of `len_bytes` between pinned host memory at
     /// `host` and the device address `device_addr`: host → device for
-    /// [`Direction::Read`](hipfile_core::Direction::Read), device → host for `Write`; run
+    /// [`Direction::Read`], device → host for `Write`; run
     /// when the stream reaches it, in stream order.
     ///
     /// # Errors

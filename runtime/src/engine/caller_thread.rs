@@ -10,7 +10,7 @@ use crate::device::DeviceError;
 
 impl Engine {
     /// A request of at most one chunk, moved on the calling thread: `pread`/`pwrite`
-    /// with a pinned fallback chunk and one device copy ([`Device::copy_now`]). An
+    /// with a pinned fallback chunk and one device copy ([`DeviceCopies::copy_now`](crate::device::DeviceCopies::copy_now)). An
     /// executor would do the same work for it, one chunk with nothing to overlap, and
     /// the two hand-offs between threads cost more than the work for small requests
     /// (4 KiB on the H200: ~75 µs through an executor, against ~10 µs for `pread` + copy).
@@ -87,7 +87,7 @@ impl Engine {
     /// the whole request is aligned as the executors' plan would require (offsets to the
     /// page and the file's DIO alignment, the length to the DIO alignment) and, for a
     /// read, the page cache does not hold the whole range
-    /// ([`FileHandle::read_hits_page_cache`]); else the buffered one.
+    /// ([`FileHandle::read_hits_page_cache`](crate::file::FileHandle::read_hits_page_cache)); else the buffered one.
     fn caller_thread_descriptor(&self, request: &SyncRequest) -> (RawFd, ChunkMode) {
         let file = &request.file;
         if let (Some(fd), Some(dio)) = (file.direct_fd(), file.dio_alignment()) {

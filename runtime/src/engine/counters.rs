@@ -169,7 +169,7 @@ impl EngineStats {
     }
 }
 
-/// A snapshot of the engine's counters ([`Engine::stats`]).
+/// A snapshot of the engine's counters ([`Engine::stats`](crate::engine::Engine::stats)).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct EngineStatsSnapshot {
     /// Jobs completed.

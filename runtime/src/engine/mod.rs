@@ -386,7 +386,7 @@ impl Engine {
     /// Counts an async op as alive from before its wait-value is enqueued on an
     /// application stream until the ticket is dropped (the op is dropped after its
     /// release). While any is alive, a caller-thread copy must not take a path that a
-    /// held application stream can stall ([`Device::copy_now`]'s `ops_may_hold_streams`);
+    /// held application stream can stall ([`DeviceCopies::copy_now`](crate::device::DeviceCopies::copy_now)'s `ops_may_hold_streams`);
     /// on CUDA, whatever driver of the process the op belongs to.
     pub(crate) fn track_async_op(&self) -> AsyncOpTicket {
         self.async_ops_alive.fetch_add(1, Ordering::SeqCst);

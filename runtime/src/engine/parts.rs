@@ -75,7 +75,7 @@ pub(crate) fn combine(
 /// One part's result.
 pub(crate) type PartResult = (Outcome, Option<DeviceError>);
 
-/// Joins the results of a request split over several executors ([`Engine::parts`]).
+/// Joins the results of a request split over several executors ([`Engine::parts`](crate::engine::Engine::parts)).
 pub(crate) struct PartJoiner {
     direction: Direction,
     parts: Vec<(u64, u64)>,

@@ -10,7 +10,7 @@
 //! (to measure what recording costs). The file is removed at exit; files
 //! of processes that are gone are removed by the next process that starts statistics.
 //!
-//! In process: [`snapshot`] (Rust), `hipfileStatsGet*` (C, `hipfile_ext.h`).
+//! In process: [`snapshot()`] (Rust), `hipfileStatsGet*` (C, `hipfile_ext.h`).
 //! Another process: [`StatsSnapshot::of_process`].
 //!
 //! This file holds the page's layout, the recording (counters, histogram buckets) and the

@@ -22,7 +22,7 @@ pub(super) enum Origin {
     Allocated,
     /// Host memory owned by someone else, registered with `register_host`.
     Registered,
-    /// A gate word owned by a [`StreamGate`].
+    /// A gate word owned by a [`StreamGate`](crate::device::user::StreamGate).
     Gate,
 }
 

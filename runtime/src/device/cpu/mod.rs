@@ -130,7 +130,7 @@ pub struct CpuDevice {
     /// Workers of destroyed streams, still draining (joined at drop).
     retired: Mutex<Vec<JoinHandle<()>>>,
     events: Mutex<HashMap<usize, EventEntry>>,
-    /// Streams for [`DeviceCopies::copy_now`] on callers' threads, per device, reused.
+    /// Streams for [`DeviceCopies::copy_now`](crate::device::DeviceCopies::copy_now) on callers' threads, per device, reused.
     caller_streams: Mutex<Vec<(u32, usize)>>,
 }
 

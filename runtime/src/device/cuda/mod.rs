@@ -65,7 +65,7 @@ use copies::{CallerCopy, min_copy_bytes_from_environment};
 use hardware_queues::{HardwareQueues, MAX_CONNECTIONS_VARIABLE, set_max_connections};
 
 /// An internal stream and the device it belongs to (boxed; an `InternalStream` of this
-/// device holds the box's address; see [`CudaDevice::internal`]).
+/// device holds the box's address; see `GpuBackend::on_stream`).
 pub(crate) struct InternalEntry {
     stream: CUstream,
     ordinal: u32,
@@ -101,7 +101,7 @@ pub(crate) struct CudaDevice {
     handles: OwnedHandles<InternalEntry, EventEntry>,
     /// Primary contexts (retained): the application's streams and memory live here.
     contexts: Vec<usize>,
-    /// Engine contexts, made on first use ([`contexts::ENGINE_CONTEXTS`]).
+    /// Engine contexts, made on first use (`contexts::ENGINE_CONTEXTS`).
     engine_contexts: Vec<std::sync::OnceLock<EngineContext>>,
     memops: Vec<bool>,
     /// Per device: non-blocking streams of the engine context for

@@ -4,7 +4,7 @@
 //! - this module: start, the run loop, jobs from start to completion, teardown;
 //! - [`arena`]: finding and registering the staging arena;
 //! - [`files`]: the executor's descriptors per registered file;
-//! - [`read`] and [`write`]: the chunk pipelines;
+//! - [`read`] and [`write`](mod@write): the chunk pipelines;
 //! - [`copies`]: device copies in flight and waiting for them without blocking.
 
 mod arena;

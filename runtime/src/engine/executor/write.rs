@@ -137,7 +137,7 @@ impl Executor {
 
     /// Allocates staging for one chunk (arena DMA buffer, or fallback when the buffer
     /// glommio hands out lies outside the arena or io_uring refuses the file) and enqueues
-    /// the device → host copy; from host memory ([`IoJob::host_memory`]) the bytes are
+    /// the device → host copy; from host memory ([`IoJob::host_memory`](crate::engine::IoJob::host_memory)) the bytes are
     /// copied in at once and there is no event.
     ///
     /// A fallback chunk is waited for only when the job `holds_none` (nothing staged or
