@@ -182,9 +182,11 @@ pub(crate) struct AsyncOp {
     /// The file's change stamp when the prefetch started.
     prefetch_stamp: Mutex<Option<ChangeStamp>>,
     hazard: Hazard,
-    /// A small fully FIXED read's staging slot: its bytes are copied on the user's own
-    /// stream ([`stream_copy`]).
+    /// The op's staging slot: its bytes are copied on the user's own stream
+    /// ([`stream_copy`]).
     slot: Option<slots::Slot>,
+    /// What the slot serves (`Some` with a slot).
+    slot_use: Option<stream_copy::SlotUse>,
     /// Whether the slot is still the op's to give back (`stream_copy::SLOT_HELD`) or
     /// handed to the pool.
     slot_phase: AtomicU8,
@@ -218,12 +220,16 @@ impl AsyncOp {
         // `HIPFILE_STREAM_COPIES=on`, small ones only on a stream whose earlier ops are
         // all released (the op's predecessor released the word): there it shortens the
         // op's round trip; behind ops in flight the engine's path moves more of them per
-        // second (README, Measured). With `all`, every one the slots hold whose range lies
-        // inside the file now (a short read would need a CUDA copy to keep the rest of
-        // the destination), so that its release needs no CUDA call; and writes with a
-        // FIXED source range, whose bytes the stream copies into the slot before the op's
+        // second (README, Measured). With `all`, every op of up to 16 MiB whose device
+        // range is FIXED, so that its release needs no CUDA call (`stream_copy`): reads
+        // inside the file are staged now, other reads when the stream reaches them, and
+        // writes have the stream copy their source into the slot before the op's
         // doorbell.
-        let slot = AsyncOp::wants_slot(&*host, blocking_fallback, eligible, state, &parts);
+        let (slot, slot_use) =
+            match AsyncOp::wants_slot(&*host, blocking_fallback, eligible, state, &parts) {
+                Some((slot, slot_use)) => (Some(slot), Some(slot_use)),
+                None => (None, None),
+            };
         let prefetch = slot.is_none() && eligible && state.admit_prefetch(parts.io.size_bytes());
         let hazard = match parts.direction {
             Direction::Write => {
@@ -256,6 +262,7 @@ impl AsyncOp {
             prefetch_stamp: Mutex::new(None),
             hazard,
             slot,
+            slot_use,
             slot_phase: AtomicU8::new(stream_copy::SLOT_HELD),
             slot_flow: AtomicU8::new(0),
             slot_outcome: Mutex::new(None),

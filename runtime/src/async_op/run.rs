@@ -20,7 +20,7 @@ impl AsyncOp {
             self.release_host();
             return;
         }
-        if self.slot.is_some() && self.direction == Direction::Read {
+        if self.stages_slot_at_submission() {
             self.arm_slot();
             return;
         }
@@ -35,6 +35,8 @@ impl AsyncOp {
         });
         let Some(io) = bound else {
             self.set_state(OpEvent::BindFailed);
+            // A read at arm's stream copies its slot: it must hold the destination's bytes.
+            self.keep_destination_past(Outcome::Library(OpError::InvalidValue));
             self.publish(Outcome::Library(OpError::InvalidValue));
             return;
         };
@@ -48,7 +50,14 @@ impl AsyncOp {
         match self.host.engine() {
             Ok(engine) => {
                 self.set_state(OpEvent::Start);
-                self.post(engine, io, None);
+                if self.reads_slot_at_arm() {
+                    self.post_slot_read(engine, io);
+                } else {
+                    self.post(engine, io, None);
+                }
+            }
+            Err(error) if self.reads_slot_at_arm() => {
+                self.slot_read_at_arm_done(Outcome::Library(error.code));
             }
             Err(error) => self.publish(Outcome::Library(error.code)),
         }

@@ -1,12 +1,22 @@
-//! Small fully FIXED reads copied on the user's own stream (see [`super::slots`]): the
-//! op's slot, the copy enqueued at submission, the read posted at once, and the meeting of
-//! the two finishers — the engine having staged the bytes and the stream having reached
-//! the op — after which whichever came second publishes and releases from the host.
+//! Ops copied on the user's own stream (see [`super::slots`]): the op's slot, the copy
+//! enqueued at submission, and the release from the host.
+//!
+//! - A fully FIXED read inside the file ([`SlotUse::StagedRead`]) is posted at once; the
+//!   engine having staged the bytes and the stream having reached the op are two
+//!   finishers, and whichever comes second publishes and releases.
+//! - A read whose destination range is FIXED but whose file range is not known to lie
+//!   inside the file, or may not be read ahead ([`SlotUse::ReadAtArm`]: its file offset
+//!   binds late, it reaches past the end of the file now, or an unfinished write overlaps
+//!   it), is read into its slot when the stream reaches it, in stream order.
+//! - A write with a FIXED source range ([`SlotUse::Write`]) has its stream copy the
+//!   source into the slot ahead of its doorbell; the engine writes the file from there.
 //!
 //! A read that comes back short, fails, or is aborted leaves the destination as it was:
 //! before the release, the slot's bytes past what was read are filled from the
 //! destination itself (a device → host copy on a library stream; the stream is held on
 //! the op, so its earlier work is done), and the stream's copy writes them back unchanged.
+//! That fill is the one device call these paths make between the stream reaching an op
+//! and its release (README, Known limits).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -22,6 +32,18 @@ const STAGED: u8 = 1;
 /// The stream reached the op.
 const ARMED: u8 = 2;
 
+/// What an op's slot serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum SlotUse {
+    /// A fully FIXED read inside the file, staged into the slot at submission.
+    StagedRead,
+    /// A read with a FIXED destination range, read into the slot when the stream reaches
+    /// it (its file offset bound then).
+    ReadAtArm,
+    /// A write with a FIXED source range, copied into the slot by its stream.
+    Write,
+}
+
 /// Where an op's slot is: still the op's to give back (no copy out of it enqueued).
 pub(super) const SLOT_HELD: u8 = 0;
 /// The stream's copy out of it is enqueued (the slot is the pool's to reclaim after it).
@@ -33,45 +55,58 @@ pub(super) const SLOT_LOST: u8 = 3;
 
 impl AsyncOp {
     /// A slot for an op on a device that copies on user streams and holds them on
-    /// wait-values, `None` otherwise or when none is free. A read must be able to prefetch
-    /// (`prefetchable`: fully FIXED, no overlapping write): with `HIPFILE_STREAM_COPIES=on`
-    /// one of at most [`SLOT_BYTES`] on an idle stream (its predecessor released), with
-    /// `all` one of at most [`MAX_SLOT_BYTES`] whose range lies inside the file now. A
-    /// write, only with `all`: of at most [`MAX_SLOT_BYTES`], with its buffer offset and
-    /// size FIXED (the source range is known at submission; the file offset may be read
-    /// when the stream reaches it).
+    /// wait-values, and what it serves; `None` otherwise or when none is free.
+    /// - With `HIPFILE_STREAM_COPIES=on`: a read that may prefetch (`prefetchable`: fully
+    ///   FIXED, no overlapping write) of at most [`SLOT_BYTES`] on an idle stream (its
+    ///   predecessor released).
+    /// - With `all`, ops of at most [`MAX_SLOT_BYTES`]: a read that may prefetch and lies
+    ///   inside the file now is staged at once; any other read whose buffer offset and
+    ///   size are FIXED (its destination range is known at submission) is read when the
+    ///   stream reaches it; a write whose buffer offset and size are FIXED (its source
+    ///   range is known; its file offset may bind late).
     pub(super) fn wants_slot(
         host: &dyn super::OpHost,
         blocking_fallback: bool,
         prefetchable: bool,
         state: &crate::stream::StreamState,
         parts: &super::OpParts,
-    ) -> Option<Slot> {
+    ) -> Option<(Slot, SlotUse)> {
         if blocking_fallback {
             return None;
         }
         let pool = host.slots()?;
         let size_bytes = parts.io.size_bytes();
+        let device_range_fixed =
+            state.flags.contains(StreamFlags::FIXED_BUF_OFFSET | StreamFlags::FIXED_FILE_SIZE);
+        let fits = size_bytes <= MAX_SLOT_BYTES as u64;
         let wanted = match (parts.direction, pool.all_reads()) {
-            (Direction::Read, true) => {
-                prefetchable
-                    && size_bytes <= MAX_SLOT_BYTES as u64
-                    && parts.file.size_bytes().is_ok_and(|file| parts.io.file_end_bytes() <= file)
+            (Direction::Read, true) if fits => {
+                let inside =
+                    parts.file.size_bytes().is_ok_and(|file| parts.io.file_end_bytes() <= file);
+                if prefetchable && inside {
+                    Some(SlotUse::StagedRead)
+                } else {
+                    device_range_fixed.then_some(SlotUse::ReadAtArm)
+                }
             }
-            (Direction::Read, false) => {
-                prefetchable
-                    && size_bytes <= SLOT_BYTES as u64
-                    && state.word().load() == parts.sequence.wrapping_sub(1)
-            }
-            (Direction::Write, all) => {
-                let source_fixed = StreamFlags::FIXED_BUF_OFFSET | StreamFlags::FIXED_FILE_SIZE;
-                all && state.flags.contains(source_fixed) && size_bytes <= MAX_SLOT_BYTES as u64
-            }
-        };
-        if !wanted {
-            return None;
-        }
-        pool.try_take(size_bytes as usize)
+            (Direction::Read, false) => (prefetchable
+                && size_bytes <= SLOT_BYTES as u64
+                && state.word().load() == parts.sequence.wrapping_sub(1))
+            .then_some(SlotUse::StagedRead),
+            (Direction::Write, true) if fits && device_range_fixed => Some(SlotUse::Write),
+            _ => None,
+        }?;
+        pool.try_take(size_bytes as usize).map(|slot| (slot, wanted))
+    }
+
+    /// Whether the op is a read staged into its slot at submission.
+    pub(super) fn stages_slot_at_submission(&self) -> bool {
+        self.slot.is_some() && self.slot_use == Some(SlotUse::StagedRead)
+    }
+
+    /// Whether the op is a read into its slot when the stream reaches it.
+    pub(super) fn reads_slot_at_arm(&self) -> bool {
+        self.slot.is_some() && self.slot_use == Some(SlotUse::ReadAtArm)
     }
 
     /// For a write with a slot (`HIPFILE_STREAM_COPIES=all`): enqueues on its stream,
@@ -156,23 +191,31 @@ impl AsyncOp {
     }
 
     /// Posts the read of the whole op into its slot (no gate: the bytes stay in the slot
-    /// until the release lets the stream copy them).
-    pub(super) fn post_slot_read(self: &Arc<Self>, engine: &Engine) {
+    /// until the release lets the stream copy them): at submission for a staged read (the
+    /// parameters as submitted), at arm for a read at arm (the parameters as bound).
+    pub(super) fn post_slot_read(self: &Arc<Self>, engine: &Engine, io: hipfile_core::ValidIo) {
         let Some(slot) = self.slot else { return };
+        let at_arm = self.reads_slot_at_arm();
         let Some(guard) = self.share_guard() else {
-            self.slot_staged(Outcome::Library(OpError::InternalError));
+            let failed = Outcome::Library(OpError::InternalError);
+            if at_arm {
+                self.slot_read_at_arm_done(failed)
+            } else {
+                self.slot_staged(failed)
+            }
             return;
         };
         let op = Arc::clone(self);
-        let done: crate::engine::JobDone =
-            Box::new(move |end: JobEnd<'_>| op.slot_staged(end.outcome));
+        let done: crate::engine::JobDone = Box::new(move |end: JobEnd<'_>| {
+            if at_arm { op.slot_read_at_arm_done(end.outcome) } else { op.slot_staged(end.outcome) }
+        });
         let job = IoJob {
             file: Arc::clone(&self.file),
             guard,
             direction: Direction::Read,
-            file_offset_bytes: self.submitted.file_offset_bytes(),
-            device_addr: self.submitted.device_addr(),
-            len_bytes: self.submitted.size_bytes(),
+            file_offset_bytes: io.file_offset_bytes(),
+            device_addr: io.device_addr(),
+            len_bytes: io.size_bytes(),
             device_ordinal: self.device_ordinal,
             wait_for_copies: false,
             arm_gate: None,
@@ -181,6 +224,16 @@ impl AsyncOp {
             done: Completion::new(Arc::clone(self.host.device()), done),
         };
         engine.post(self.stream.executor, job);
+    }
+
+    /// A read at arm came back (or could not start): keep the destination past what it
+    /// read, publish and release from the host.
+    pub(super) fn slot_read_at_arm_done(&self, outcome: Outcome) {
+        let outcome = self.keep_destination_past(outcome);
+        let stats = self.host.async_stats();
+        stats.stream_copies.fetch_add(1, Ordering::Relaxed);
+        self.note_release(stats);
+        self.publish(outcome);
     }
 
     /// The engine staged the op's bytes (or failed): finish if the stream is there.
@@ -207,7 +260,7 @@ impl AsyncOp {
             self.host.async_stats().prefetches_redone.fetch_add(1, Ordering::Relaxed);
             self.slot_flow.fetch_and(!STAGED, Ordering::SeqCst);
             match self.host.engine() {
-                Ok(engine) => self.post_slot_read(engine),
+                Ok(engine) => self.post_slot_read(engine, self.submitted),
                 Err(error) => self.slot_staged(Outcome::Library(error.code)),
             }
             return;

@@ -45,8 +45,8 @@ impl AsyncOp {
         let admitted = self.holds_prefetch_window.load(Ordering::SeqCst);
         let prefetch_gate =
             if admitted && self.slot.is_none() { self.start_prefetch(engine) } else { None };
-        if self.slot.is_some() && self.direction == Direction::Read {
-            // A slot read prefetches without a gate (`stream_copy`).
+        if self.stages_slot_at_submission() {
+            // A staged slot read prefetches without a gate (`stream_copy`).
             self.set_state(OpEvent::Prefetch);
             self.note_prefetch_start();
         }
@@ -68,9 +68,9 @@ impl AsyncOp {
             self.host.async_stats().prefetched.fetch_add(1, Ordering::Relaxed);
             self.post(engine, self.submitted, Some(receiver));
         }
-        if self.slot.is_some() && self.direction == Direction::Read {
+        if self.stages_slot_at_submission() {
             self.host.async_stats().prefetched.fetch_add(1, Ordering::Relaxed);
-            self.post_slot_read(engine);
+            self.post_slot_read(engine, self.submitted);
         }
         if self.wants_deferred_prefetch {
             let op = Arc::downgrade(self);

@@ -271,7 +271,25 @@ fn expected(flags: u32, c: Change) -> Option<(usize, usize, usize)> {
 #[test]
 fn deferred_binding_matrix_over_all_flags() {
     // Buffered I/O only: the "size -1" writes would hit the bug of async_direct.rs.
-    let rig = Rig::with(1, unaligned_write_config());
+    binding_matrix(unaligned_write_config());
+}
+
+/// The same matrix with `HIPFILE_STREAM_COPIES=all`: ops whose device range is FIXED
+/// (flags 5, 7, 13, 15) go through slots copied on the stream — reads read at arm or
+/// staged, writes copied into the slot before the doorbell — and bind exactly as the
+/// engine's path does; an invalid late parameter leaves the destination as it was.
+#[test]
+fn deferred_binding_matrix_with_every_fixed_range_copied_on_the_stream() {
+    let config = hipfile_runtime::config::Config {
+        stream_copies: hipfile_runtime::config::StreamCopies::All,
+        ..unaligned_write_config()
+    };
+    binding_matrix(config);
+}
+
+fn binding_matrix(config: hipfile_runtime::config::Config) {
+    let copies_on_stream = config.stream_copies == hipfile_runtime::config::StreamCopies::All;
+    let rig = Rig::with(1, config);
     let t = Paused::with(rig, "matrix", MATRIX_FILE, MATRIX_BUFFER);
     let source = pattern(14, MATRIX_BUFFER);
     let flag_sets = (0..16u32).map(Some).chain([None]);
@@ -286,11 +304,21 @@ fn deferred_binding_matrix_over_all_flags() {
                     source.clone()
                 };
                 t.rig.set_dev_bytes(t.buffer, &fill);
+                let copies_before = t.rig.driver.async_stats().stream_copies.load(Ordering::SeqCst);
                 let p = params(MATRIX_SIZE, MATRIX_FILE_OFFSET, MATRIX_BUFFER_OFFSET);
                 t.run(direction, stream, &p, |p| {
                     let size = (MATRIX_SIZE as i64 + c.size) as usize;
                     set(p, size, MATRIX_FILE_OFFSET + c.file, MATRIX_BUFFER_OFFSET + c.buffer);
                 });
+                let copied =
+                    t.rig.driver.async_stats().stream_copies.load(Ordering::SeqCst) - copies_before;
+                // A read that fails to bind moves no bytes (its stream copies the
+                // destination's own bytes back); a write's source went into its slot.
+                let range_fixed = flags.is_some_and(|f| f & 5 == 5);
+                let moved =
+                    direction == Direction::Write || expected(flags.unwrap_or(0), c).is_some();
+                let want_copied = u64::from(copies_on_stream && range_fixed && moved);
+                assert_eq!(copied, want_copied, "{what}: copied on the stream");
                 let Some((n, f, b)) = expected(flags.unwrap_or(0), c) else {
                     assert_eq!(bytes(&p), neg(OpError::InvalidValue), "{what}");
                     assert_bytes(&t.rig.dev_bytes(t.buffer, MATRIX_BUFFER), &fill, &what);

@@ -7,6 +7,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use hipfile_core::OpError;
 use hipfile_runtime::AsyncParams;
 use hipfile_runtime::config::{Config, StreamCopies};
 
@@ -223,18 +224,22 @@ fn blocking_executors_read_straight_into_the_slot() {
 
 /// `HIPFILE_STREAM_COPIES=all`: fully FIXED reads of up to 16 MiB are copied on their own
 /// stream also behind ops in flight (all queued on one held stream), so their release is a
-/// host write and needs no CUDA call; a read reaching past the end of the file, one over
-/// 16 MiB and one on a stream without FIXED flags take the engine's path. Every byte
-/// lands where it should.
+/// host write and needs no CUDA call — those inside the file staged at once, one reaching
+/// past the end of the file read when the stream reaches it (short: the rest of its
+/// destination stays as it was); a read over 16 MiB and one on a stream without FIXED
+/// flags take the engine's path. Every byte lands where it should.
 #[test]
-fn with_all_every_fixed_read_inside_the_file_is_copied_on_its_stream() {
+fn with_all_every_fixed_read_is_copied_on_its_stream() {
     let rig = Rig::with(1, Config { stream_copies: StreamCopies::All, ..small_config() });
     let file_len = 40 * MIB;
     let t = Paused::with(rig, "stream-copies-all", file_len, 40 * MIB);
+    let old = pattern(97, 40 * MIB);
+    t.rig.set_dev_bytes(t.buffer, &old);
     let fixed = t.rig.registered_stream(15);
     let plain = t.rig.registered_stream(0);
     let gate = t.rig.pause(fixed).expect("pause");
     let before = stream_copies(&t.rig);
+    let read_before = t.rig.driver.file(t.handle).expect("file").counters().read_bytes();
     let sizes = [4096, 64 * KIB, 256 * KIB + 4096, MIB, 3 * MIB, 16 * MIB];
     let mut placed = Vec::new();
     let mut at = 0usize;
@@ -242,19 +247,25 @@ fn with_all_every_fixed_read_inside_the_file_is_copied_on_its_stream() {
         let file_offset = (i * 5 + 1) * 4096;
         let p = params(size, file_offset as i64, at as i64);
         read(&t, &p, fixed);
-        placed.push((p, size, file_offset, at));
+        placed.push((p, size, size, file_offset, at));
         at += size + 4096;
     }
-    // Past the end of the file (short: 4 KiB), over the largest slot, and unfixed.
-    let engine_reads = [
+    let staged: usize = sizes.iter().sum();
+    wait_until("the reads inside the file staged", || {
+        t.rig.driver.file(t.handle).expect("file").counters().read_bytes() - read_before
+            == staged as u64
+    });
+    // Past the end of the file (short: 4 KiB; read at arm), over the largest slot, and
+    // unfixed.
+    let later = [
         (8 * KIB, file_len - 4096, 4096, fixed),
         (16 * MIB + 4096, 4096, 16 * MIB + 4096, fixed),
         (64 * KIB, 8192, 64 * KIB, plain),
     ];
-    for &(size, file_offset, want, stream) in &engine_reads {
+    for &(size, file_offset, want, stream) in &later {
         let p = params(size, file_offset as i64, at as i64);
         read(&t, &p, stream);
-        placed.push((p, want, file_offset, at));
+        placed.push((p, size, want, file_offset, at));
         at += size + 4096;
     }
     assert!(at <= 40 * MIB);
@@ -263,12 +274,60 @@ fn with_all_every_fixed_read_inside_the_file_is_copied_on_its_stream() {
     t.rig.sync(fixed);
     t.rig.sync(plain);
     let got = t.rig.dev_bytes(t.buffer, at);
-    for (p, want, file_offset, at) in &placed {
+    for (p, size, want, file_offset, at) in &placed {
         assert_eq!(bytes(p), *want as isize, "{want} bytes at file offset {file_offset}");
         let what = format!("{want} bytes at file offset {file_offset}");
         assert_bytes(&got[*at..at + want], &t.data[*file_offset..file_offset + want], &what);
+        let past = format!("{what}: the destination past the bytes read");
+        assert_bytes(&got[at + want..at + size], &old[at + want..at + size], &past);
     }
-    assert_eq!(stream_copies(&t.rig) - before, sizes.len() as u64, "the fixed reads inside");
+    let copied = stream_copies(&t.rig) - before;
+    assert_eq!(copied, sizes.len() as u64 + 1, "the fixed reads of up to 16 MiB");
+}
+
+/// `HIPFILE_STREAM_COPIES=all`: a read whose destination range is FIXED but whose file
+/// offset is not (flags 5) is read into its slot when the stream reaches it, at the
+/// file offset its parameters hold then; a fully FIXED read of a range an earlier write
+/// of the same stream is still to write (here past the end of the file, which the write
+/// extends) is read when the stream reaches it too, and sees the write. A late file
+/// offset that is invalid fails the read with -5022, the destination as it was.
+#[test]
+fn with_all_reads_with_a_fixed_destination_are_read_when_the_stream_reaches_them() {
+    let rig = Rig::with(1, Config { stream_copies: StreamCopies::All, ..small_config() });
+    let file_len = 4 * MIB;
+    let t = Paused::with(rig, "stream-copies-at-arm", file_len, 4 * MIB);
+    let old = pattern(96, 4 * MIB);
+    t.rig.set_dev_bytes(t.buffer, &old);
+    let (late, fixed) = (t.rig.registered_stream(5), t.rig.registered_stream(15));
+    let gates = [t.rig.pause(late).expect("pause"), t.rig.pause(fixed).expect("pause")];
+    let before = stream_copies(&t.rig);
+    // Late file offset: submitted as 0, bound as 1 MiB + 4 KiB; and one bound invalid.
+    let bound_late = params(256 * KIB, 0, 0);
+    read(&t, &bound_late, late);
+    bound_late.file_offset_bytes.store((MIB + 4096) as i64, Ordering::SeqCst);
+    let invalid = params(64 * KIB, 0, (256 * KIB) as i64);
+    read(&t, &invalid, late);
+    invalid.file_offset_bytes.store(-4096, Ordering::SeqCst);
+    // Stream order: write 256 KiB from the buffer at 2 MiB to the file's last 64 KiB and
+    // past, then read them back into the buffer at 3 MiB.
+    let write = params(256 * KIB, (file_len - 64 * KIB) as i64, (2 * MIB) as i64);
+    t.rig.write(t.handle, t.buffer, &write, fixed);
+    let read_back = params(256 * KIB, (file_len - 64 * KIB) as i64, (3 * MIB) as i64);
+    read(&t, &read_back, fixed);
+    drop(gates);
+    t.rig.sync(late);
+    t.rig.sync(fixed);
+    assert_eq!(bytes(&bound_late), (256 * KIB) as isize);
+    assert_eq!(bytes(&invalid), neg(OpError::InvalidValue));
+    assert_eq!(bytes(&write), (256 * KIB) as isize);
+    assert_eq!(bytes(&read_back), (256 * KIB) as isize, "the file as the write left it");
+    let got = t.rig.dev_bytes(t.buffer, 4 * MIB);
+    let at_late = &t.data[MIB + 4096..MIB + 4096 + 256 * KIB];
+    assert_bytes(&got[..256 * KIB], at_late, "at the late file offset");
+    assert_bytes(&got[256 * KIB..320 * KIB], &old[256 * KIB..320 * KIB], "the failed read's");
+    let written = &old[2 * MIB..2 * MIB + 256 * KIB];
+    assert_bytes(&got[3 * MIB..3 * MIB + 256 * KIB], written, "read back after the write");
+    assert_eq!(stream_copies(&t.rig) - before, 3, "two reads and the write (not the failed)");
 }
 
 /// `HIPFILE_STREAM_COPIES=all`, writes: a fully FIXED write of up to 16 MiB has its bytes
