@@ -1,10 +1,12 @@
 #!/bin/bash
 # HIPFILE_STREAM_COPIES=all against the default engine path, one binary, one run, the
-# variants (VARIANTS, default "off all all-1g": all-1g = all with HIPFILE_STREAM_COPY_MB=1024,
-# room for every 16 MiB op in flight) interleaved ROUNDS times (default 1): 16 MiB reads at 1/8/16 streams, 16 MiB
+# variants (VARIANTS, default "off all all-1g all-late": all-1g = all with
+# HIPFILE_STREAM_COPY_MB=1024, room for every 16 MiB op in flight; all-late = all-1g with
+# streams registered with flags 5, so that every read is read into its slot when the
+# stream reaches it: its file offset binds late) interleaved ROUNDS times (default 1): 16 MiB reads at 1/8/16 streams, 16 MiB
 # writes at 8 streams, 4 KiB and 64 KiB random reads at 8 streams, the 4 KiB latency;
 # every byte verified (the bench's default). The bench registers streams with flags 7
-# (fully FIXED), so every op of 16 MiB or less may take a slot; the counters line says
+# (fully FIXED) except in all-late, so every op of 16 MiB or less may take a slot; the counters line says
 # how many were copied on their streams (an op that finds no free slot, past
 # HIPFILE_STREAM_COPY_MB of one size, takes the engine's path). Usage, with
 # target/gpu-bundle built:
@@ -17,19 +19,21 @@ file=/tmp/hf-copies-all.dat
 export HIPFILE_DEVICE=cuda
 log=$out/copies-all.txt; : > "$log"
 for round in $(seq 1 "${ROUNDS:-1}"); do
-  for variant in ${VARIANTS:-off all all-1g}; do
+  for variant in ${VARIANTS:-off all all-1g all-late}; do
+    flags=7
     case $variant in
       all-1g) export HIPFILE_STREAM_COPIES=all HIPFILE_STREAM_COPY_MB=1024;;
+      all-late) export HIPFILE_STREAM_COPIES=all HIPFILE_STREAM_COPY_MB=1024; flags=5;;
       *) export HIPFILE_STREAM_COPIES=$variant; unset HIPFILE_STREAM_COPY_MB;;
     esac
     echo "=== round=$round $variant (HIPFILE_STREAM_COPIES=$HIPFILE_STREAM_COPIES ${HIPFILE_STREAM_COPY_MB:+HIPFILE_STREAM_COPY_MB=$HIPFILE_STREAM_COPY_MB})" >> "$log"
-    timeout -s KILL 120 "$bench" --mode read --streams 1,8,16 --io-size 16M --no-baselines \
+    timeout -s KILL 120 "$bench" --mode read --streams 1,8,16 --io-size 16M --no-baselines --flags "$flags" \
       --file "$file" --file-size 2G --json "$out/read-$variant-$round.json" >> "$log" 2>&1
-    timeout -s KILL 90 "$bench" --mode write --streams 8 --io-size 16M --no-baselines \
+    timeout -s KILL 90 "$bench" --mode write --streams 8 --io-size 16M --no-baselines --flags "$flags" \
       --file "$file" --file-size 2G --json "$out/write-$variant-$round.json" >> "$log" 2>&1
-    timeout -s KILL 90 "$bench" --mode randread --io-size 4K,64K --streams 8 --reps 1 --no-baselines \
+    timeout -s KILL 90 "$bench" --mode randread --io-size 4K,64K --streams 8 --reps 1 --no-baselines --flags "$flags" \
       --file "$file" --file-size 2G --json "$out/randread-$variant-$round.json" >> "$log" 2>&1
-    timeout -s KILL 60 "$bench" --latency --no-baselines --file "$file" --file-size 256M \
+    timeout -s KILL 60 "$bench" --latency --no-baselines --flags "$flags" --file "$file" --file-size 256M \
       --json "$out/latency-$variant-$round.json" >> "$log" 2>&1
   done
 done

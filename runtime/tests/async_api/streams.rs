@@ -534,23 +534,26 @@ fn streams_made_while_ops_hold_streams() {
     streams_made_during(Rig::new(), Direction::Write, 4, 256 * KIB, flags);
 }
 
-/// The same with reads copied on their own streams (`HIPFILE_STREAM_COPIES=all`, fully
-/// FIXED reads inside the file): their release is a host write, no CUDA call, so nothing a
-/// blocked `cuStreamCreate` holds can stop it. Every op must have been copied on its
-/// stream.
+/// The same with reads copied on their own streams (`HIPFILE_STREAM_COPIES=all`: streams
+/// with a FIXED destination range, reads staged at submission (flags 15, 7) or read when
+/// the stream reaches them (5, 13: the file offset binds late)): their release is a host
+/// write, no CUDA call, so nothing a blocked `cuStreamCreate` holds can stop it. Every op
+/// must have been copied on its stream.
 #[test]
 fn streams_made_while_reads_copied_on_their_streams_hold_streams() {
     let rig = Rig::with(1, Config { stream_copies: StreamCopies::All, ..small_config() });
-    let copies = streams_made_during(rig, Direction::Read, 4, 256 * KIB, [Some(15); 4]);
+    let flags = [Some(15), Some(5), Some(7), Some(13)];
+    let copies = streams_made_during(rig, Direction::Read, 4, 256 * KIB, flags);
     assert_eq!(copies, 8 * 4 * 6, "every read copied on its own stream");
 }
 
 /// The same with writes whose bytes their stream copies into a slot ahead of their
-/// doorbell (`HIPFILE_STREAM_COPIES=all`, fully FIXED).
+/// doorbell (`HIPFILE_STREAM_COPIES=all`, buffer offset and size FIXED).
 #[test]
 fn streams_made_while_writes_copied_into_slots_hold_streams() {
     let rig = Rig::with(1, Config { stream_copies: StreamCopies::All, ..small_config() });
-    let copies = streams_made_during(rig, Direction::Write, 4, 256 * KIB, [Some(15); 4]);
+    let flags = [Some(15), Some(5), Some(7), Some(13)];
+    let copies = streams_made_during(rig, Direction::Write, 4, 256 * KIB, flags);
     assert_eq!(copies, 8 * 4 * 6, "every write copied into a slot on its own stream");
 }
 
