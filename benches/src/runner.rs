@@ -80,6 +80,7 @@ struct StatsInfo {
     caller_thread_requests_beside_ops: u64,
     blocking_jobs: u64,
     fallback_waits: u64,
+    host_memory_preads: u64,
     async_submitted: u64,
     async_prefetched: u64,
     device_releases: u64,
@@ -346,6 +347,7 @@ fn stats(b: &Bench) -> Option<StatsInfo> {
         caller_thread_requests_beside_ops: engine.caller_thread_requests_beside_ops,
         blocking_jobs: engine.blocking_jobs,
         fallback_waits: engine.fallback_waits,
+        host_memory_preads: engine.host_memory_preads,
         async_submitted: load(&a.submitted),
         async_prefetched: load(&a.prefetched),
         device_releases: load(&a.device_releases),
@@ -360,13 +362,14 @@ fn stats(b: &Bench) -> Option<StatsInfo> {
 
 fn print_stats(s: &StatsInfo) {
     println!(
-        "hipfile-rs counters: {} engine jobs ({} arena chunks, {} fallback, {} waits for a fallback chunk, {} sync retries; {} on blocking executors), {} requests on the caller's thread ({} while async ops were alive); async {} submitted, {} prefetched, {} copied on the user's stream, {} device / {} host releases; file {} MiB O_DIRECT + {} MiB buffered read, {} MiB O_DIRECT + {} MiB buffered written",
+        "hipfile-rs counters: {} engine jobs ({} arena chunks, {} fallback, {} waits for a fallback chunk, {} sync retries; {} on blocking executors; {} read straight into a slot), {} requests on the caller's thread ({} while async ops were alive); async {} submitted, {} prefetched, {} copied on the user's stream, {} device / {} host releases; file {} MiB O_DIRECT + {} MiB buffered read, {} MiB O_DIRECT + {} MiB buffered written",
         s.engine_jobs,
         s.arena_chunks,
         s.fallback_chunks,
         s.fallback_waits,
         s.sync_retry_chunks,
         s.blocking_jobs,
+        s.host_memory_preads,
         s.caller_thread_requests,
         s.caller_thread_requests_beside_ops,
         s.async_submitted,

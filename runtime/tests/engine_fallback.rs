@@ -78,6 +78,7 @@ fn delta(after: EngineStatsSnapshot, before: EngineStatsSnapshot) -> EngineStats
             - before.caller_thread_requests_beside_ops,
         blocking_jobs: after.blocking_jobs - before.blocking_jobs,
         fallback_waits: after.fallback_waits - before.fallback_waits,
+        host_memory_preads: after.host_memory_preads - before.host_memory_preads,
     }
 }
 

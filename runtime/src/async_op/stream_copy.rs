@@ -25,7 +25,7 @@ use hipfile_core::{Direction, OpError, OpEvent, Outcome, StreamFlags};
 
 use super::AsyncOp;
 use super::slots::{MAX_SLOT_BYTES, SLOT_BYTES, Slot};
-use crate::engine::{Completion, Engine, HostMemory, IoJob, JobEnd};
+use crate::engine::{Completion, Engine, HostMemory, IoJob, JobEnd, PartJoiner};
 
 /// The engine staged the bytes (its outcome is in `slot_outcome`).
 const STAGED: u8 = 1;
@@ -192,38 +192,51 @@ impl AsyncOp {
 
     /// Posts the read of the whole op into its slot (no gate: the bytes stay in the slot
     /// until the release lets the stream copy them): at submission for a staged read (the
-    /// parameters as submitted), at arm for a read at arm (the parameters as bound).
+    /// parameters as submitted), at arm for a read at arm (the parameters as bound). A
+    /// long read is split over executors like the engine's own (`Engine::parts`), each
+    /// part into its place in the slot; the parts' results are combined (short at the
+    /// first short part) before the op's finisher sees them.
     pub(super) fn post_slot_read(self: &Arc<Self>, engine: &Engine, io: hipfile_core::ValidIo) {
         let Some(slot) = self.slot else { return };
         let at_arm = self.reads_slot_at_arm();
-        let Some(guard) = self.share_guard() else {
-            let failed = Outcome::Library(OpError::InternalError);
-            if at_arm {
-                self.slot_read_at_arm_done(failed)
-            } else {
-                self.slot_staged(failed)
-            }
-            return;
-        };
-        let op = Arc::clone(self);
-        let done: crate::engine::JobDone = Box::new(move |end: JobEnd<'_>| {
-            if at_arm { op.slot_read_at_arm_done(end.outcome) } else { op.slot_staged(end.outcome) }
-        });
-        let job = IoJob {
-            file: Arc::clone(&self.file),
-            guard,
-            direction: Direction::Read,
-            file_offset_bytes: io.file_offset_bytes(),
-            device_addr: io.device_addr(),
-            len_bytes: io.size_bytes(),
-            device_ordinal: self.device_ordinal,
-            wait_for_copies: false,
-            arm_gate: None,
-            host_memory: Some(HostMemory::new(slot.host_ptr)),
-            may_start: None,
-            done: Completion::new(Arc::clone(self.host.device()), done),
-        };
-        engine.post(self.stream.executor, job);
+        let parts = engine.parts(io.file_offset_bytes(), io.size_bytes());
+        let joiner = Arc::new(PartJoiner::new(Direction::Read, parts.clone()));
+        for (index, &(offset, len)) in parts.iter().enumerate() {
+            let Some(guard) = self.share_guard() else {
+                let failed = Outcome::Library(OpError::InternalError);
+                if let Some((outcome, _)) = joiner.part_done(index, failed, None) {
+                    self.slot_read_done(at_arm, outcome);
+                }
+                continue;
+            };
+            let op = Arc::clone(self);
+            let joiner = Arc::clone(&joiner);
+            let done: crate::engine::JobDone = Box::new(move |end: JobEnd<'_>| {
+                if let Some((outcome, _)) = joiner.part_done(index, end.outcome, end.device_error) {
+                    op.slot_read_done(at_arm, outcome);
+                }
+            });
+            let job = IoJob {
+                file: Arc::clone(&self.file),
+                guard,
+                direction: Direction::Read,
+                file_offset_bytes: io.file_offset_bytes() + offset,
+                device_addr: io.device_addr() + offset,
+                len_bytes: len,
+                device_ordinal: self.device_ordinal,
+                wait_for_copies: false,
+                arm_gate: None,
+                // SAFETY: parts lie inside the op, which the slot holds whole.
+                host_memory: Some(HostMemory::new(unsafe { slot.host_ptr.add(offset as usize) })),
+                may_start: None,
+                done: Completion::new(Arc::clone(self.host.device()), done),
+            };
+            engine.post(self.stream.executor + index, job);
+        }
+    }
+
+    fn slot_read_done(self: &Arc<Self>, at_arm: bool, outcome: Outcome) {
+        if at_arm { self.slot_read_at_arm_done(outcome) } else { self.slot_staged(outcome) }
     }
 
     /// A read at arm came back (or could not start): keep the destination past what it

@@ -26,6 +26,9 @@ pub(crate) struct EngineStats {
     /// Times a chunk waited for a fallback chunk: the pool was at its cap, every chunk
     /// taken (its backpressure).
     pub(crate) fallback_waits: AtomicU64,
+    /// Jobs of glommio executors read with one `pread` straight into host memory (a slot
+    /// of a read copied on its stream), not through the staging arena.
+    pub(crate) host_memory_preads: AtomicU64,
     /// Where the executors' time goes (`hipfile-bench --profile`), in nanoseconds:
     /// see [`EnginePhases`].
     pub(crate) phases: EnginePhaseCounters,
@@ -188,4 +191,6 @@ pub struct EngineStatsSnapshot {
     pub blocking_jobs: u64,
     /// Waits for a fallback chunk while the pool had none free.
     pub fallback_waits: u64,
+    /// Jobs of glommio executors read with one `pread` straight into a slot.
+    pub host_memory_preads: u64,
 }

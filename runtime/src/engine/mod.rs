@@ -434,6 +434,7 @@ impl Engine {
             caller_thread_requests_beside_ops: load(&self.stats.caller_thread_requests_beside_ops),
             blocking_jobs: load(&self.stats.blocking_jobs),
             fallback_waits: load(&self.stats.fallback_waits),
+            host_memory_preads: load(&self.stats.host_memory_preads),
         }
     }
 

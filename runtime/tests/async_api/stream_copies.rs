@@ -240,6 +240,8 @@ fn with_all_every_fixed_read_is_copied_on_its_stream() {
     let gate = t.rig.pause(fixed).expect("pause");
     let before = stream_copies(&t.rig);
     let read_before = t.rig.driver.file(t.handle).expect("file").counters().read_bytes();
+    let preads = || t.rig.driver.engine().expect("engine").stats().host_memory_preads;
+    let preads_before = preads();
     let sizes = [4096, 64 * KIB, 256 * KIB + 4096, MIB, 3 * MIB, 16 * MIB];
     let mut placed = Vec::new();
     let mut at = 0usize;
@@ -255,6 +257,9 @@ fn with_all_every_fixed_read_is_copied_on_its_stream() {
         t.rig.driver.file(t.handle).expect("file").counters().read_bytes() - read_before
             == staged as u64
     });
+    // Read from the page cache straight into the slots (a `pread` per part), not through
+    // the staging arenas.
+    assert!(preads() - preads_before >= sizes.len() as u64, "read straight into the slots");
     // Past the end of the file (short: 4 KiB; read at arm), over the largest slot, and
     // unfixed.
     let later = [

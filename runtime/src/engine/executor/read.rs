@@ -37,6 +37,11 @@ impl Executor {
         gate_opened: &std::cell::Cell<Option<Instant>>,
     ) -> (Outcome, Option<DeviceError>, VecDeque<InFlightCopy>) {
         let mut copies = VecDeque::new();
+        if arm_gate.is_none()
+            && let Some(outcome) = self.read_into_host(files, file, range).await
+        {
+            return (outcome, None, copies);
+        }
         let chunks = match self.plan(files, file, range, Direction::Read) {
             Ok(plan) => plan,
             Err(code) => return (Outcome::Library(code), None, copies),
@@ -182,6 +187,48 @@ impl Executor {
             Some((outcome, device_error)) => (outcome, device_error, copies),
             None => (Outcome::Bytes(total_bytes), None, copies),
         }
+    }
+
+    /// A job that reads into host memory (the slot of a read copied on its own stream) a
+    /// range its plan reads through the page cache alone: one `pread` straight into that
+    /// memory on the executor's blocking thread, instead of io_uring reads into the
+    /// staging arena and a copy from there — one memory copy per byte instead of two.
+    /// `None` (the pipeline reads it) for other jobs and plans with O_DIRECT chunks.
+    async fn read_into_host(
+        &self,
+        files: &OpenFiles,
+        file: &Arc<FileHandle>,
+        range: JobRange,
+    ) -> Option<Outcome> {
+        let host = range.host_memory?;
+        let mut chunks = 0;
+        for chunk in self.plan(files, file, range, Direction::Read).ok()? {
+            if chunk.mode != ChunkMode::Buffered {
+                return None;
+            }
+            chunks += 1;
+        }
+        let (reader, offset, len) = (Arc::clone(file), range.file_offset_bytes, range.len_bytes);
+        let awaited = Instant::now();
+        let got = off_reactor(move || {
+            // SAFETY: the host memory holds the job's length and only this job writes it
+            // while the job runs (`HostMemory`); `host` moved into this call.
+            let target = unsafe { std::slice::from_raw_parts_mut(host.at(0), len as usize) };
+            pread_full(reader.buffered_fd(), target, offset)
+        })
+        .await;
+        self.phases().add_since(Phase::ReadWait, awaited);
+        EngineStats::add(&self.setup.stats.host_memory_preads, 1);
+        for _ in 0..chunks {
+            self.phases().count_chunk(Direction::Read);
+        }
+        Some(match got {
+            Ok(got) => {
+                file.record_bytes(Direction::Read, ChunkMode::Buffered, got as u64);
+                Outcome::Bytes(got as u64)
+            }
+            Err(error) => Outcome::OsError(os_errno(&error)),
+        })
     }
 
     fn spawn_chunk_read(
