@@ -81,6 +81,7 @@ struct StatsInfo {
     blocking_jobs: u64,
     fallback_waits: u64,
     host_memory_preads: u64,
+    host_memory_pwrites: u64,
     async_submitted: u64,
     async_prefetched: u64,
     device_releases: u64,
@@ -348,6 +349,7 @@ fn stats(b: &Bench) -> Option<StatsInfo> {
         blocking_jobs: engine.blocking_jobs,
         fallback_waits: engine.fallback_waits,
         host_memory_preads: engine.host_memory_preads,
+        host_memory_pwrites: engine.host_memory_pwrites,
         async_submitted: load(&a.submitted),
         async_prefetched: load(&a.prefetched),
         device_releases: load(&a.device_releases),
@@ -362,7 +364,7 @@ fn stats(b: &Bench) -> Option<StatsInfo> {
 
 fn print_stats(s: &StatsInfo) {
     println!(
-        "hipfile-rs counters: {} engine jobs ({} arena chunks, {} fallback, {} waits for a fallback chunk, {} sync retries; {} on blocking executors; {} read straight into a slot), {} requests on the caller's thread ({} while async ops were alive); async {} submitted, {} prefetched, {} copied on the user's stream, {} device / {} host releases; file {} MiB O_DIRECT + {} MiB buffered read, {} MiB O_DIRECT + {} MiB buffered written",
+        "hipfile-rs counters: {} engine jobs ({} arena chunks, {} fallback, {} waits for a fallback chunk, {} sync retries; {} on blocking executors; slot jobs moved by one pread / pwrite: {} / {}), {} requests on the caller's thread ({} while async ops were alive); async {} submitted, {} prefetched, {} copied on the user's stream, {} device / {} host releases; file {} MiB O_DIRECT + {} MiB buffered read, {} MiB O_DIRECT + {} MiB buffered written",
         s.engine_jobs,
         s.arena_chunks,
         s.fallback_chunks,
@@ -370,6 +372,7 @@ fn print_stats(s: &StatsInfo) {
         s.sync_retry_chunks,
         s.blocking_jobs,
         s.host_memory_preads,
+        s.host_memory_pwrites,
         s.caller_thread_requests,
         s.caller_thread_requests_beside_ops,
         s.async_submitted,

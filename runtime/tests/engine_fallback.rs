@@ -79,6 +79,7 @@ fn delta(after: EngineStatsSnapshot, before: EngineStatsSnapshot) -> EngineStats
         blocking_jobs: after.blocking_jobs - before.blocking_jobs,
         fallback_waits: after.fallback_waits - before.fallback_waits,
         host_memory_preads: after.host_memory_preads - before.host_memory_preads,
+        host_memory_pwrites: after.host_memory_pwrites - before.host_memory_pwrites,
     }
 }
 

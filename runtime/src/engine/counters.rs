@@ -29,6 +29,9 @@ pub(crate) struct EngineStats {
     /// Jobs of glommio executors read with one `pread` straight into host memory (a slot
     /// of a read copied on its stream), not through the staging arena.
     pub(crate) host_memory_preads: AtomicU64,
+    /// Jobs of glommio executors written with one `pwrite` straight from host memory (a
+    /// slot of a write copied on its stream), not through the staging arena.
+    pub(crate) host_memory_pwrites: AtomicU64,
     /// Where the executors' time goes (`hipfile-bench --profile`), in nanoseconds:
     /// see [`EnginePhases`].
     pub(crate) phases: EnginePhaseCounters,
@@ -193,4 +196,6 @@ pub struct EngineStatsSnapshot {
     pub fallback_waits: u64,
     /// Jobs of glommio executors read with one `pread` straight into a slot.
     pub host_memory_preads: u64,
+    /// Jobs of glommio executors written with one `pwrite` straight from a slot.
+    pub host_memory_pwrites: u64,
 }

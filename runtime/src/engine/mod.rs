@@ -435,6 +435,7 @@ impl Engine {
             blocking_jobs: load(&self.stats.blocking_jobs),
             fallback_waits: load(&self.stats.fallback_waits),
             host_memory_preads: load(&self.stats.host_memory_preads),
+            host_memory_pwrites: load(&self.stats.host_memory_pwrites),
         }
     }
 

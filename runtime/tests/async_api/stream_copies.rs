@@ -10,6 +10,7 @@ use std::sync::atomic::Ordering;
 use hipfile_core::OpError;
 use hipfile_runtime::AsyncParams;
 use hipfile_runtime::config::{Config, StreamCopies};
+use hipfile_runtime::file::DirectPolicy;
 
 use super::paused::Paused;
 use hipfile_test_support::rig::*;
@@ -345,6 +346,15 @@ fn with_all_fixed_writes_take_their_bytes_from_a_slot_filled_in_stream_order() {
     writes_from_slots(Config { stream_copies: StreamCopies::All, ..small_config() });
 }
 
+/// The same through the page cache alone (O_DIRECT off): glommio executors write each
+/// part with one `pwrite` straight from the slot.
+#[test]
+fn with_all_page_cache_writes_go_straight_from_the_slot() {
+    let config =
+        Config { stream_copies: StreamCopies::All, direct: DirectPolicy::Off, ..small_config() };
+    writes_from_slots(config);
+}
+
 /// The same on blocking executors (io_uring off): one `pwrite` from the slot.
 #[test]
 fn with_all_blocking_executors_write_straight_from_the_slot() {
@@ -353,6 +363,8 @@ fn with_all_blocking_executors_write_straight_from_the_slot() {
 }
 
 fn writes_from_slots(config: Config) {
+    // Page-cache writes on glommio executors go straight from the slot.
+    let straight_from_slot = config.use_io_uring && config.direct == DirectPolicy::Off;
     let rig = Rig::with(1, config);
     let len = 40 * MIB;
     let t = Paused::with(rig, "stream-copies-writes", len, len);
@@ -364,6 +376,8 @@ fn writes_from_slots(config: Config) {
     staged.fill(&fresh);
     let gate = t.rig.pause(fixed).expect("pause");
     let before = stream_copies(&t.rig);
+    let pwrites = || t.rig.driver.engine().expect("engine").stats().host_memory_pwrites;
+    let pwrites_before = pwrites();
     let mut placed = Vec::new();
     let mut at = 0usize;
     for (i, &size) in sizes.iter().enumerate() {
@@ -396,6 +410,11 @@ fn writes_from_slots(config: Config) {
     let got = &contents[30 * MIB..30 * MIB + 64 * KIB];
     assert_bytes(got, &buffer_then, "the unfixed write");
     assert_eq!(stream_copies(&t.rig) - before, sizes.len() as u64, "the fixed writes");
+    if straight_from_slot {
+        // A `pwrite` per part from the slot, not through the staging arenas.
+        let straight = pwrites() - pwrites_before;
+        assert!(straight >= sizes.len() as u64, "written straight from the slots: {straight}");
+    }
 }
 
 /// `HIPFILE_STREAM_COPIES=all`: a write whose buffer offset and size are FIXED but whose

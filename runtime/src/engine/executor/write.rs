@@ -33,6 +33,9 @@ impl Executor {
         stream: &InternalStream,
         range: JobRange,
     ) -> (Outcome, Option<DeviceError>, VecDeque<InFlightCopy>) {
+        if let Some(outcome) = self.write_from_host(files, file, range).await {
+            return (outcome, None, VecDeque::new());
+        }
         // Direct chunks first, buffered head and tail after them and never at the same
         // time (see `plan`): the page cache then never holds dirty pages of a range an
         // O_DIRECT write of this op is about to invalidate.
@@ -133,6 +136,54 @@ impl Executor {
             self.phases().count_chunk(Direction::Write);
             record_write(file, chunk, result, written, failure);
         }
+    }
+
+    /// A job that writes from host memory (the slot of a write copied on its stream) a
+    /// range its plan writes through the page cache alone, with page-cache chunks written
+    /// by `pwrite` ([`BufferedWrites::Thread`]): one `pwrite` straight from that memory on
+    /// the executor's blocking thread, instead of a copy into the staging arena first.
+    /// `None` (the pipeline writes it) for other jobs.
+    async fn write_from_host(
+        &self,
+        files: &OpenFiles,
+        file: &Arc<FileHandle>,
+        range: JobRange,
+    ) -> Option<Outcome> {
+        let host = range.host_memory?;
+        if self.setup.buffered_writes != BufferedWrites::Thread
+            || files.buffered.is_none()
+            || files.uring_refused.get()
+        {
+            return None;
+        }
+        let mut chunks = 0;
+        for chunk in self.plan(files, file, range, Direction::Write).ok()? {
+            if chunk.mode != ChunkMode::Buffered {
+                return None;
+            }
+            chunks += 1;
+        }
+        let (writer, offset, len) = (Arc::clone(file), range.file_offset_bytes, range.len_bytes);
+        let awaited = Instant::now();
+        let written = off_reactor(move || {
+            // SAFETY: the host memory holds the job's length and nothing writes it while
+            // the job runs (`HostMemory`); `host` moved into this call.
+            let bytes = unsafe { std::slice::from_raw_parts(host.at(0), len as usize) };
+            pwrite_full(writer.buffered_fd(), bytes, offset)
+        })
+        .await;
+        self.phases().add_since(Phase::WriteWait, awaited);
+        EngineStats::add(&self.setup.stats.host_memory_pwrites, 1);
+        for _ in 0..chunks {
+            self.phases().count_chunk(Direction::Write);
+        }
+        Some(match written {
+            Ok(written) => {
+                file.record_bytes(Direction::Write, ChunkMode::Buffered, written as u64);
+                Outcome::Bytes(written as u64)
+            }
+            Err(error) => Outcome::OsError(os_errno(&error)),
+        })
     }
 
     /// Allocates staging for one chunk (arena DMA buffer, or fallback when the buffer
