@@ -66,6 +66,9 @@ pub enum Fault {
     Short,
     /// The I/O call is interrupted (`EINTR`) before moving anything.
     Interrupt,
+    /// The call goes on as if no rule fired: a rule of this fault with `limit` n ahead of
+    /// another rule of the same site lets the site's first n calls through.
+    Pass,
     /// The call completes this much later.
     Delay(Duration),
 }
@@ -133,7 +136,10 @@ pub(crate) fn at(site: Site) -> Option<Fault> {
     if !ACTIVE.load(Ordering::Relaxed) {
         return None;
     }
-    installed().as_mut()?.decide(site)
+    match installed().as_mut()?.decide(site) {
+        Some(Fault::Pass) => None,
+        fault => fault,
+    }
 }
 
 impl Installed {

@@ -458,3 +458,62 @@ fn a_write_copied_into_a_slot_fails_cleanly() {
     drop(guard);
     assert_eq!(bytes(&failed), -(libc::EIO as isize));
 }
+
+/// A long op copied on its stream in pieces (`HIPFILE_STREAM_COPIES=all`) whose third
+/// piece cannot be enqueued: the submission is refused (hipFileHipDriverError,
+/// `*bytes_p` untouched), and the two pieces already on the stream only release it — the
+/// destination of a read and the file of a write stay as they were; the stream goes on.
+#[test]
+fn a_long_op_refused_at_its_third_piece_moves_nothing() {
+    let _serial = serial();
+    let config = Config {
+        stream_copies: hipfile_runtime::config::StreamCopies::All,
+        stream_copy_cap_bytes: 256 * MIB,
+        ..small_config()
+    };
+    let rig = Rig::with(1, config);
+    let len = 80 * MIB;
+    let file_data = pattern(21, len);
+    let file = TempFile::new("long-refused", &file_data);
+    let fd = file.open_rw();
+    let handle = rig.register(&fd);
+    let buffer = rig.alloc(len);
+    let old = pattern(22, len);
+    for direction in [Direction::Read, Direction::Write] {
+        rig.set_dev_bytes(buffer, &old);
+        // Flags 15: the read's first pieces are staged at submission; 5: read at arm.
+        for flags in [15u32, 5] {
+            let stream = rig.registered_stream(flags);
+            let gate = rig.pause(stream).expect("pause");
+            let refused = params(64 * MIB, 0, 0);
+            refused.bytes_done.store(-77, std::sync::atomic::Ordering::SeqCst);
+            // The slot copies of the first two pieces go through, the third's fails.
+            let plan = Plan {
+                seed: 0x513,
+                rules: vec![
+                    Rule { limit: 2, ..every(Site::DeviceCopy, Fault::Pass) },
+                    once(Site::DeviceCopy, Fault::Errno(0)),
+                ],
+            };
+            let guard = fault::install(plan);
+            let got = rig.submit(direction, handle, buffer, &refused, stream);
+            assert_eq!(guard.injected(), vec![2, 1], "{direction:?} flags {flags}");
+            drop(guard);
+            assert_eq!(got.map_err(|e| e.code), Err(OpError::HipDriverError));
+            drop(gate);
+            rig.sync(stream);
+            let what = format!("{direction:?} flags {flags}");
+            assert_eq!(bytes(&refused), -77, "{what}: *bytes_p untouched");
+            assert_bytes(&rig.dev_bytes(buffer, len), &old, &format!("{what}: the buffer"));
+            assert_bytes(&file.contents(), &file_data, &format!("{what}: the file"));
+            // The stream goes on: a long op after it moves its bytes.
+            let p = params(40 * MIB, (8 * MIB) as i64, 0);
+            rig.submit(Direction::Read, handle, buffer, &p, stream).expect("accepted");
+            rig.sync(stream);
+            assert_eq!(bytes(&p), (40 * MIB) as isize, "{what}: the next op");
+            let got = rig.dev_bytes(buffer, 40 * MIB);
+            assert_bytes(&got, &file_data[8 * MIB..48 * MIB], &format!("{what}: the next op"));
+            rig.set_dev_bytes(buffer, &old);
+        }
+    }
+}

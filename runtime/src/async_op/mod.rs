@@ -41,6 +41,7 @@
 
 mod host_fn;
 mod params;
+mod pieces;
 pub(crate) mod prefetch;
 mod run;
 mod slots;
@@ -61,6 +62,7 @@ use crate::file::{ChangeStamp, FileHandle, OpGuard};
 use crate::stream::StreamState;
 
 pub use params::{AsyncParams, ParamSource};
+pub(crate) use pieces::{LongSubmit, PieceSlot};
 pub(crate) use prefetch::{Hazard, WriteHazardTable};
 pub(crate) use slots::SlotPool;
 pub(crate) use submit::{EnqueueError, OpParts};
@@ -187,6 +189,9 @@ pub(crate) struct AsyncOp {
     slot: Option<slots::Slot>,
     /// What the slot serves (`Some` with a slot).
     slot_use: Option<stream_copy::SlotUse>,
+    /// The long op this op is a piece of ([`pieces`]): its slot belongs to the long op's
+    /// ring, its result goes to the long op.
+    piece: Option<pieces::PieceOf>,
     /// Whether the slot is still the op's to give back (`stream_copy::SLOT_HELD`) or
     /// handed to the pool.
     slot_phase: AtomicU8,
@@ -225,11 +230,16 @@ impl AsyncOp {
         // inside the file are staged now, other reads when the stream reaches them, and
         // writes have the stream copy their source into the slot before the op's
         // doorbell.
-        let (slot, slot_use) =
-            match AsyncOp::wants_slot(&*host, blocking_fallback, eligible, state, &parts) {
-                Some((slot, slot_use)) => (Some(slot), Some(slot_use)),
-                None => (None, None),
-            };
+        let (slot, slot_use, piece) = match parts.piece {
+            // A piece of a long op: its slot and use were decided with the whole op.
+            Some(pieces::PieceSlot { of, slot, slot_use }) => {
+                (Some(slot), Some(slot_use), Some(of))
+            }
+            None => match AsyncOp::wants_slot(&*host, blocking_fallback, eligible, state, &parts) {
+                Some((slot, slot_use)) => (Some(slot), Some(slot_use), None),
+                None => (None, None, None),
+            },
+        };
         let prefetch = slot.is_none() && eligible && state.admit_prefetch(parts.io.size_bytes());
         let hazard = match parts.direction {
             Direction::Write => {
@@ -263,6 +273,7 @@ impl AsyncOp {
             hazard,
             slot,
             slot_use,
+            piece,
             slot_phase: AtomicU8::new(stream_copy::SLOT_HELD),
             slot_flow: AtomicU8::new(0),
             slot_outcome: Mutex::new(None),
@@ -306,15 +317,15 @@ impl Drop for AsyncOp {
             self.store_and_release(aborted);
             self.release_host();
         }
-        if let Some(slot) = &self.slot
-            && let Some(pool) = self.host.slots()
-        {
+        if let Some(slot) = &self.slot {
             match self.slot_phase.load(std::sync::atomic::Ordering::SeqCst) {
-                stream_copy::SLOT_HELD => pool.give_back(slot),
+                stream_copy::SLOT_HELD => self.slot_unused(slot),
                 // A write's slot, read by its job (which held the op): lent again once
-                // the stream's copy into it shows done.
-                stream_copy::SLOT_COPY_QUEUED if self.direction == Direction::Write => {
-                    pool.retire(slot)
+                // the stream's copy into it shows done (a piece's ring noted the use).
+                stream_copy::SLOT_COPY_QUEUED
+                    if self.direction == Direction::Write && self.piece.is_none() =>
+                {
+                    self.slot_retired(slot)
                 }
                 _ => {}
             }

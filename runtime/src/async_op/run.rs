@@ -17,6 +17,17 @@ impl AsyncOp {
     pub(super) fn arm(self: Arc<Self>) {
         self.note_arm();
         if self.end.end_if_abandoned() {
+            // A piece of a long op whose submission failed may have its slot's copy
+            // queued behind this release: the slot must hold the destination's bytes
+            // (for a staged piece, once its read into the slot is over).
+            // (A staged piece's read was posted exactly when its copy was queued.)
+            let copy_queued =
+                self.slot_phase.load(Ordering::SeqCst) == super::stream_copy::SLOT_COPY_QUEUED;
+            if self.stages_slot_at_submission() && copy_queued {
+                self.arm_slot();
+                return;
+            }
+            self.keep_destination_past(Outcome::Library(OpError::InternalError));
             self.release_host();
             return;
         }
@@ -230,15 +241,21 @@ impl AsyncOp {
 
     /// Stores `*bytes_p` and frees the op's hold on file, buffer and hazard table.
     pub(super) fn store_and_release(&self, outcome: Outcome) {
-        crate::stats::global().record(
-            self.device_ordinal,
-            crate::stats::Api::Async,
-            self.direction,
-            self.submitted.size_bytes(),
-            outcome,
-            self.submitted_at.elapsed(),
-        );
-        self.params.publish(outcome.bytes_p_value() as isize);
+        match &self.piece {
+            // The long op publishes (and counts) once, when its last piece ends.
+            Some(piece) => piece.done(outcome),
+            None => {
+                crate::stats::global().record(
+                    self.device_ordinal,
+                    crate::stats::Api::Async,
+                    self.direction,
+                    self.submitted.size_bytes(),
+                    outcome,
+                    self.submitted_at.elapsed(),
+                );
+                self.params.publish(outcome.bytes_p_value() as isize);
+            }
+        }
         self.host.write_hazards().remove(&self.file, self.hazard);
         self.release_prefetch_window();
         self.resources.lock().unwrap_or_else(|p| p.into_inner()).take();

@@ -47,6 +47,13 @@ pub(crate) struct Slot {
     pub(crate) generation: u32,
 }
 
+impl Slot {
+    /// The same slot, as of its use `generation`.
+    pub(crate) fn with_generation(self, generation: u32) -> Slot {
+        Slot { generation, ..self }
+    }
+}
+
 // SAFETY: the slot's memory belongs to the pool, which lives as long as the driver that
 // every op holding a slot keeps alive; the op is the only writer while it holds the slot.
 unsafe impl Send for Slot {}
@@ -114,6 +121,33 @@ impl SlotPool {
     pub(crate) fn try_take(&self, len_bytes: usize) -> Option<Slot> {
         let class = CLASS_BYTES.iter().position(|&bytes| len_bytes <= bytes)?;
         self.classes[class].try_take()
+    }
+
+    /// `count` free slots of at least `len_bytes` each, or none (a ring for the pieces of
+    /// a long op: `super::pieces`); never blocks on a stream.
+    pub(crate) fn try_take_ring(&self, len_bytes: usize, count: usize) -> Option<Vec<Slot>> {
+        let mut ring = Vec::with_capacity(count);
+        while ring.len() < count {
+            match self.try_take(len_bytes) {
+                Some(slot) => ring.push(slot),
+                None => {
+                    for slot in &ring {
+                        self.give_back(slot);
+                    }
+                    return None;
+                }
+            }
+        }
+        Some(ring)
+    }
+
+    /// The same slot for its next use by the op that holds it (a ring's piece): a new
+    /// generation, so that its done word tells this use from the earlier ones.
+    pub(crate) fn next_use(&self, slot: &Slot) -> Slot {
+        let class = &self.classes[slot.class];
+        let mut state = class.lock();
+        state.next_generation = state.next_generation.wrapping_add(1).max(1);
+        class.slot(&state, slot.index, state.next_generation)
     }
 
     /// Gives back a slot whose stream copy was never enqueued.
@@ -318,6 +352,26 @@ mod tests {
             (0..per_class).map(|_| pool.try_take(slot_bytes).expect("slot")).collect();
         assert!(pool.try_take(slot_bytes).is_none(), "no slot past the cap");
         taken
+    }
+
+    /// A ring is taken whole or not at all; a slot's next use is the same memory and
+    /// done word with a new generation.
+    #[test]
+    fn a_ring_is_all_or_nothing_and_a_next_use_has_a_new_generation() {
+        let device: Arc<dyn Device> = CpuDevice::new(1);
+        let pool = SlotPool::new(device, true, 64 << 20);
+        let held = pool.try_take(MAX_SLOT_BYTES).expect("slot");
+        assert!(pool.try_take_ring(MAX_SLOT_BYTES, 4).is_none(), "three free, four asked");
+        let ring = pool.try_take_ring(MAX_SLOT_BYTES, 3).expect("the three left");
+        pool.give_back(&held);
+        let again = pool.next_use(&ring[0]);
+        assert_eq!(
+            (again.host_ptr, again.done_word.host_ptr),
+            (ring[0].host_ptr, ring[0].done_word.host_ptr)
+        );
+        assert_ne!(again.generation, ring[0].generation);
+        assert!(pool.try_take(MAX_SLOT_BYTES).is_some(), "the slot given back");
+        assert!(pool.try_take(MAX_SLOT_BYTES).is_none(), "the ring's are still out");
     }
 
     #[test]

@@ -121,9 +121,14 @@ impl AsyncOp {
             return Ok(());
         };
         if let Some(error) = self.enqueue_slot_copy(slot)? {
-            self.host.slots().expect("an op with a slot has a pool").lose();
+            self.slot_lost();
             self.slot_phase.store(SLOT_LOST, Ordering::SeqCst);
             return Err(error);
+        }
+        // A piece's ring learns of the use now; an op of its own retires its slot when
+        // the op is dropped (the engine writes the file from it until then).
+        if let Some(piece) = &self.piece {
+            piece.long.note_queued(piece.ring_index(), slot.generation);
         }
         self.slot_phase.store(SLOT_COPY_QUEUED, Ordering::SeqCst);
         self.host.async_stats().stream_copies.fetch_add(1, Ordering::Relaxed);
@@ -145,13 +150,38 @@ impl AsyncOp {
         &self,
         slot: &Slot,
     ) -> Result<(), crate::device::DeviceError> {
-        let pool = self.host.slots().expect("an op with a slot has a pool");
         match self.enqueue_slot_copy(slot)? {
-            None => pool.retire(slot),
-            Some(_) => pool.lose(),
+            None => self.slot_retired(slot),
+            Some(_) => self.slot_lost(),
         }
         self.slot_phase.store(SLOT_COPY_QUEUED, Ordering::SeqCst);
         Ok(())
+    }
+
+    /// The stream's copy out of or into the op's slot and its done write are enqueued,
+    /// and nothing of the op reads the slot after that copy: the pool (or the piece's
+    /// ring) may lend it again once the done word shows this use.
+    pub(super) fn slot_retired(&self, slot: &Slot) {
+        match &self.piece {
+            Some(piece) => piece.long.note_queued(piece.ring_index(), slot.generation),
+            None => self.host.slots().expect("an op with a slot has a pool").retire(slot),
+        }
+    }
+
+    /// A copy of the op's slot was enqueued but not its done write: never lent again.
+    fn slot_lost(&self) {
+        match &self.piece {
+            Some(piece) => piece.long.note_lost(piece.ring_index()),
+            None => self.host.slots().expect("an op with a slot has a pool").lose(),
+        }
+    }
+
+    /// The op's slot was not used (no copy enqueued): back to the pool at once, unless it
+    /// is a piece's (its ring goes back whole, after the last piece).
+    pub(super) fn slot_unused(&self, slot: &Slot) {
+        if self.piece.is_none() {
+            self.host.slots().expect("an op with a slot has a pool").give_back(slot);
+        }
     }
 
     /// Enqueues on the op's stream the copy between its slot and its device range (slot →
@@ -179,7 +209,7 @@ impl AsyncOp {
                 )
             });
         if let Err(error) = copied {
-            self.host.slots().expect("an op with a slot has a pool").give_back(slot);
+            self.slot_unused(slot);
             self.slot_phase.store(SLOT_RETURNED, Ordering::SeqCst);
             return Err(error);
         }
@@ -268,6 +298,12 @@ impl AsyncOp {
     /// Both finishers met: read again if the staged bytes may be stale (once), else make
     /// the slot hold exactly what the destination must end up with, publish and release.
     fn finish_slot_read(self: &Arc<Self>) {
+        if self.end.is_abandoned() {
+            // A piece of a long op whose submission failed (`pieces`): release only.
+            self.keep_destination_past(Outcome::Library(OpError::InternalError));
+            self.release_host();
+            return;
+        }
         if !self.machine().prefetch_superseded() && !self.prefetch_still_fresh() {
             self.set_state(OpEvent::Restage);
             self.host.async_stats().prefetches_redone.fetch_add(1, Ordering::Relaxed);

@@ -27,6 +27,8 @@ pub(crate) struct OpParts {
     pub(crate) guard: OpGuard,
     /// The op's sequence number on its stream.
     pub(crate) sequence: u32,
+    /// For a piece of a long op (`pieces`): its place, slot and slot use.
+    pub(crate) piece: Option<super::PieceSlot>,
 }
 
 /// A failed enqueue; `nothing_queued` when the stream holds nothing of the op.
@@ -121,12 +123,24 @@ impl AsyncOp {
         if wait_failed.is_some() {
             self.abandon();
         }
-        let op = Arc::clone(self);
-        poller.watch(&self.stream, self.sequence, Box::new(move || op.arm()));
+        // A piece of a long op is watched by its long op once every piece is enqueued
+        // (`pieces`): no piece may run before the whole submission is accepted.
+        if self.piece.is_none() {
+            self.watch_arm(poller);
+        }
         match wait_failed {
             None => Ok(()),
             Some(error) => Err(EnqueueError { error: Error::device(error), nothing_queued: false }),
         }
+    }
+
+    /// Hands the op's arm to the poller: it runs once the stream rang the op's doorbell.
+    pub(super) fn watch_arm(
+        self: &Arc<Self>,
+        poller: &crate::arm::ArmPoller<crate::stream::StreamState>,
+    ) {
+        let op = Arc::clone(self);
+        poller.watch(&self.stream, self.sequence, Box::new(move || op.arm()));
     }
 
     /// Marks the op as not submitted: it publishes nothing and only cleans up.

@@ -6,7 +6,9 @@ use std::sync::Arc;
 use hipfile_core::{Direction, OpError, ValidIo, validate};
 
 use super::{Driver, HandleId};
-use crate::async_op::{AsyncOp, AsyncParams, EnqueueError, OpHost, OpParts, ParamSource};
+use crate::async_op::{
+    AsyncOp, AsyncParams, EnqueueError, LongSubmit, OpHost, OpParts, ParamSource,
+};
 use crate::buffer::ResolvedBuffer;
 use crate::device::StreamHandle;
 use crate::error::Error;
@@ -99,16 +101,42 @@ impl Driver {
         let bytes_before = params.published();
         // Before the enqueue: once enqueued, the op may publish at any time.
         params.publish(0);
-        let sequence = submit_lock.next();
-        let parts = OpParts { direction, params: Arc::clone(&params), io, file, guard, sequence };
         let host: Arc<dyn OpHost> = Arc::clone(self) as Arc<dyn OpHost>;
-        let op = AsyncOp::new(host, parts, &state, &buffer, engine.track_async_op());
-        let Err(EnqueueError { error, nothing_queued }) = op.enqueue(engine) else {
+        let long = LongSubmit { host: Arc::clone(&host), engine, state: &state, buffer: &buffer };
+        let submitted = match AsyncOp::submit_long(
+            long,
+            &mut submit_lock,
+            direction,
+            &params,
+            io,
+            &file,
+            &guard,
+        ) {
+            // A long op copied on the stream in pieces (their sequences taken and given
+            // back by `submit_long`).
+            Some(submitted) => submitted,
+            None => {
+                let sequence = submit_lock.next();
+                let parts = OpParts {
+                    direction,
+                    params: Arc::clone(&params),
+                    io,
+                    file,
+                    guard,
+                    sequence,
+                    piece: None,
+                };
+                let op = AsyncOp::new(host, parts, &state, &buffer, engine.track_async_op());
+                let submitted = op.enqueue(engine);
+                if let Err(EnqueueError { nothing_queued: true, .. }) = &submitted {
+                    submit_lock.undo();
+                }
+                submitted
+            }
+        };
+        let Err(EnqueueError { error, .. }) = submitted else {
             return Ok(());
         };
-        if nothing_queued {
-            submit_lock.undo();
-        }
         // The op was abandoned before its arm could run (`enqueue_doorbell_arm`), so
         // nothing of ours writes `*bytes_p` any more: a refused submission leaves it as
         // it was.

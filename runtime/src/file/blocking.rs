@@ -63,7 +63,8 @@ pub fn pwrite_full(fd: RawFd, buf: &[u8], offset_bytes: u64) -> io::Result<usize
 /// pages) for a short transfer; `None` for an interrupted call (retried, as `EINTR` is); the injected error.
 fn injected_len(site: Site, wanted: usize) -> io::Result<Option<usize>> {
     match crate::fault::at(site) {
-        None => Ok(Some(wanted)),
+        // `fault::at` never returns a pass.
+        None | Some(Fault::Pass) => Ok(Some(wanted)),
         // Whole pages, as the kernel's partial transfers are (O_DIRECT needs them).
         Some(Fault::Short) => Ok(Some(match (wanted / 2) & !4095 {
             0 => wanted,

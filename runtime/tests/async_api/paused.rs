@@ -63,7 +63,7 @@ impl Paused {
         self.rig.sync(stream);
     }
 
-    fn reset_file(&self) {
+    pub(crate) fn reset_file(&self) {
         std::fs::write(&self.file.path, &self.data).expect("reset file");
     }
 }

@@ -227,8 +227,8 @@ fn blocking_executors_read_straight_into_the_slot() {
 /// stream also behind ops in flight (all queued on one held stream), so their release is a
 /// host write and needs no CUDA call — those inside the file staged at once, one reaching
 /// past the end of the file read when the stream reaches it (short: the rest of its
-/// destination stays as it was); a read over 16 MiB and one on a stream without FIXED
-/// flags take the engine's path. Every byte lands where it should.
+/// destination stays as it was), one over 16 MiB in two pieces (`pieces`); one on a
+/// stream without FIXED flags takes the engine's path. Every byte lands where it should.
 #[test]
 fn with_all_every_fixed_read_is_copied_on_its_stream() {
     let rig = Rig::with(1, Config { stream_copies: StreamCopies::All, ..small_config() });
@@ -261,8 +261,8 @@ fn with_all_every_fixed_read_is_copied_on_its_stream() {
     // Read from the page cache straight into the slots (a `pread` per part), not through
     // the staging arenas.
     assert!(preads() - preads_before >= sizes.len() as u64, "read straight into the slots");
-    // Past the end of the file (short: 4 KiB; read at arm), over the largest slot, and
-    // unfixed.
+    // Past the end of the file (short: 4 KiB; read at arm), over the largest slot (two
+    // pieces), and unfixed (the engine's path).
     let later = [
         (8 * KIB, file_len - 4096, 4096, fixed),
         (16 * MIB + 4096, 4096, 16 * MIB + 4096, fixed),
@@ -288,7 +288,8 @@ fn with_all_every_fixed_read_is_copied_on_its_stream() {
         assert_bytes(&got[at + want..at + size], &old[at + want..at + size], &past);
     }
     let copied = stream_copies(&t.rig) - before;
-    assert_eq!(copied, sizes.len() as u64 + 1, "the fixed reads of up to 16 MiB");
+    // The sizes, the read past the end, and the long one's two pieces; not the unfixed.
+    assert_eq!(copied, sizes.len() as u64 + 1 + 2, "every fixed read");
 }
 
 /// `HIPFILE_STREAM_COPIES=all`: a read whose destination range is FIXED but whose file
@@ -447,4 +448,121 @@ fn with_all_a_write_with_a_fixed_source_takes_a_slot_and_binds_its_file_offset_l
     assert_bytes(&contents[2 * MIB..2 * MIB + 128 * KIB], &data[..128 * KIB], "at the late offset");
     assert_bytes(&contents[..128 * KIB], &t.data[..128 * KIB], "not at the submitted one");
     assert_bytes(&contents[3 * MIB..3 * MIB + 128 * KIB], &data[128 * KIB..], "the engine's write");
+}
+
+/// `all` with room for the rings of several long ops in flight (256 MiB of 16 MiB slots;
+/// the default 64 MiB holds one ring of four).
+fn all_config() -> Config {
+    Config { stream_copies: StreamCopies::All, stream_copy_cap_bytes: 256 * MIB, ..small_config() }
+}
+
+/// `HIPFILE_STREAM_COPIES=all`, long reads: a read of more than 16 MiB whose destination
+/// range is FIXED is copied on its stream in 16 MiB pieces sharing a ring of at most four
+/// slots (pieces past the fourth reuse a slot the stream has copied out of). Reads of
+/// 16 MiB + 4 KiB, 40 MiB and 100 MiB on a held stream (fully FIXED, and with a late
+/// file offset), one reaching past the end of the file (short; the rest of its
+/// destination as it was): every byte right, `*bytes_p` once for the whole op.
+#[test]
+fn with_all_long_reads_are_copied_on_their_stream_in_pieces() {
+    let file_len = 180 * MIB;
+    let t = Paused::with(Rig::with(1, all_config()), "stream-copies-long", file_len, 200 * MIB);
+    let old = pattern(95, 200 * MIB);
+    t.rig.set_dev_bytes(t.buffer, &old);
+    for flags in [15u32, 5] {
+        let stream = t.rig.registered_stream(flags);
+        let gate = t.rig.pause(stream).expect("pause");
+        let before = stream_copies(&t.rig);
+        // (size, file offset submitted, file offset bound, buffer offset, bytes read)
+        let reads = [
+            (16 * MIB + 4096, 4096, 8192, 0, 16 * MIB + 4096),
+            (40 * MIB, 20 * MIB, 24 * MIB, 20 * MIB, 40 * MIB),
+            (100 * MIB, 60 * MIB, 64 * MIB, 64 * MIB, 100 * MIB),
+            (32 * MIB, file_len - 20 * MIB, file_len - 20 * MIB, 168 * MIB, 20 * MIB),
+        ];
+        let mut placed = Vec::new();
+        for &(size, submitted, bound, at, want) in &reads {
+            let p = params(size, submitted as i64, at as i64);
+            read(&t, &p, stream);
+            p.file_offset_bytes.store(bound as i64, Ordering::SeqCst);
+            let from = if flags & 2 != 0 { submitted } else { bound };
+            placed.push((p, size, from, at, want));
+        }
+        assert!(placed.iter().all(|(p, ..)| bytes(p) == 0), "held: nothing published yet");
+        gate.release();
+        t.rig.sync(stream);
+        let got = t.rig.dev_bytes(t.buffer, 200 * MIB);
+        let mut pieces = 0;
+        for (p, size, from, at, want) in &placed {
+            let what = format!("flags {flags}: {size} bytes from file offset {from}");
+            assert_eq!(bytes(p), *want as isize, "{what}");
+            assert_bytes(&got[*at..at + want], &t.data[*from..from + want], &what);
+            assert_bytes(&got[at + want..at + size], &old[at + want..at + size], &what);
+            pieces += size.div_ceil(16 * MIB) as u64;
+        }
+        assert_eq!(stream_copies(&t.rig) - before, pieces, "flags {flags}: every piece");
+        t.rig.set_dev_bytes(t.buffer, &old);
+    }
+}
+
+/// Long writes in pieces: 40 MiB and 100 MiB from a FIXED source range, with the file
+/// offset FIXED or bound late; the application rewrote the source on the held stream just
+/// before each write. The file holds exactly those bytes; rounds after the first find the
+/// ring's slots back in the pool (else they would take the engine's path, uncounted).
+#[test]
+fn with_all_long_writes_are_copied_into_a_ring_of_slots_in_pieces() {
+    let len = 200 * MIB;
+    let t = Paused::with(Rig::with(1, all_config()), "stream-copies-long-writes", len, len);
+    let fresh = pattern(94, len);
+    let staged = t.rig.pinned(len);
+    staged.fill(&fresh);
+    for (round, flags) in [15u32, 5, 15, 5].into_iter().enumerate() {
+        let stream = t.rig.registered_stream(flags);
+        let gate = t.rig.pause(stream).expect("pause");
+        let before = stream_copies(&t.rig);
+        let mut placed = Vec::new();
+        for (size, at, file_offset) in [(40 * MIB, 0, 8 * MIB), (100 * MIB, 48 * MIB, 60 * MIB)] {
+            // SAFETY: `staged` lives until the stream has run the copy (synchronized below).
+            unsafe { t.rig.copy_to_device_on(stream, t.buffer + at as u64, &staged, size) }
+                .expect("copy");
+            let submitted = if flags & 2 != 0 { file_offset } else { 0 };
+            let p = params(size, submitted as i64, at as i64);
+            t.rig.write(t.handle, t.buffer, &p, stream);
+            p.file_offset_bytes.store(file_offset as i64, Ordering::SeqCst);
+            placed.push((p, size, file_offset));
+        }
+        gate.release();
+        t.rig.sync(stream);
+        let contents = t.file.contents();
+        for (p, size, file_offset) in &placed {
+            let what = format!("round {round}, flags {flags}: {size} bytes at {file_offset}");
+            assert_eq!(bytes(p), *size as isize, "{what}");
+            assert_bytes(&contents[*file_offset..file_offset + size], &fresh[..*size], &what);
+        }
+        assert_eq!(stream_copies(&t.rig) - before, 3 + 7, "round {round}: every piece");
+        t.reset_file();
+    }
+}
+
+/// A late file offset that is invalid for the whole long read fails every piece:
+/// `*bytes_p` is -5022 once, and the destination stays as it was (the pieces' copies write
+/// its own bytes back).
+#[test]
+fn with_all_a_long_read_bound_invalid_fails_whole() {
+    let t = Paused::with(Rig::with(1, all_config()), "stream-copies-long-bad", 64 * MIB, 64 * MIB);
+    let old = pattern(93, 64 * MIB);
+    t.rig.set_dev_bytes(t.buffer, &old);
+    let stream = t.rig.registered_stream(5);
+    let gate = t.rig.pause(stream).expect("pause");
+    let submitted = || t.rig.driver.async_stats().submitted.load(Ordering::SeqCst);
+    let before = submitted();
+    let p = params(40 * MIB, 0, 0);
+    read(&t, &p, stream);
+    assert_eq!(submitted() - before, 3, "three pieces on the stream");
+    // Negative: the first piece alone would fail, the later ones (-4 KiB + 16 MiB · k)
+    // would not.
+    p.file_offset_bytes.store(-4096, Ordering::SeqCst);
+    gate.release();
+    t.rig.sync(stream);
+    assert_eq!(bytes(&p), neg(OpError::InvalidValue));
+    assert_bytes(&t.rig.dev_bytes(t.buffer, 64 * MIB), &old, "the destination");
 }

@@ -1,0 +1,392 @@
+//! Long ops copied on the user's own stream in pieces (`HIPFILE_STREAM_COPIES=all`): an op
+//! of more than [`PIECE_BYTES`] whose buffer offset and size are FIXED is submitted as
+//! consecutive pieces of at most [`PIECE_BYTES`], each an op of its own on the stream
+//! (doorbell, wait-value, the slot copy, the done word: [`super::stream_copy`]), that
+//! share a ring of at most [`RING_SLOTS`] slots: piece `j` uses slot `j mod RING_SLOTS`.
+//!
+//! Stream order makes the ring safe without any wait of ours: piece `j + RING_SLOTS`
+//! reaches its doorbell only after the stream ran piece `j`'s copy (out of the slot for a
+//! read, after the engine wrote the file from it for a write, which its release waited
+//! for). So the first pieces of a read may be staged at submission (each has a slot of its
+//! own), the later ones are read into their slot when the stream reaches them; a write
+//! piece's copy into its slot is queued ahead of its doorbell, as for any write copied on
+//! its stream. No CUDA call stands between the stream reaching a piece and its release,
+//! whatever the op's length, with at most [`RING_SLOTS`] × [`PIECE_BYTES`] of slots held.
+//!
+//! The caller sees one op: the file offset (when not FIXED) is read once, when the stream
+//! reaches the first piece, and checked for the whole op; `*bytes_p` is written once, when
+//! the last piece ends, with the pieces' results combined as the engine combines the parts
+//! of a split request (short at the first short piece; the first failure wins); the
+//! statistics count one op.
+
+use std::sync::{Arc, Mutex};
+
+use hipfile_core::{
+    Direction, OpError, Outcome, RawIo, StreamFlags, ValidIo, revalidate, validate,
+};
+
+use super::slots::{MAX_SLOT_BYTES, Slot};
+use super::stream_copy::SlotUse;
+use super::{AsyncOp, EnqueueError, HostDropGuard, OpHost, OpParts, ParamSource};
+use crate::buffer::ResolvedBuffer;
+use crate::engine::Engine;
+use crate::error::Error;
+use crate::file::{FileHandle, OpGuard};
+use crate::stream::{StreamState, SubmitGuard};
+
+/// Bytes of one piece: the largest slot.
+pub(crate) const PIECE_BYTES: u64 = MAX_SLOT_BYTES as u64;
+
+/// Slots a long op holds at most (its ring): 64 MiB, the default slot cap of the 16 MiB
+/// size (`HIPFILE_STREAM_COPY_MB`).
+pub(crate) const RING_SLOTS: usize = 4;
+
+/// What a piece's slot saw last, for the ring's return to the pool.
+#[derive(Clone, Copy)]
+enum RingUse {
+    /// No copy out of or into it was enqueued.
+    Unused,
+    /// The last use whose copy was enqueued: its generation.
+    Queued(u32),
+    /// A copy was enqueued but not its done write: never lent again.
+    Lost,
+}
+
+/// One long op: the caller's parameters and result, the ring, and the pieces' results.
+pub(crate) struct LongOp {
+    /// The driver (for the slot pool when the ring goes back; see [`HostDropGuard`] for
+    /// why it is held through the guard).
+    host: HostDropGuard,
+    user: Arc<dyn ParamSource>,
+    direction: Direction,
+    device_ordinal: u32,
+    submitted_at: std::time::Instant,
+    whole: ValidIo,
+    flags: StreamFlags,
+    page_size_bytes: u64,
+    pieces: usize,
+    ring: Vec<Slot>,
+    state: Mutex<LongState>,
+}
+
+struct LongState {
+    /// The whole op as bound when the stream reached it (`Some(None)`: invalid); read once.
+    bound: Option<Option<ValidIo>>,
+    /// Each piece's outcome, once it ended.
+    results: Vec<Option<Outcome>>,
+    ring_uses: Vec<RingUse>,
+}
+
+impl LongOp {
+    /// Piece `index` of the op as submitted.
+    fn piece_io(&self, whole: &ValidIo, index: usize) -> Option<ValidIo> {
+        let start = index as u64 * PIECE_BYTES;
+        let raw = RawIo {
+            size_bytes: PIECE_BYTES.min(whole.size_bytes() - start),
+            file_offset_bytes: i64::try_from(whole.file_offset_bytes() + start).ok()?,
+            buffer_offset_bytes: i64::try_from(whole.buffer_offset_bytes() + start).ok()?,
+        };
+        validate(raw, whole.buffer(), self.flags, self.page_size_bytes).ok()
+    }
+
+    /// The whole op as bound when the stream reached its first piece (read once).
+    fn bound(&self) -> Option<ValidIo> {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        *state.bound.get_or_insert_with(|| {
+            let raw = self.user.read()?;
+            revalidate(&self.whole, raw, self.flags, self.page_size_bytes).ok()
+        })
+    }
+
+    /// Piece `index` ended with `outcome`: once every piece has, the caller's result is
+    /// published (and the op counted in the statistics).
+    fn piece_done(&self, index: usize, outcome: Outcome) {
+        let combined = {
+            let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            state.results[index] = Some(outcome);
+            if state.results.iter().any(Option::is_none) {
+                return;
+            }
+            combine(&state.results, self.whole.size_bytes())
+        };
+        crate::stats::global().record(
+            self.device_ordinal,
+            crate::stats::Api::Async,
+            self.direction,
+            self.whole.size_bytes(),
+            combined,
+            self.submitted_at.elapsed(),
+        );
+        self.user.publish(combined.bytes_p_value() as isize);
+    }
+
+    /// The slot of piece `index`'s ring entry had a copy enqueued for the use
+    /// `generation`.
+    pub(super) fn note_queued(&self, ring_index: usize, generation: u32) {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if !matches!(state.ring_uses[ring_index], RingUse::Lost) {
+            state.ring_uses[ring_index] = RingUse::Queued(generation);
+        }
+    }
+
+    /// A copy of the ring entry's slot was enqueued without its done write.
+    pub(super) fn note_lost(&self, ring_index: usize) {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.ring_uses[ring_index] = RingUse::Lost;
+    }
+}
+
+impl Drop for LongOp {
+    /// The ring goes back to the pool: each slot once the stream has run the last copy
+    /// enqueued for it, at once if none was, never if a done write was refused.
+    fn drop(&mut self) {
+        let Some(pool) = self.host.0.as_ref().and_then(|host| host.slots()) else { return };
+        let state = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        for (slot, used) in self.ring.iter().zip(&state.ring_uses) {
+            match *used {
+                RingUse::Unused => pool.give_back(slot),
+                RingUse::Queued(generation) => pool.retire(&slot.with_generation(generation)),
+                RingUse::Lost => pool.lose(),
+            }
+        }
+    }
+}
+
+/// Combines the pieces' outcomes in order: the first failure wins; otherwise the bytes up
+/// to and including the first short piece.
+fn combine(results: &[Option<Outcome>], size_bytes: u64) -> Outcome {
+    let mut total = 0u64;
+    for (index, result) in results.iter().enumerate() {
+        let piece_bytes = PIECE_BYTES.min(size_bytes - index as u64 * PIECE_BYTES);
+        match result.unwrap_or(Outcome::Library(OpError::InternalError)) {
+            Outcome::Bytes(n) if n >= piece_bytes => total += n,
+            Outcome::Bytes(n) => {
+                total += n;
+                // Short: the rest read nothing, or fails (the first failure wins).
+                if let Some(failure) =
+                    results[index + 1..].iter().flatten().find(|o| !matches!(o, Outcome::Bytes(_)))
+                {
+                    return *failure;
+                }
+                return Outcome::Bytes(total);
+            }
+            failure => return failure,
+        }
+    }
+    Outcome::Bytes(total)
+}
+
+/// Where a piece's parameters come from: the long op's, cut to the piece. Its result goes
+/// to the long op (`AsyncOp::store_and_release`), never to the caller directly.
+struct PieceParams {
+    long: Arc<LongOp>,
+    index: usize,
+}
+
+// SAFETY: the long op's caller parameters are valid while any piece holds them (the
+// caller's contract for the whole op, which lasts until its last piece published).
+unsafe impl ParamSource for PieceParams {
+    fn read(&self) -> Option<RawIo> {
+        let bound = self.long.bound()?;
+        let piece = self.long.piece_io(&bound, self.index)?;
+        Some(RawIo {
+            size_bytes: piece.requested_size_bytes(),
+            file_offset_bytes: i64::try_from(piece.file_offset_bytes()).ok()?,
+            buffer_offset_bytes: i64::try_from(piece.buffer_offset_bytes()).ok()?,
+        })
+    }
+
+    fn published(&self) -> isize {
+        self.long.user.published()
+    }
+
+    /// Pieces report to the long op (`AsyncOp::store_and_release`); nothing calls this.
+    fn publish(&self, _bytes: isize) {
+        debug_assert!(false, "a piece publishes through its long op");
+    }
+}
+
+/// A piece's place in its long op.
+pub(crate) struct PieceOf {
+    pub(super) long: Arc<LongOp>,
+    pub(super) index: usize,
+}
+
+impl PieceOf {
+    /// Its entry in the ring.
+    pub(super) fn ring_index(&self) -> usize {
+        self.index % self.long.ring.len()
+    }
+
+    /// The piece ended: tell the long op.
+    pub(super) fn done(&self, outcome: Outcome) {
+        self.long.piece_done(self.index, outcome);
+    }
+}
+
+/// What a piece brings to its op at submission.
+pub(crate) struct PieceSlot {
+    pub(super) of: PieceOf,
+    pub(super) slot: Slot,
+    pub(super) slot_use: SlotUse,
+}
+
+/// What a long op's submission needs besides the op itself.
+pub(crate) struct LongSubmit<'a> {
+    pub(crate) host: Arc<dyn OpHost>,
+    pub(crate) engine: &'a Engine,
+    pub(crate) state: &'a Arc<StreamState>,
+    pub(crate) buffer: &'a ResolvedBuffer,
+}
+
+impl AsyncOp {
+    /// Submits `io` as pieces sharing a ring of slots when it is a long op that may
+    /// (`HIPFILE_STREAM_COPIES=all`, longer than [`PIECE_BYTES`], buffer offset and size
+    /// FIXED, stream memory operations, a free ring); `None` otherwise (the caller submits
+    /// one op). On `Some(Err(_))` no piece runs: the ones enqueued before the failure are
+    /// abandoned (they only release their stream, leaving the destination as it was).
+    pub(crate) fn submit_long(
+        submit: LongSubmit<'_>,
+        submit_lock: &mut SubmitGuard<'_>,
+        direction: Direction,
+        params: &Arc<dyn ParamSource>,
+        io: ValidIo,
+        file: &Arc<FileHandle>,
+        guard: &OpGuard,
+    ) -> Option<Result<(), EnqueueError>> {
+        let LongSubmit { host, engine, state, buffer } = submit;
+        let pool = host.slots().filter(|pool| pool.all_reads())?;
+        let range_fixed = StreamFlags::FIXED_BUF_OFFSET | StreamFlags::FIXED_FILE_SIZE;
+        if io.size_bytes() <= PIECE_BYTES
+            || !state.flags.contains(range_fixed)
+            || !host.device().supports_stream_memops(buffer.device_ordinal)
+        {
+            return None;
+        }
+        let pieces = io.size_bytes().div_ceil(PIECE_BYTES) as usize;
+        let ring = pool.try_take_ring(MAX_SLOT_BYTES, pieces.min(RING_SLOTS))?;
+        let long = Arc::new(LongOp {
+            host: HostDropGuard(Some(Arc::clone(&host))),
+            user: Arc::clone(params),
+            direction,
+            device_ordinal: buffer.device_ordinal,
+            submitted_at: std::time::Instant::now(),
+            whole: io,
+            flags: state.flags,
+            page_size_bytes: host.page_size_bytes(),
+            pieces,
+            state: Mutex::new(LongState {
+                bound: None,
+                results: vec![None; pieces],
+                ring_uses: vec![RingUse::Unused; ring.len()],
+            }),
+            ring,
+        });
+        let file_len = file.size_bytes().ok();
+        let mut queued: Vec<Arc<AsyncOp>> = Vec::with_capacity(pieces);
+        for index in 0..long.pieces {
+            let Some(piece_io) = long.piece_io(&io, index) else {
+                // Cannot happen (a piece of a valid op is valid); refuse rather than guess.
+                let nothing_queued = queued.is_empty();
+                refuse(&host, &queued);
+                let error = Error::new(OpError::InternalError);
+                return Some(Err(EnqueueError { error, nothing_queued }));
+            };
+            let of = PieceOf { long: Arc::clone(&long), index };
+            let first_use = index < long.ring.len();
+            let base = long.ring[of.ring_index()];
+            let slot = if first_use { base } else { pool.next_use(&base) };
+            // Only a piece with a slot of its own may be staged before the stream reaches
+            // it (later ones reuse a slot an earlier piece's copy reads until then).
+            let slot_use = match direction {
+                Direction::Write => SlotUse::Write,
+                Direction::Read => {
+                    let inside = file_len.is_some_and(|len| piece_io.file_end_bytes() <= len);
+                    let may_prefetch = state.flags.all_fixed()
+                        && host
+                            .write_hazards()
+                            .may_prefetch(file, super::prefetch::file_range(&piece_io));
+                    if first_use && inside && may_prefetch {
+                        SlotUse::StagedRead
+                    } else {
+                        SlotUse::ReadAtArm
+                    }
+                }
+            };
+            let piece_params: Arc<dyn ParamSource> =
+                Arc::new(PieceParams { long: Arc::clone(&long), index });
+            let parts = OpParts {
+                direction,
+                params: piece_params,
+                io: piece_io,
+                file: Arc::clone(file),
+                guard: guard.share(),
+                sequence: submit_lock.next(),
+                piece: Some(PieceSlot { of, slot, slot_use }),
+            };
+            let op = AsyncOp::new(Arc::clone(&host), parts, state, buffer, engine.track_async_op());
+            if let Err(EnqueueError { error, nothing_queued }) = op.enqueue(engine) {
+                if nothing_queued {
+                    submit_lock.undo();
+                } else {
+                    // Its doorbell is queued: its arm must run (it abandoned itself).
+                    queued.push(op);
+                }
+                let nothing_queued = queued.is_empty();
+                refuse(&host, &queued);
+                return Some(Err(EnqueueError { error, nothing_queued }));
+            }
+            queued.push(op);
+        }
+        // Every piece is enqueued: now their arms may run (in stream order).
+        match host.arm_poller() {
+            Ok(poller) => {
+                for op in &queued {
+                    op.watch_arm(poller);
+                }
+                Some(Ok(()))
+            }
+            Err(error) => {
+                refuse(&host, &queued);
+                Some(Err(EnqueueError { error, nothing_queued: false }))
+            }
+        }
+    }
+}
+
+/// A long op's submission failed: every piece enqueued so far is abandoned before its arm
+/// is watched (so none has run), then watched, so that each releases its stream without
+/// moving data (`AsyncOp::arm`).
+fn refuse(host: &Arc<dyn OpHost>, queued: &[Arc<AsyncOp>]) {
+    for op in queued {
+        op.abandon();
+    }
+    if let Ok(poller) = host.arm_poller() {
+        for op in queued {
+            op.watch_arm(poller);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const P: u64 = PIECE_BYTES;
+
+    #[test]
+    fn pieces_combine_like_the_parts_of_a_split_request() {
+        let bytes = |n| Some(Outcome::Bytes(n));
+        let eio = Some(Outcome::OsError(5));
+        assert_eq!(
+            combine(&[bytes(P), bytes(P), bytes(100)], 2 * P + 100),
+            Outcome::Bytes(2 * P + 100)
+        );
+        assert_eq!(combine(&[bytes(P), bytes(10), bytes(0)], 3 * P), Outcome::Bytes(P + 10));
+        assert_eq!(combine(&[bytes(P), eio, bytes(P)], 3 * P), Outcome::OsError(5));
+        assert_eq!(combine(&[bytes(5), bytes(0), eio], 3 * P), Outcome::OsError(5));
+        assert_eq!(combine(&[eio, bytes(P)], 2 * P), Outcome::OsError(5));
+        let invalid = Some(Outcome::Library(OpError::InvalidValue));
+        assert_eq!(combine(&[invalid, invalid], 2 * P), Outcome::Library(OpError::InvalidValue));
+    }
+}
