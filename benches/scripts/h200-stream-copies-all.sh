@@ -1,10 +1,10 @@
 #!/bin/bash
 # HIPFILE_STREAM_COPIES=all against the default engine path, one binary, one run, the
 # variants (VARIANTS, default "off all all-1g all-late": all-1g = all with
-# HIPFILE_STREAM_COPY_MB=1024, room for every 16 MiB op in flight; all-late = all-1g with
+# HIPFILE_STREAM_COPY_MB=1024, room for every 16 MiB op (and 64 MiB op's ring) in flight; all-late = all-1g with
 # streams registered with flags 5, so that every read is read into its slot when the
 # stream reaches it: its file offset binds late) interleaved ROUNDS times (default 1): 16 MiB reads at 1/8/16 streams, 16 MiB
-# writes at 8 streams, 4 KiB and 64 KiB random reads at 8 streams, the 4 KiB latency;
+# writes at 8 streams, 64 MiB reads at 1/8 streams (pieces), 4 KiB and 64 KiB random reads at 8 streams, the 4 KiB latency;
 # every byte verified (the bench's default). The bench registers streams with flags 7
 # (fully FIXED) except in all-late, so every op of 16 MiB or less may take a slot; the counters line says
 # how many were copied on their streams (an op that finds no free slot, past
@@ -29,6 +29,9 @@ for round in $(seq 1 "${ROUNDS:-1}"); do
     echo "=== round=$round $variant (HIPFILE_STREAM_COPIES=$HIPFILE_STREAM_COPIES ${HIPFILE_STREAM_COPY_MB:+HIPFILE_STREAM_COPY_MB=$HIPFILE_STREAM_COPY_MB})" >> "$log"
     timeout -s KILL 120 "$bench" --mode read --streams 1,8,16 --io-size 16M --no-baselines --flags "$flags" \
       --file "$file" --file-size 2G --json "$out/read-$variant-$round.json" >> "$log" 2>&1
+    # Long ops: pieces of 16 MiB sharing a ring of 4 slots under `all` (the engine's path under off).
+    timeout -s KILL 90 "$bench" --mode read --streams 1,8 --io-size 64M --reps 2 --no-baselines --flags "$flags" \
+      --file "$file" --file-size 2G --json "$out/read64m-$variant-$round.json" >> "$log" 2>&1
     timeout -s KILL 90 "$bench" --mode write --streams 8 --io-size 16M --no-baselines --flags "$flags" \
       --file "$file" --file-size 2G --json "$out/write-$variant-$round.json" >> "$log" 2>&1
     timeout -s KILL 90 "$bench" --mode randread --io-size 4K,64K --streams 8 --reps 1 --no-baselines --flags "$flags" \

@@ -344,6 +344,7 @@ impl AsyncOp {
                 for op in &queued {
                     op.watch_arm(poller);
                 }
+                host.async_stats().submitted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 Some(Ok(()))
             }
             Err(error) => {

@@ -65,7 +65,10 @@ impl AsyncOp {
             }
             return Err(error);
         }
-        self.host.async_stats().submitted.fetch_add(1, Ordering::Relaxed);
+        // A long op counts once, when all its pieces are enqueued (`pieces`).
+        if self.piece.is_none() {
+            self.host.async_stats().submitted.fetch_add(1, Ordering::Relaxed);
+        }
         if let Some(receiver) = prefetch_gate {
             self.host.async_stats().prefetched.fetch_add(1, Ordering::Relaxed);
             self.post(engine, self.submitted, Some(receiver));

@@ -553,11 +553,12 @@ fn with_all_a_long_read_bound_invalid_fails_whole() {
     t.rig.set_dev_bytes(t.buffer, &old);
     let stream = t.rig.registered_stream(5);
     let gate = t.rig.pause(stream).expect("pause");
-    let submitted = || t.rig.driver.async_stats().submitted.load(Ordering::SeqCst);
-    let before = submitted();
+    let stats = t.rig.driver.async_stats();
+    let (submitted, releases) = (&stats.submitted, &stats.host_releases);
+    let before = (submitted.load(Ordering::SeqCst), releases.load(Ordering::SeqCst));
     let p = params(40 * MIB, 0, 0);
     read(&t, &p, stream);
-    assert_eq!(submitted() - before, 3, "three pieces on the stream");
+    assert_eq!(submitted.load(Ordering::SeqCst) - before.0, 1, "one op");
     // Negative: the first piece alone would fail, the later ones (-4 KiB + 16 MiB · k)
     // would not.
     p.file_offset_bytes.store(-4096, Ordering::SeqCst);
@@ -565,4 +566,6 @@ fn with_all_a_long_read_bound_invalid_fails_whole() {
     t.rig.sync(stream);
     assert_eq!(bytes(&p), neg(OpError::InvalidValue));
     assert_bytes(&t.rig.dev_bytes(t.buffer, 64 * MIB), &old, "the destination");
+    let released = releases.load(Ordering::SeqCst) - before.1;
+    assert_eq!(released, 3, "three pieces, each releasing its stream");
 }

@@ -557,6 +557,24 @@ fn streams_made_while_writes_copied_into_slots_hold_streams() {
     assert_eq!(copies, 8 * 4 * 6, "every write copied into a slot on its own stream");
 }
 
+/// The same with ops of 24 MiB, copied on their streams in pieces sharing rings of slots
+/// (`HIPFILE_STREAM_COPIES=all`, `async_op/pieces.rs`): reads and writes, fully FIXED and
+/// with a late file offset. Every piece must have been copied on its stream.
+#[test]
+fn streams_made_while_long_ops_copied_in_pieces_hold_streams() {
+    let config = Config {
+        stream_copies: StreamCopies::All,
+        stream_copy_cap_bytes: 256 * MIB,
+        ..small_config()
+    };
+    let flags = [Some(15), Some(5), Some(7), Some(13)];
+    for direction in [Direction::Read, Direction::Write] {
+        let copies =
+            streams_made_during(Rig::with(1, config.clone()), direction, 1, 24 * MIB, flags);
+        assert_eq!(copies, 8 * 6 * 2, "{direction:?}: both pieces of every op");
+    }
+}
+
 /// 8 streams registered with `flags` in turn run 6 rounds of `ops` reads or writes of
 /// `op` bytes each (every byte checked) while another thread makes 200 streams, all under
 /// a watchdog. Returns the ops copied on their streams.

@@ -21,12 +21,31 @@ use hipfile_runtime::HandleId;
 use hipfile_runtime::device::StreamHandle;
 use hipfile_test_support::rig::*;
 
-const STREAMS: usize = 16;
-const THREADS: usize = 4;
-const OPS: usize = 10_000;
-const REGION: usize = MIB;
-const MAX_OP: usize = 256 * KIB;
-const MAX_OUTSTANDING: usize = 48;
+/// The size of one stress run.
+#[derive(Clone, Copy)]
+struct Shape {
+    streams: usize,
+    threads: usize,
+    ops: usize,
+    /// Bytes of each stream's region (of the file and of the buffer).
+    region: usize,
+    max_op: usize,
+    max_outstanding: usize,
+    /// Ops on streams that do not fix the file offset move it after submission (it binds
+    /// when the stream reaches the op).
+    late_file_offsets: bool,
+}
+
+/// The default run: 10 000 ops of up to 256 KiB.
+const SMALL: Shape = Shape {
+    streams: 16,
+    threads: 4,
+    ops: 10_000,
+    region: MIB,
+    max_op: 256 * KIB,
+    max_outstanding: 48,
+    late_file_offsets: false,
+};
 
 /// One stream, its region and its model.
 struct Lane {
@@ -40,15 +59,16 @@ struct Lane {
 }
 
 struct Shared {
+    shape: Shape,
     rig: Rig,
     handle: HandleId,
     buffer: u64,
     file: std::fs::File,
     failures: Mutex<Vec<String>>,
     accepted: AtomicUsize,
-    /// Free pinned buffers of `MAX_OP` bytes for the reads' snapshots: a host function
-    /// must not call the device API (CUDA), so it returns its buffer here instead of
-    /// freeing it.
+    /// Free pinned buffers (of powers of two bytes) for the reads' snapshots: a host
+    /// function must not call the device API (CUDA), so it returns its buffer here
+    /// instead of freeing it.
     pool: Mutex<Vec<Pinned>>,
 }
 
@@ -63,25 +83,26 @@ impl Shared {
 
 /// One op: what it moves, or `None` when it must be refused (unaligned on a PAGE_ALIGNED
 /// stream).
-fn plan_op(rng: &mut Rng, lane: &Lane) -> (Direction, usize, usize, usize, bool) {
+fn plan_op(rng: &mut Rng, lane: &Lane, shape: Shape) -> (Direction, usize, usize, usize, bool) {
+    let (region, max_op) = (shape.region, shape.max_op);
     let direction = if rng.below(2) == 0 { Direction::Read } else { Direction::Write };
     let page_aligned = lane.flags.is_some_and(|f| f & 8 != 0);
-    let mut size = if rng.below(100) == 0 { 0 } else { rng.size(MAX_OP) };
-    let mut file_offset = rng.below(REGION - size + 1);
-    let mut buffer_offset = rng.below(REGION - size + 1);
+    let mut size = if rng.below(100) == 0 { 0 } else { rng.size(max_op) };
+    let mut file_offset = rng.below(region - size + 1);
+    let mut buffer_offset = rng.below(region - size + 1);
     let mut refused = false;
     let align = |v: usize| v / 4096 * 4096;
     if page_aligned {
         size = align(size).max(if size == 0 { 0 } else { 4096 });
-        file_offset = align(file_offset).min(REGION - size);
+        file_offset = align(file_offset).min(region - size);
     }
-    buffer_offset = buffer_offset.min(REGION - size);
+    buffer_offset = buffer_offset.min(region - size);
     if page_aligned {
-        buffer_offset = align(buffer_offset).min(REGION - size);
+        buffer_offset = align(buffer_offset).min(region - size);
         if size > 0 && rng.below(50) == 0 {
             // Deliberately unaligned: refused at submission (decided behaviour).
             buffer_offset += 1 + rng.below(4095);
-            buffer_offset = buffer_offset.min(REGION - size);
+            buffer_offset = buffer_offset.min(region - size);
             refused = !buffer_offset.is_multiple_of(4096);
         }
     }
@@ -90,10 +111,28 @@ fn plan_op(rng: &mut Rng, lane: &Lane) -> (Direction, usize, usize, usize, bool)
 
 /// Submits one op on `lane` and, after it, the host function that checks it.
 fn run_op(shared: &Arc<Shared>, rng: &mut Rng, lane: &mut Lane, id: usize) {
-    let (direction, size, f, b, refused) = plan_op(rng, lane);
+    let (direction, size, mut f, b, refused) = plan_op(rng, lane, shared.shape);
     let rig = &shared.rig;
     let p = params(size, (lane.base + f) as i64, (lane.base + b) as i64);
+    // A file offset the stream does not fix may be moved until the stream reaches the op:
+    // submitted at another (valid) offset, set to the real one right after.
+    let late = shared.shape.late_file_offsets
+        && lane.flags.is_none_or(|flags| flags & 2 == 0)
+        && !refused
+        && rng.below(2) == 0;
+    let real_f = f;
+    if late {
+        f = rng.below(shared.shape.region - size + 1);
+        if lane.flags.is_some_and(|flags| flags & 8 != 0) {
+            f = f / 4096 * 4096;
+        }
+        p.file_offset_bytes.store((lane.base + f) as i64, Ordering::SeqCst);
+    }
     let result = rig.submit(direction, shared.handle, shared.buffer, &p, lane.stream);
+    if late {
+        p.file_offset_bytes.store((lane.base + real_f) as i64, Ordering::SeqCst);
+        f = real_f;
+    }
     if refused {
         if code(result) != OpError::InvalidValue {
             shared.fail(format!("op {id}: unaligned op on PAGE_ALIGNED stream was accepted"));
@@ -131,8 +170,12 @@ fn run_op(shared: &Arc<Shared>, rng: &mut Rng, lane: &mut Lane, id: usize) {
     // cannot be read from a host function on a GPU): copied on the stream, after the op.
     let snapshot = match direction {
         Direction::Read => {
-            let pinned = shared.pool.lock().expect("lock").pop();
-            let pinned = pinned.unwrap_or_else(|| rig.pinned(MAX_OP));
+            let pinned = {
+                let mut pool = shared.pool.lock().expect("lock");
+                let fits = pool.iter().position(|p| p.region.len_bytes >= size);
+                fits.map(|at| pool.swap_remove(at))
+            };
+            let pinned = pinned.unwrap_or_else(|| rig.pinned(size.next_power_of_two()));
             let source = shared.buffer + buffer_at as u64;
             // SAFETY: the buffer moves into the host function below, which runs after
             // the copy and hands it back to the pool (it is freed only when `shared`
@@ -173,13 +216,14 @@ fn run_op(shared: &Arc<Shared>, rng: &mut Rng, lane: &mut Lane, id: usize) {
 
 fn submitter(shared: Arc<Shared>, mut lanes: Vec<Lane>, seed: u64) -> Vec<Lane> {
     let mut rng = Rng(seed);
-    let per_thread = OPS / THREADS;
+    let shape = shared.shape;
+    let per_thread = shape.ops / shape.threads;
     for i in 0..per_thread {
         let lane = rng.below(lanes.len());
         let lane = &mut lanes[lane];
         let outstanding = Arc::clone(&lane.outstanding);
         wait_until("a stream to drain below its outstanding limit", || {
-            outstanding.load(Ordering::SeqCst) < MAX_OUTSTANDING
+            outstanding.load(Ordering::SeqCst) < shape.max_outstanding
         });
         run_op(&shared, &mut rng, lane, seed as usize * per_thread + i);
     }
@@ -191,33 +235,64 @@ fn submitter(shared: Arc<Shared>, mut lanes: Vec<Lane>, seed: u64) -> Vec<Lane> 
 
 #[test]
 fn stress_10k_ops_16_streams_4_threads() {
-    let rig = Rig::new();
+    stress(Rig::new(), SMALL);
+}
+
+/// The same with `HIPFILE_STREAM_COPIES=all` and ops of up to 40 MiB (log-uniform: most
+/// stay small), file offsets moved after submission on streams that do not fix them:
+/// every op with a FIXED device range goes through slots copied on its stream — staged,
+/// read when the stream reaches it, or in pieces sharing a ring (`async_op/pieces.rs`) —
+/// next to the engine's path of the others, and every byte must match the model.
+#[test]
+fn stress_with_every_fixed_range_copied_on_the_stream() {
+    let config = hipfile_runtime::config::Config {
+        stream_copies: hipfile_runtime::config::StreamCopies::All,
+        stream_copy_cap_bytes: 256 * MIB,
+        ..hipfile_runtime::config::Config::default()
+    };
+    let shape = Shape {
+        streams: 8,
+        threads: 4,
+        ops: 300,
+        region: 48 * MIB,
+        max_op: 40 * MIB,
+        max_outstanding: 8,
+        late_file_offsets: true,
+    };
+    let copied = stress(Rig::with(1, config), shape);
+    assert!(copied > 0, "ops copied on their streams");
+}
+
+/// Runs `shape` on `rig`; returns the ops copied on their streams.
+fn stress(rig: Rig, shape: Shape) -> u64 {
+    let Shape { streams, threads, region, ops, .. } = shape;
     let cap = rig.driver.config().pinned_fallback_cap_bytes;
-    let initial_file = pattern(90, STREAMS * REGION);
-    let initial_buffer = pattern(91, STREAMS * REGION);
+    let initial_file = pattern(90, streams * region);
+    let initial_buffer = pattern(91, streams * region);
     let file = TempFile::new("stress", &initial_file);
     let fd = file.open_rw();
     let handle = rig.register(&fd);
-    let buffer = rig.alloc(STREAMS * REGION);
+    let buffer = rig.alloc(streams * region);
     rig.set_dev_bytes(buffer, &initial_buffer);
     let mut rng = Rng(7);
-    let mut lanes: Vec<Lane> = (0..STREAMS)
+    let mut lanes: Vec<Lane> = (0..streams)
         .map(|k| {
             let choice = rng.below(17);
             let flags = (choice < 16).then_some(choice as u32);
-            let base = k * REGION;
+            let base = k * region;
             Lane {
                 stream: rig.stream_with(flags),
                 flags,
                 base,
-                file: initial_file[base..base + REGION].to_vec(),
-                buffer: initial_buffer[base..base + REGION].to_vec(),
+                file: initial_file[base..base + region].to_vec(),
+                buffer: initial_buffer[base..base + region].to_vec(),
                 outstanding: Arc::default(),
             }
         })
         .collect();
     let reader = fd.try_clone().expect("dup");
     let shared = Arc::new(Shared {
+        shape,
         rig,
         handle,
         buffer,
@@ -240,8 +315,8 @@ fn stress_10k_ops_16_streams_4_threads() {
             max
         })
     };
-    let per_thread = STREAMS / THREADS;
-    let threads: Vec<_> = (0..THREADS)
+    let per_thread = streams / threads;
+    let threads: Vec<_> = (0..threads)
         .map(|t| {
             let mine: Vec<Lane> = lanes.drain(..per_thread).collect();
             let shared = Arc::clone(&shared);
@@ -258,7 +333,7 @@ fn stress_10k_ops_16_streams_4_threads() {
     let accepted = shared.accepted.load(Ordering::SeqCst);
     let submitted = shared.rig.driver.async_stats().submitted.load(Ordering::SeqCst);
     assert_eq!(submitted as usize, accepted, "async_stats().submitted");
-    assert!(accepted > OPS * 9 / 10, "most ops run: {accepted}");
+    assert!(accepted > ops * 9 / 10, "most ops run: {accepted}");
     let engine = shared.rig.driver.engine().expect("engine");
     println!(
         "accepted {accepted}, max fallback {max_fallback} B, engine {:?}, async {:?}",
@@ -268,13 +343,14 @@ fn stress_10k_ops_16_streams_4_threads() {
     assert!(max_fallback <= cap, "fallback pinned {max_fallback} > cap {cap}");
     assert!(engine.fallback_pinned_bytes() <= cap);
     let contents = file.contents();
-    let device = shared.rig.dev_bytes(buffer, STREAMS * REGION);
+    let device = shared.rig.dev_bytes(buffer, streams * region);
     for lane in &lanes {
-        let range = lane.base..lane.base + REGION;
+        let range = lane.base..lane.base + region;
         let what = format!("stream {:?} flags {:?}", lane.stream, lane.flags);
         assert_bytes(&contents[range.clone()], &lane.file, &format!("final file, {what}"));
         assert_bytes(&device[range], &lane.buffer, &format!("final buffer, {what}"));
     }
+    shared.rig.driver.async_stats().stream_copies.load(Ordering::SeqCst)
 }
 
 /// More reads in flight than the staging arenas hold (16 streams × 2 MiB ops, 2 × 8 MiB
@@ -290,6 +366,7 @@ fn staging_pressure(cap: usize) {
     let cap = rig.driver.config().pinned_fallback_cap_bytes;
     const OP: usize = 2 * MIB;
     const PER_STREAM: usize = 2;
+    const STREAMS: usize = 16;
     let data = pattern(92, STREAMS * PER_STREAM * OP);
     let file = TempFile::new("pressure", &data);
     let fd = file.open_rw();
