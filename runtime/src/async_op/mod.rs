@@ -133,6 +133,9 @@ pub struct AsyncStats {
     /// Reads staged ahead into a slot and copied on the user's stream, and writes whose
     /// bytes the user's stream copied into a slot (`slots`).
     pub stream_copies: AtomicU64,
+    /// Pieces of long reads copied on their stream (`pieces`) whose read was posted ahead
+    /// of their arm, by an earlier piece's arm.
+    pub read_ahead: AtomicU64,
 }
 
 /// Nanoseconds since the first call in this process (the async path's round-trip
@@ -321,9 +324,11 @@ impl Drop for AsyncOp {
             match self.slot_phase.load(std::sync::atomic::Ordering::SeqCst) {
                 stream_copy::SLOT_HELD => self.slot_unused(slot),
                 // A write's slot, read by its job (which held the op): lent again once
-                // the stream's copy into it shows done (a piece's ring noted the use).
+                // the stream's copy into it shows done (a piece's by the last piece that
+                // uses it; its ring noted the earlier uses).
                 stream_copy::SLOT_COPY_QUEUED
-                    if self.direction == Direction::Write && self.piece.is_none() =>
+                    if self.direction == Direction::Write
+                        && self.piece.as_ref().is_none_or(|p| p.last_user_of_its_slot()) =>
                 {
                     self.slot_retired(slot)
                 }

@@ -19,7 +19,7 @@
 //! of a split request (short at the first short piece; the first failure wins); the
 //! statistics count one op.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use hipfile_core::{
     Direction, OpError, Outcome, RawIo, StreamFlags, ValidIo, revalidate, validate,
@@ -50,6 +50,8 @@ enum RingUse {
     Queued(u32),
     /// A copy was enqueued but not its done write: never lent again.
     Lost,
+    /// Its last piece handed it back to the pool itself (as an op of its own would).
+    Returned,
 }
 
 /// One long op: the caller's parameters and result, the ring, and the pieces' results.
@@ -67,6 +69,9 @@ pub(crate) struct LongOp {
     pieces: usize,
     ring: Vec<Slot>,
     state: Mutex<LongState>,
+    /// Pieces read into their slot when the stream reaches them, until an earlier piece's
+    /// arm posts their read ahead ([`PieceOf::read_ahead`]).
+    ahead: Mutex<Vec<Option<Weak<AsyncOp>>>>,
 }
 
 struct LongState {
@@ -124,8 +129,16 @@ impl LongOp {
     /// `generation`.
     pub(super) fn note_queued(&self, ring_index: usize, generation: u32) {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        if !matches!(state.ring_uses[ring_index], RingUse::Lost) {
+        if matches!(state.ring_uses[ring_index], RingUse::Unused | RingUse::Queued(_)) {
             state.ring_uses[ring_index] = RingUse::Queued(generation);
+        }
+    }
+
+    /// The ring entry's last piece handed its slot back to the pool.
+    pub(super) fn note_returned(&self, ring_index: usize) {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if !matches!(state.ring_uses[ring_index], RingUse::Lost) {
+            state.ring_uses[ring_index] = RingUse::Returned;
         }
     }
 
@@ -137,8 +150,9 @@ impl LongOp {
 }
 
 impl Drop for LongOp {
-    /// The ring goes back to the pool: each slot once the stream has run the last copy
-    /// enqueued for it, at once if none was, never if a done write was refused.
+    /// What its last pieces did not hand back goes back to the pool (a refused submission's):
+    /// each slot once the stream has run the last copy enqueued for it, at once if none
+    /// was, never if a done write was refused.
     fn drop(&mut self) {
         let Some(pool) = self.host.0.as_ref().and_then(|host| host.slots()) else { return };
         let state = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
@@ -147,6 +161,7 @@ impl Drop for LongOp {
                 RingUse::Unused => pool.give_back(slot),
                 RingUse::Queued(generation) => pool.retire(&slot.with_generation(generation)),
                 RingUse::Lost => pool.lose(),
+                RingUse::Returned => {}
             }
         }
     }
@@ -213,9 +228,33 @@ pub(crate) struct PieceOf {
 }
 
 impl PieceOf {
+    /// Whether no later piece uses its slot: it hands the slot back to the pool as an op
+    /// of its own would (a read once its copy is enqueued, a write once its job is over),
+    /// so that the ring is free as soon as the op is done.
+    pub(super) fn last_user_of_its_slot(&self) -> bool {
+        self.index + self.long.ring.len() >= self.long.pieces
+    }
+
     /// Its entry in the ring.
     pub(super) fn ring_index(&self) -> usize {
         self.index % self.long.ring.len()
+    }
+
+    /// At this piece's arm: posts the reads of the next pieces whose slots are free now —
+    /// up to `RING_SLOTS - 1` ahead (piece `k`'s slot was last used by piece
+    /// `k - RING_SLOTS`, whose copy out of it the stream ran before this piece's
+    /// doorbell). Stream order is kept: the whole op was reached with its first piece.
+    pub(super) fn read_ahead(&self, engine: &Engine) {
+        let long = &self.long;
+        let last = (self.index + long.ring.len() - 1).min(long.pieces - 1);
+        for next in self.index + 1..=last {
+            let taken = long.ahead.lock().unwrap_or_else(|p| p.into_inner())[next].take();
+            let Some(op) = taken.and_then(|op| op.upgrade()) else { continue };
+            let Some(io) = long.bound().and_then(|bound| long.piece_io(&bound, next)) else {
+                return;
+            };
+            op.post_read_ahead(engine, io);
+        }
     }
 
     /// The piece ended: tell the long op.
@@ -281,6 +320,7 @@ impl AsyncOp {
                 ring_uses: vec![RingUse::Unused; ring.len()],
             }),
             ring,
+            ahead: Mutex::new(vec![None; pieces]),
         });
         let file_len = file.size_bytes().ok();
         let mut queued: Vec<Arc<AsyncOp>> = Vec::with_capacity(pieces);
@@ -325,6 +365,10 @@ impl AsyncOp {
                 piece: Some(PieceSlot { of, slot, slot_use }),
             };
             let op = AsyncOp::new(Arc::clone(&host), parts, state, buffer, engine.track_async_op());
+            if slot_use == SlotUse::ReadAtArm {
+                long.ahead.lock().unwrap_or_else(|p| p.into_inner())[index] =
+                    Some(Arc::downgrade(&op));
+            }
             if let Err(EnqueueError { error, nothing_queued }) = op.enqueue(engine) {
                 if nothing_queued {
                     submit_lock.undo();

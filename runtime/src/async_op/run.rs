@@ -32,6 +32,10 @@ impl AsyncOp {
             return;
         }
         if self.stages_slot_at_submission() {
+            if let (Some(piece), Ok(engine)) = (&self.piece, self.host.engine()) {
+                // The next pieces whose slots this piece's arm freed read ahead.
+                piece.read_ahead(engine);
+            }
             self.arm_slot();
             return;
         }
@@ -61,8 +65,12 @@ impl AsyncOp {
         match self.host.engine() {
             Ok(engine) => {
                 self.set_state(OpEvent::Start);
+                if let Some(piece) = &self.piece {
+                    // The next pieces whose slots this piece's arm freed read ahead.
+                    piece.read_ahead(engine);
+                }
                 if self.reads_slot_at_arm() {
-                    self.post_slot_read(engine, io);
+                    self.start_slot_read_at_arm(engine, io);
                 } else {
                     self.post(engine, io, None);
                 }

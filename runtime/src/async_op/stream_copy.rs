@@ -21,7 +21,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use hipfile_core::{Direction, OpError, OpEvent, Outcome, StreamFlags};
+use hipfile_core::{Direction, OpError, OpEvent, Outcome, StreamFlags, ValidIo};
 
 use super::AsyncOp;
 use super::slots::{MAX_SLOT_BYTES, SLOT_BYTES, Slot};
@@ -31,6 +31,9 @@ use crate::engine::{Completion, Engine, HostMemory, IoJob, JobEnd, PartJoiner};
 const STAGED: u8 = 1;
 /// The stream reached the op.
 const ARMED: u8 = 2;
+/// A read at arm's read into its slot is posted (at its arm, or ahead of it by an earlier
+/// piece of its long op: `pieces`).
+const POSTED: u8 = 4;
 
 /// What an op's slot serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -162,9 +165,14 @@ impl AsyncOp {
     /// and nothing of the op reads the slot after that copy: the pool (or the piece's
     /// ring) may lend it again once the done word shows this use.
     pub(super) fn slot_retired(&self, slot: &Slot) {
+        let pool = self.host.slots().expect("an op with a slot has a pool");
         match &self.piece {
+            Some(piece) if piece.last_user_of_its_slot() => {
+                pool.retire(slot);
+                piece.long.note_returned(piece.ring_index());
+            }
             Some(piece) => piece.long.note_queued(piece.ring_index(), slot.generation),
-            None => self.host.slots().expect("an op with a slot has a pool").retire(slot),
+            None => pool.retire(slot),
         }
     }
 
@@ -226,7 +234,7 @@ impl AsyncOp {
     /// long read is split over executors like the engine's own (`Engine::parts`), each
     /// part into its place in the slot; the parts' results are combined (short at the
     /// first short part) before the op's finisher sees them.
-    pub(super) fn post_slot_read(self: &Arc<Self>, engine: &Engine, io: hipfile_core::ValidIo) {
+    pub(super) fn post_slot_read(self: &Arc<Self>, engine: &Engine, io: ValidIo) {
         let Some(slot) = self.slot else { return };
         let at_arm = self.reads_slot_at_arm();
         let parts = engine.parts(io.file_offset_bytes(), io.size_bytes());
@@ -266,7 +274,48 @@ impl AsyncOp {
     }
 
     fn slot_read_done(self: &Arc<Self>, at_arm: bool, outcome: Outcome) {
-        if at_arm { self.slot_read_at_arm_done(outcome) } else { self.slot_staged(outcome) }
+        if !at_arm {
+            self.slot_staged(outcome);
+            return;
+        }
+        // A read at arm ends once it is both read and reached (a piece read ahead may be
+        // read before the stream reaches it).
+        *self.slot_outcome.lock().unwrap_or_else(|p| p.into_inner()) = Some(outcome);
+        if self.slot_flow.fetch_or(STAGED, Ordering::SeqCst) & ARMED != 0 {
+            self.slot_read_at_arm_met();
+        }
+    }
+
+    /// A read at arm whose parameters are bound: posts its read, or, when a piece ahead of
+    /// it already did, finishes if that read is in.
+    pub(super) fn start_slot_read_at_arm(self: &Arc<Self>, engine: &Engine, io: ValidIo) {
+        if self.slot_flow.load(Ordering::SeqCst) & POSTED == 0 {
+            self.slot_flow.fetch_or(POSTED | ARMED, Ordering::SeqCst);
+            self.post_slot_read(engine, io);
+        } else if self.slot_flow.fetch_or(ARMED, Ordering::SeqCst) & STAGED != 0 {
+            self.slot_read_at_arm_met();
+        }
+    }
+
+    /// Posts the read of a piece of a long op ahead of its arm, into a slot an earlier
+    /// piece has finished with (`pieces`: called from the arm of an earlier piece, on the
+    /// poller, before this piece's arm can run). Nothing when the long op's parameters are
+    /// invalid: its own arm then fails it.
+    pub(super) fn post_read_ahead(self: &Arc<Self>, engine: &Engine, io: ValidIo) {
+        self.slot_flow.fetch_or(POSTED, Ordering::SeqCst);
+        self.host.async_stats().read_ahead.fetch_add(1, Ordering::Relaxed);
+        self.post_slot_read(engine, io);
+    }
+
+    /// Both halves of a read at arm are in: finish with the read's outcome.
+    fn slot_read_at_arm_met(&self) {
+        let outcome = self
+            .slot_outcome
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+            .unwrap_or(Outcome::Library(OpError::InternalError));
+        self.slot_read_at_arm_done(outcome);
     }
 
     /// A read at arm came back (or could not start): keep the destination past what it

@@ -472,6 +472,7 @@ fn with_all_long_reads_are_copied_on_their_stream_in_pieces() {
         let stream = t.rig.registered_stream(flags);
         let gate = t.rig.pause(stream).expect("pause");
         let before = stream_copies(&t.rig);
+        let ahead_before = t.rig.driver.async_stats().read_ahead.load(Ordering::SeqCst);
         // (size, file offset submitted, file offset bound, buffer offset, bytes read)
         let reads = [
             (16 * MIB + 4096, 4096, 8192, 0, 16 * MIB + 4096),
@@ -500,6 +501,13 @@ fn with_all_long_reads_are_copied_on_their_stream_in_pieces() {
             pieces += size.div_ceil(16 * MIB) as u64;
         }
         assert_eq!(stream_copies(&t.rig) - before, pieces, "flags {flags}: every piece");
+        // Pieces past the staged ones are read ahead as earlier pieces' arms free their
+        // slots: fully FIXED, pieces inside the file among the first four of each op are
+        // staged at submission (read ahead: the 100 MiB read's last three, and the second
+        // piece of the read past the end of the file); with a late file offset every
+        // piece after the first is read ahead (1 + 2 + 6 + 1).
+        let ahead = t.rig.driver.async_stats().read_ahead.load(Ordering::SeqCst) - ahead_before;
+        assert_eq!(ahead, if flags == 15 { 4 } else { 10 }, "flags {flags}: read ahead");
         t.rig.set_dev_bytes(t.buffer, &old);
     }
 }
