@@ -12,7 +12,8 @@ tests/gpu/cuda-lock-probe.sh 2>&1 | grep -E "^===|creator|probe: .*(WAITS|app )|
 tests=(streams::streams_made_while_ops_hold_streams
        streams::streams_made_while_reads_copied_on_their_streams_hold_streams
        streams::streams_made_while_writes_copied_into_slots_hold_streams
-       streams::streams_made_while_long_ops_copied_in_pieces_hold_streams)
+       streams::streams_made_while_long_ops_copied_in_pieces_hold_streams
+       streams::streams_made_while_unfixed_ops_copied_on_their_streams_hold_streams)
 for variant in "HIPFILE_LOCK_CHECK=default" "HIPFILE_CUDA_MIN_COPY_BYTES=0" "CUDA_DEVICE_MAX_CONNECTIONS=8"; do
   for test in "${tests[@]}"; do
     env "$variant" HIPFILE_DEVICE=cuda timeout -s KILL 50 target/gpu-bundle/tests/async_api \

@@ -192,6 +192,11 @@ pub(crate) struct AsyncOp {
     slot: Option<slots::Slot>,
     /// What the slot serves (`Some` with a slot).
     slot_use: Option<stream_copy::SlotUse>,
+    /// The slot's device range is the one submitted, which the stream's flags do not
+    /// fix: the op declines the slot at arm if the bound one differs.
+    slot_range_may_change: bool,
+    /// The op declined its slot at arm (`stream_copy`): the engine's path moved it.
+    slot_declined: AtomicBool,
     /// The long op this op is a piece of ([`pieces`]): its slot belongs to the long op's
     /// ring, its result goes to the long op.
     piece: Option<pieces::PieceOf>,
@@ -274,6 +279,11 @@ impl AsyncOp {
             prefetch_generation: AtomicU64::new(0),
             prefetch_stamp: Mutex::new(None),
             hazard,
+            slot_range_may_change: slot.is_some()
+                && !state
+                    .flags
+                    .contains(StreamFlags::FIXED_BUF_OFFSET | StreamFlags::FIXED_FILE_SIZE),
+            slot_declined: AtomicBool::new(false),
             slot,
             slot_use,
             piece,

@@ -62,6 +62,9 @@ impl AsyncOp {
             debug_assert!(shrunk.is_ok(), "bound size {} grew: {shrunk:?}", io.size_bytes());
         }
         self.set_state(OpEvent::Arm);
+        if self.declines_slot(&io) {
+            self.slot_declined.store(true, Ordering::SeqCst);
+        }
         match self.host.engine() {
             Ok(engine) => {
                 self.set_state(OpEvent::Start);
@@ -69,13 +72,13 @@ impl AsyncOp {
                     // The next pieces whose slots this piece's arm freed read ahead.
                     piece.read_ahead(engine);
                 }
-                if self.reads_slot_at_arm() {
+                if self.reads_slot_at_arm() && !self.slot_declined() {
                     self.start_slot_read_at_arm(engine, io);
                 } else {
                     self.post(engine, io, None);
                 }
             }
-            Err(error) if self.reads_slot_at_arm() => {
+            Err(error) if self.reads_slot_at_arm() && !self.slot_declined() => {
                 self.slot_read_at_arm_done(Outcome::Library(error.code));
             }
             Err(error) => self.publish(Outcome::Library(error.code)),
@@ -187,7 +190,9 @@ impl AsyncOp {
     }
 
     fn releases_device_side(&self) -> bool {
-        self.direction == Direction::Read && !self.blocking_fallback
+        // A read that declined its slot fills it from the destination once its copies
+        // are done, then releases from the host (the stream's copy follows the release).
+        self.direction == Direction::Read && !self.blocking_fallback && !self.slot_declined()
     }
 
     /// The single job of the op ended: publish, releasing device-side after the copies
@@ -225,6 +230,10 @@ impl AsyncOp {
     /// The publication's winner: the machine reaches `Published`, `*bytes_p` is stored
     /// and the op lets go of file, buffer and hazard entry.
     fn conclude(&self, outcome: Outcome) {
+        // A read that declined its slot: the stream's queued copy out of the slot must
+        // write back what the destination holds now.
+        let outcome =
+            if self.slot_declined() { self.keep_destination_past(outcome) } else { outcome };
         let state = self.machine().state();
         match (state, outcome) {
             // The engine moved `n` bytes (short at end of file).

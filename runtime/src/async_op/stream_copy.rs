@@ -21,7 +21,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use hipfile_core::{Direction, OpError, OpEvent, Outcome, StreamFlags, ValidIo};
+use hipfile_core::{Direction, OpError, OpEvent, Outcome, ValidIo};
 
 use super::AsyncOp;
 use super::slots::{MAX_SLOT_BYTES, SLOT_BYTES, Slot};
@@ -63,10 +63,12 @@ impl AsyncOp {
     ///   FIXED, no overlapping write) of at most [`SLOT_BYTES`] on an idle stream (its
     ///   predecessor released).
     /// - With `all`, ops of at most [`MAX_SLOT_BYTES`]: a read that may prefetch and lies
-    ///   inside the file now is staged at once; any other read whose buffer offset and
-    ///   size are FIXED (its destination range is known at submission) is read when the
-    ///   stream reaches it; a write whose buffer offset and size are FIXED (its source
-    ///   range is known; its file offset may bind late).
+    ///   inside the file now is staged at once; any other read is read when the stream
+    ///   reaches it; a write has its stream copy the source into the slot before its
+    ///   doorbell. The slot copy is enqueued for the device range as submitted: when the
+    ///   stream's flags do not fix it (buffer offset and size), the op takes the slot on
+    ///   the bet that it will not change, and declines it at arm if it did
+    ///   ([`AsyncOp::declines_slot`]).
     pub(super) fn wants_slot(
         host: &dyn super::OpHost,
         blocking_fallback: bool,
@@ -79,27 +81,43 @@ impl AsyncOp {
         }
         let pool = host.slots()?;
         let size_bytes = parts.io.size_bytes();
-        let device_range_fixed =
-            state.flags.contains(StreamFlags::FIXED_BUF_OFFSET | StreamFlags::FIXED_FILE_SIZE);
         let fits = size_bytes <= MAX_SLOT_BYTES as u64;
         let wanted = match (parts.direction, pool.all_reads()) {
             (Direction::Read, true) if fits => {
                 let inside =
                     parts.file.size_bytes().is_ok_and(|file| parts.io.file_end_bytes() <= file);
-                if prefetchable && inside {
-                    Some(SlotUse::StagedRead)
-                } else {
-                    device_range_fixed.then_some(SlotUse::ReadAtArm)
-                }
+                if prefetchable && inside { SlotUse::StagedRead } else { SlotUse::ReadAtArm }
             }
-            (Direction::Read, false) => (prefetchable
-                && size_bytes <= SLOT_BYTES as u64
-                && state.word().load() == parts.sequence.wrapping_sub(1))
-            .then_some(SlotUse::StagedRead),
-            (Direction::Write, true) if fits && device_range_fixed => Some(SlotUse::Write),
-            _ => None,
-        }?;
+            (Direction::Read, false) if prefetchable && size_bytes <= SLOT_BYTES as u64 => {
+                if state.word().load() != parts.sequence.wrapping_sub(1) {
+                    return None;
+                }
+                SlotUse::StagedRead
+            }
+            (Direction::Write, true) if fits => SlotUse::Write,
+            _ => return None,
+        };
         pool.try_take(size_bytes as usize).map(|slot| (slot, wanted))
+    }
+
+    /// At arm, for an op whose device range its stream does not fix: whether the bound
+    /// parameters moved it off the range its slot copy was enqueued for (another buffer
+    /// offset; for a read, also another size). The op then takes the engine's path for
+    /// the bound range, and before its release fills the slot from the destination, so
+    /// that the stream's queued copy writes back what is there (a read); a write's slot
+    /// is only unused.
+    pub(super) fn declines_slot(&self, bound: &ValidIo) -> bool {
+        if !self.slot_range_may_change || self.slot.is_none() {
+            return false;
+        }
+        let moved = bound.device_addr() != self.submitted.device_addr();
+        let resized = bound.size_bytes() != self.submitted.size_bytes();
+        moved || (self.direction == Direction::Read && resized)
+    }
+
+    /// Whether the op declined its slot at arm ([`AsyncOp::declines_slot`]).
+    pub(super) fn slot_declined(&self) -> bool {
+        self.slot_declined.load(Ordering::SeqCst)
     }
 
     /// Whether the op is a read staged into its slot at submission.
@@ -143,6 +161,9 @@ impl AsyncOp {
         let (Direction::Write, Some(slot)) = (self.direction, &self.slot) else {
             return None;
         };
+        if self.slot_declined() {
+            return None;
+        }
         // SAFETY: parts lie inside the op, which the slot holds whole.
         Some(HostMemory::new(unsafe { slot.host_ptr.add(offset_bytes as usize) }))
     }
@@ -387,7 +408,8 @@ impl AsyncOp {
         }
         let size = self.submitted.size_bytes();
         let read = match outcome {
-            Outcome::Bytes(n) => n.min(size),
+            // A declined slot's bytes were never read: the engine moved the op.
+            Outcome::Bytes(n) if !self.slot_declined() => n.min(size),
             _ => 0,
         };
         if read == size {

@@ -274,10 +274,12 @@ fn deferred_binding_matrix_over_all_flags() {
     binding_matrix(unaligned_write_config());
 }
 
-/// The same matrix with `HIPFILE_STREAM_COPIES=all`: ops whose device range is FIXED
-/// (flags 5, 7, 13, 15) go through slots copied on the stream — reads read at arm or
-/// staged, writes copied into the slot before the doorbell — and bind exactly as the
-/// engine's path does; an invalid late parameter leaves the destination as it was.
+/// The same matrix with `HIPFILE_STREAM_COPIES=all`: every op takes a slot copied on the
+/// stream for the device range it was submitted with — reads read at arm or staged,
+/// writes copied into the slot before the doorbell — and binds exactly as the engine's
+/// path does: an op whose buffer offset (or, for a read, size) moved declines its slot at
+/// arm and the engine moves it, the queued copy writing the destination's own bytes
+/// back; an invalid late parameter leaves the destination as it was.
 #[test]
 fn deferred_binding_matrix_with_every_fixed_range_copied_on_the_stream() {
     let config = hipfile_runtime::config::Config {
@@ -312,12 +314,17 @@ fn binding_matrix(config: hipfile_runtime::config::Config) {
                 });
                 let copied =
                     t.rig.driver.async_stats().stream_copies.load(Ordering::SeqCst) - copies_before;
-                // A read that fails to bind moves no bytes (its stream copies the
-                // destination's own bytes back); a write's source went into its slot.
-                let range_fixed = flags.is_some_and(|f| f & 5 == 5);
-                let moved =
-                    direction == Direction::Write || expected(flags.unwrap_or(0), c).is_some();
-                let want_copied = u64::from(copies_on_stream && range_fixed && moved);
+                // Every write's source goes into a slot at submission (a write whose
+                // buffer offset moved declines it at arm). A read is copied on its stream
+                // when it binds to the device range it was submitted with (always with
+                // flags 5: buffer offset and size FIXED); one that fails to bind or moved
+                // declines (the engine moves it, its stream copies the destination's own
+                // bytes back).
+                let unmoved = expected(flags.unwrap_or(0), c).is_some_and(|(n, _, b)| {
+                    n == MATRIX_SIZE && b == MATRIX_BUFFER_OFFSET as usize
+                });
+                let slot_kept = direction == Direction::Write || unmoved;
+                let want_copied = u64::from(copies_on_stream && slot_kept);
                 assert_eq!(copied, want_copied, "{what}: copied on the stream");
                 let Some((n, f, b)) = expected(flags.unwrap_or(0), c) else {
                     assert_eq!(bytes(&p), neg(OpError::InvalidValue), "{what}");

@@ -227,8 +227,9 @@ fn blocking_executors_read_straight_into_the_slot() {
 /// stream also behind ops in flight (all queued on one held stream), so their release is a
 /// host write and needs no CUDA call — those inside the file staged at once, one reaching
 /// past the end of the file read when the stream reaches it (short: the rest of its
-/// destination stays as it was), one over 16 MiB in two pieces (`pieces`); one on a
-/// stream without FIXED flags takes the engine's path. Every byte lands where it should.
+/// destination stays as it was), one over 16 MiB in two pieces (`pieces`), and one on a
+/// stream without FIXED flags whose parameters did not move before the stream reached
+/// it. Every byte lands where it should.
 #[test]
 fn with_all_every_fixed_read_is_copied_on_its_stream() {
     let rig = Rig::with(1, Config { stream_copies: StreamCopies::All, ..small_config() });
@@ -262,7 +263,7 @@ fn with_all_every_fixed_read_is_copied_on_its_stream() {
     // the staging arenas.
     assert!(preads() - preads_before >= sizes.len() as u64, "read straight into the slots");
     // Past the end of the file (short: 4 KiB; read at arm), over the largest slot (two
-    // pieces), and unfixed (the engine's path).
+    // pieces), and unfixed (read at arm, its parameters unmoved).
     let later = [
         (8 * KIB, file_len - 4096, 4096, fixed),
         (16 * MIB + 4096, 4096, 16 * MIB + 4096, fixed),
@@ -288,8 +289,9 @@ fn with_all_every_fixed_read_is_copied_on_its_stream() {
         assert_bytes(&got[at + want..at + size], &old[at + want..at + size], &past);
     }
     let copied = stream_copies(&t.rig) - before;
-    // The sizes, the read past the end, and the long one's two pieces; not the unfixed.
-    assert_eq!(copied, sizes.len() as u64 + 1 + 2, "every fixed read");
+    // The sizes, the read past the end, the long one's two pieces, and the unfixed one
+    // (its parameters did not move: it keeps its slot).
+    assert_eq!(copied, sizes.len() as u64 + 1 + 2 + 1, "every read");
 }
 
 /// `HIPFILE_STREAM_COPIES=all`: a read whose destination range is FIXED but whose file
@@ -340,8 +342,9 @@ fn with_all_reads_with_a_fixed_destination_are_read_when_the_stream_reaches_them
 /// `HIPFILE_STREAM_COPIES=all`, writes: a fully FIXED write of up to 16 MiB has its bytes
 /// copied into a slot on its own stream, in stream order (after the device copy the
 /// application enqueued before it on the held stream, not at submission), and the engine
-/// writes the file from the slot; a write on a stream without FIXED flags takes the
-/// engine's path. The file holds exactly what the buffer held at each write's turn.
+/// writes the file from the slot; so does a write on a stream without FIXED flags whose
+/// buffer offset did not move. The file holds exactly what the buffer held at each
+/// write's turn.
 #[test]
 fn with_all_fixed_writes_take_their_bytes_from_a_slot_filled_in_stream_order() {
     writes_from_slots(Config { stream_copies: StreamCopies::All, ..small_config() });
@@ -410,7 +413,8 @@ fn writes_from_slots(config: Config) {
     let buffer_then = t.rig.dev_bytes(t.buffer + unfixed_at as u64, 64 * KIB);
     let got = &contents[30 * MIB..30 * MIB + 64 * KIB];
     assert_bytes(got, &buffer_then, "the unfixed write");
-    assert_eq!(stream_copies(&t.rig) - before, sizes.len() as u64, "the fixed writes");
+    // The unfixed write takes a slot too (its buffer offset did not move).
+    assert_eq!(stream_copies(&t.rig) - before, sizes.len() as u64 + 1, "every write");
     if straight_from_slot {
         // A `pwrite` per part from the slot, not through the staging arenas.
         let straight = pwrites() - pwrites_before;
@@ -421,7 +425,8 @@ fn writes_from_slots(config: Config) {
 /// `HIPFILE_STREAM_COPIES=all`: a write whose buffer offset and size are FIXED but whose
 /// file offset is not takes a slot too (its source range is known at submission), and
 /// lands at the file offset the parameters hold when the stream reaches it; a write on a
-/// stream that fixes only the file offset and size takes the engine's path.
+/// stream that fixes only the file offset and size takes a slot for its buffer range as
+/// submitted, which did not move.
 #[test]
 fn with_all_a_write_with_a_fixed_source_takes_a_slot_and_binds_its_file_offset_late() {
     let rig = Rig::with(1, Config { stream_copies: StreamCopies::All, ..small_config() });
@@ -437,13 +442,13 @@ fn with_all_a_write_with_a_fixed_source_takes_a_slot_and_binds_its_file_offset_l
     t.rig.write(t.handle, t.buffer, &late, source_fixed);
     // Bound when the stream reaches the op: 2 MiB, not 0.
     late.file_offset_bytes.store((2 * MIB) as i64, Ordering::SeqCst);
-    let engine_path = params(128 * KIB, (3 * MIB) as i64, (128 * KIB) as i64);
-    t.rig.write(t.handle, t.buffer, &engine_path, offset_fixed);
-    assert_eq!(stream_copies(&t.rig) - before, 1, "only the fixed-source write");
+    let offset_only = params(128 * KIB, (3 * MIB) as i64, (128 * KIB) as i64);
+    t.rig.write(t.handle, t.buffer, &offset_only, offset_fixed);
+    assert_eq!(stream_copies(&t.rig) - before, 2, "both into slots");
     drop(gates);
     t.rig.sync(source_fixed);
     t.rig.sync(offset_fixed);
-    assert_eq!((bytes(&late), bytes(&engine_path)), ((128 * KIB) as isize, (128 * KIB) as isize));
+    assert_eq!((bytes(&late), bytes(&offset_only)), ((128 * KIB) as isize, (128 * KIB) as isize));
     let contents = t.file.contents();
     assert_bytes(&contents[2 * MIB..2 * MIB + 128 * KIB], &data[..128 * KIB], "at the late offset");
     assert_bytes(&contents[..128 * KIB], &t.data[..128 * KIB], "not at the submitted one");
@@ -576,4 +581,49 @@ fn with_all_a_long_read_bound_invalid_fails_whole() {
     assert_bytes(&t.rig.dev_bytes(t.buffer, 64 * MIB), &old, "the destination");
     let released = releases.load(Ordering::SeqCst) - before.1;
     assert_eq!(released, 3, "three pieces, each releasing its stream");
+}
+
+/// `HIPFILE_STREAM_COPIES=all` on a stream without FIXED flags: each op takes a slot for
+/// the device range it was submitted with. A read whose buffer offset (or size) moves
+/// before the stream reaches it declines the slot: the engine moves it to the bound
+/// range, and the slot is filled from the destination first, so the stream's queued copy
+/// leaves the submitted range as it was (here, bytes unlike the file's). A write whose
+/// buffer offset moved writes from the bound range.
+#[test]
+fn with_all_an_unfixed_op_whose_range_moved_declines_its_slot() {
+    let t = Paused::with(Rig::with(1, all_config()), "stream-copies-declined", 4 * MIB, 4 * MIB);
+    let old = pattern(92, 4 * MIB);
+    t.rig.set_dev_bytes(t.buffer, &old);
+    let stream = t.rig.registered_stream(0);
+    let gate = t.rig.pause(stream).expect("pause");
+    let before = stream_copies(&t.rig);
+    // Submitted into [0, 256 KiB), bound to [1 MiB, +256 KiB).
+    let moved = params(256 * KIB, 8192, 0);
+    read(&t, &moved, stream);
+    moved.buffer_offset_bytes.store(MIB as i64, Ordering::SeqCst);
+    // Submitted as 256 KiB into [512 KiB, ..), bound to 100 KiB there.
+    let shrunk = params(256 * KIB, 4096, (512 * KIB) as i64);
+    read(&t, &shrunk, stream);
+    shrunk.size_bytes.store(100 * KIB, Ordering::SeqCst);
+    // A write submitted from [2 MiB, ..), bound to [3 MiB, ..).
+    let write = params(64 * KIB, (2 * MIB) as i64, (2 * MIB) as i64);
+    t.rig.write(t.handle, t.buffer, &write, stream);
+    write.buffer_offset_bytes.store((3 * MIB) as i64, Ordering::SeqCst);
+    drop(gate);
+    t.rig.sync(stream);
+    assert_eq!(bytes(&moved), (256 * KIB) as isize);
+    assert_eq!(bytes(&shrunk), (100 * KIB) as isize);
+    assert_eq!(bytes(&write), (64 * KIB) as isize);
+    let got = t.rig.dev_bytes(t.buffer, 4 * MIB);
+    assert_bytes(&got[..512 * KIB], &old[..512 * KIB], "the moved read's submitted range");
+    assert_bytes(&got[MIB..MIB + 256 * KIB], &t.data[8192..8192 + 256 * KIB], "moved");
+    let shrunk_at = 512 * KIB;
+    let want = &t.data[4096..4096 + 100 * KIB];
+    assert_bytes(&got[shrunk_at..shrunk_at + 100 * KIB], want, "the shrunk read");
+    let rest = shrunk_at + 100 * KIB..shrunk_at + 256 * KIB;
+    assert_bytes(&got[rest.clone()], &old[rest], "past the shrunk read");
+    let file = t.file.contents();
+    assert_bytes(&file[2 * MIB..2 * MIB + 64 * KIB], &old[3 * MIB..3 * MIB + 64 * KIB], "write");
+    // The write's source went into its slot at submission (counted); the reads declined.
+    assert_eq!(stream_copies(&t.rig) - before, 1, "only the write's copy into its slot");
 }

@@ -557,6 +557,19 @@ fn streams_made_while_writes_copied_into_slots_hold_streams() {
     assert_eq!(copies, 8 * 4 * 6, "every write copied into a slot on its own stream");
 }
 
+/// The same on streams that fix no device range (unregistered, flags 0, 2, 8): with
+/// `HIPFILE_STREAM_COPIES=all` each op takes a slot for the range it was submitted with
+/// and keeps it (its parameters do not move), so these too release with no CUDA call.
+#[test]
+fn streams_made_while_unfixed_ops_copied_on_their_streams_hold_streams() {
+    let flags = [None, Some(0), Some(2), Some(8)];
+    for direction in [Direction::Read, Direction::Write] {
+        let rig = Rig::with(1, Config { stream_copies: StreamCopies::All, ..small_config() });
+        let copies = streams_made_during(rig, direction, 4, 256 * KIB, flags);
+        assert_eq!(copies, 8 * 4 * 6, "{direction:?}: every op copied on its stream");
+    }
+}
+
 /// The same with ops of 24 MiB, copied on their streams in pieces sharing rings of slots
 /// (`HIPFILE_STREAM_COPIES=all`, `async_op/pieces.rs`): reads and writes, fully FIXED and
 /// with a late file offset. Every piece must have been copied on its stream.
