@@ -155,6 +155,26 @@ fn threads() -> usize {
     std::fs::read_dir("/proc/self/task").expect("list threads").count()
 }
 
+/// The thread count once it has held still for 200 ms (at most 5 s): threads of an
+/// earlier test's dropped driver (its teardown helper, a device's stream workers) may
+/// still be ending.
+fn settled_threads() -> usize {
+    let started = std::time::Instant::now();
+    let mut count = threads();
+    let mut still_since = std::time::Instant::now();
+    while started.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(20));
+        let now = threads();
+        if now != count {
+            count = now;
+            still_since = std::time::Instant::now();
+        } else if still_since.elapsed() >= Duration::from_millis(200) {
+            break;
+        }
+    }
+    count
+}
+
 /// Runs the workload under `rule`; every result must be `Done` or one `allowed` says
 /// is right; at least one fault must have been injected; afterwards the workload runs
 /// clean and nothing leaked.
@@ -162,7 +182,8 @@ fn case(rule: Rule, allowed: impl Fn(Direction, Got) -> bool) {
     let _serial = serial();
     let mut work = Workload::new();
     work.run(); // warm-up: executors, files, streams, staging
-    let (fds, threads_before) = (open_fds(), threads());
+    let threads_before = settled_threads();
+    let fds = open_fds();
     let guard = fault::install(Plan { seed: 0xFA17, rules: vec![rule] });
     let results = work.run();
     let injected = guard.injected()[0];
@@ -181,7 +202,12 @@ fn case(rule: Rule, allowed: impl Fn(Direction, Got) -> bool) {
     let engine = work.rig.driver.engine().expect("engine");
     assert!(engine.fallback_pinned_bytes() <= engine.pinned_cap_bytes());
     assert_eq!(open_fds(), fds, "{rule:?}: descriptors");
-    assert_eq!(threads(), threads_before, "{rule:?}: threads");
+    // No thread leaked (one of an earlier test's teardown may have ended meanwhile).
+    let threads_after = settled_threads();
+    assert!(
+        threads_after <= threads_before,
+        "{rule:?}: threads {threads_before} -> {threads_after}"
+    );
     println!("{rule:?}: {injected} injected; {results:?}");
 }
 
@@ -515,5 +541,85 @@ fn a_long_op_refused_at_its_third_piece_moves_nothing() {
             assert_bytes(&got, &file_data[8 * MIB..48 * MIB], &format!("{what}: the next op"));
             rig.set_dev_bytes(buffer, &old);
         }
+    }
+}
+
+/// `HIPFILE_STREAM_COPIES=all`: an op copied on its own stream is watched before its
+/// copy is enqueued (an enqueue that waits for a CUDA lock must not hold the release it
+/// depends on). While that enqueue is slow (an injected 300 ms), the op's arm and its
+/// read run, but it publishes and releases its stream only once the copy is queued.
+#[test]
+fn a_read_copied_on_its_stream_is_released_only_once_its_copy_is_enqueued() {
+    let _serial = serial();
+    let config =
+        Config { stream_copies: hipfile_runtime::config::StreamCopies::All, ..small_config() };
+    let rig = Arc::new(Rig::with(1, config));
+    let data = pattern(23, MIB);
+    let file = TempFile::new("slow-copy-enqueue", &data);
+    let fd = file.open_rw();
+    let handle = rig.register(&fd);
+    let buffer = rig.alloc(MIB);
+    // Flags 5: read when the stream (idle: at once) reaches the op.
+    let stream = rig.registered_stream(5);
+    let read_bytes = || rig.driver.file(handle).expect("file").counters().read_bytes();
+    let before = read_bytes();
+    let p = params(16 * KIB, 8192, 0);
+    let guard = fault::install(Plan {
+        seed: 0x514,
+        rules: vec![once(Site::DeviceCopy, Fault::Delay(Duration::from_millis(300)))],
+    });
+    let submitter = {
+        let (rig, p) = (Arc::clone(&rig), Arc::clone(&p));
+        std::thread::spawn(move || rig.submit(Direction::Read, handle, buffer, &p, stream))
+    };
+    wait_until("the read, while the copy is being enqueued", || {
+        read_bytes() - before == 16 * KIB as u64
+    });
+    assert_eq!(bytes(&p), 0, "not published before its copy is enqueued");
+    assert!(!submitter.is_finished(), "the submission is still in its copy's enqueue");
+    submitter.join().expect("submitter").expect("accepted");
+    assert_eq!(guard.injected(), vec![1]);
+    drop(guard);
+    rig.sync(stream);
+    assert_eq!(bytes(&p), 16 * KIB as isize);
+    assert_bytes(&rig.dev_bytes(buffer, 16 * KIB), &data[8192..8192 + 16 * KIB], "the read");
+}
+
+/// `HIPFILE_STREAM_COPIES=all`: when the copy out of a read's slot cannot be enqueued
+/// (after the op was watched), the op is not refused — its stream may already have
+/// reached it — but ends with hipFileHipDriverError, its destination untouched; for a
+/// read staged at submission (flags 15) and one read at arm (5).
+#[test]
+fn a_read_whose_copy_cannot_be_enqueued_ends_with_a_driver_error() {
+    let _serial = serial();
+    let config =
+        Config { stream_copies: hipfile_runtime::config::StreamCopies::All, ..small_config() };
+    let rig = Rig::with(1, config);
+    let data = pattern(24, MIB);
+    let file = TempFile::new("failed-copy-enqueue", &data);
+    let fd = file.open_rw();
+    let handle = rig.register(&fd);
+    let buffer = rig.alloc(MIB);
+    let old = pattern(25, 64 * KIB);
+    rig.set_dev_bytes(buffer, &old);
+    for flags in [15u32, 5] {
+        let stream = rig.registered_stream(flags);
+        let p = params(16 * KIB, 4096, 0);
+        let guard = fault::install(Plan {
+            seed: 0x515,
+            rules: vec![once(Site::DeviceCopy, Fault::Errno(0))],
+        });
+        rig.submit(Direction::Read, handle, buffer, &p, stream).expect("accepted");
+        assert_eq!(guard.injected(), vec![1], "flags {flags}");
+        drop(guard);
+        rig.sync(stream);
+        assert_eq!(bytes(&p), neg(OpError::HipDriverError), "flags {flags}");
+        assert_bytes(&rig.dev_bytes(buffer, 64 * KIB), &old, &format!("flags {flags}: untouched"));
+        // The stream goes on.
+        let next = params(16 * KIB, 4096, 0);
+        rig.read(handle, buffer, &next, stream);
+        rig.sync(stream);
+        assert_eq!(bytes(&next), 16 * KIB as isize, "flags {flags}: the next read");
+        rig.set_dev_bytes(buffer, &old);
     }
 }

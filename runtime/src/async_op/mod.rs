@@ -197,6 +197,9 @@ pub(crate) struct AsyncOp {
     slot_range_may_change: bool,
     /// The op declined its slot at arm (`stream_copy`): the engine's path moved it.
     slot_declined: AtomicBool,
+    /// The stream's copy out of the slot could not be enqueued (after the op was
+    /// watched): the op ends with hipFileHipDriverError.
+    slot_copy_failed: AtomicBool,
     /// The long op this op is a piece of ([`pieces`]): its slot belongs to the long op's
     /// ring, its result goes to the long op.
     piece: Option<pieces::PieceOf>,
@@ -284,6 +287,7 @@ impl AsyncOp {
                     .flags
                     .contains(StreamFlags::FIXED_BUF_OFFSET | StreamFlags::FIXED_FILE_SIZE),
             slot_declined: AtomicBool::new(false),
+            slot_copy_failed: AtomicBool::new(false),
             slot,
             slot_use,
             piece,

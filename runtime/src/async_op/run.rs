@@ -63,7 +63,7 @@ impl AsyncOp {
         }
         self.set_state(OpEvent::Arm);
         if self.declines_slot(&io) {
-            self.slot_declined.store(true, Ordering::SeqCst);
+            self.decline_slot();
         }
         match self.host.engine() {
             Ok(engine) => {
@@ -198,6 +198,9 @@ impl AsyncOp {
     /// The single job of the op ended: publish, releasing device-side after the copies
     /// when the job left them in flight.
     fn finish(&self, end: JobEnd<'_>) {
+        if self.declined_read_waits_for_its_copy(end.outcome) {
+            return;
+        }
         if !self.end.claim_publish() {
             return;
         }
@@ -221,6 +224,13 @@ impl AsyncOp {
     /// Publishes an outcome and releases host-side (unless the op already published or
     /// was abandoned).
     pub(super) fn publish(&self, outcome: Outcome) {
+        if !self.declined_read_waits_for_its_copy(outcome) {
+            self.publish_now(outcome);
+        }
+    }
+
+    /// [`AsyncOp::publish`], for a declined read once its slot's copy is enqueued.
+    pub(super) fn publish_now(&self, outcome: Outcome) {
         if self.end.claim_publish() {
             self.conclude(outcome);
             self.release_host();

@@ -34,6 +34,13 @@ const ARMED: u8 = 2;
 /// A read at arm's read into its slot is posted (at its arm, or ahead of it by an earlier
 /// piece of its long op: `pieces`).
 const POSTED: u8 = 4;
+/// The enqueue of the stream's copy out of the slot is over (done or failed). An op
+/// copied on its own stream is watched before that copy is enqueued (the enqueue may
+/// wait for a lock that a thread making streams holds while it waits for this very
+/// stream: README, Known limits), so its release waits for this too.
+const QUEUED: u8 = 8;
+/// Every finisher of a slot read: its bytes, its stream, its copy.
+const READY: u8 = STAGED | ARMED | QUEUED;
 
 /// What an op's slot serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,8 +58,6 @@ pub(super) enum SlotUse {
 pub(super) const SLOT_HELD: u8 = 0;
 /// The stream's copy out of it is enqueued (the slot is the pool's to reclaim after it).
 pub(super) const SLOT_COPY_QUEUED: u8 = 1;
-/// Given back unused.
-pub(super) const SLOT_RETURNED: u8 = 2;
 /// A write's copy into it is enqueued but its done write is not: never lent again.
 pub(super) const SLOT_LOST: u8 = 3;
 
@@ -169,7 +174,8 @@ impl AsyncOp {
     }
 
     /// Enqueues, behind the op's wait-value, the copy out of its slot and the slot's done
-    /// write. `Err` when the copy could not be enqueued (the slot goes back to the pool).
+    /// write. `Err` when the copy could not be enqueued (the slot goes back to the pool
+    /// when the op is dropped).
     pub(super) fn enqueue_stream_copy(
         &self,
         slot: &Slot,
@@ -215,7 +221,7 @@ impl AsyncOp {
 
     /// Enqueues on the op's stream the copy between its slot and its device range (slot →
     /// destination for a read, source → slot for a write), then the slot's done write.
-    /// `Err` when the copy could not be enqueued (the slot went back to the pool);
+    /// `Err` when the copy could not be enqueued (the slot stays the op's until its drop);
     /// `Ok(Some(error))` when the done write could not (the slot must never be lent again).
     fn enqueue_slot_copy(
         &self,
@@ -238,8 +244,8 @@ impl AsyncOp {
                 )
             });
         if let Err(error) = copied {
-            self.slot_unused(slot);
-            self.slot_phase.store(SLOT_RETURNED, Ordering::SeqCst);
+            // Still the op's (`SLOT_HELD`): a staged read may be writing into it; the op
+            // gives it back when it is dropped, after its jobs.
             return Err(error);
         }
         // SAFETY: the done word lives in the pool's slab as long as the driver.
@@ -302,7 +308,7 @@ impl AsyncOp {
         // A read at arm ends once it is both read and reached (a piece read ahead may be
         // read before the stream reaches it).
         *self.slot_outcome.lock().unwrap_or_else(|p| p.into_inner()) = Some(outcome);
-        if self.slot_flow.fetch_or(STAGED, Ordering::SeqCst) & ARMED != 0 {
+        if self.slot_flow_completes(STAGED) {
             self.slot_read_at_arm_met();
         }
     }
@@ -313,7 +319,7 @@ impl AsyncOp {
         if self.slot_flow.load(Ordering::SeqCst) & POSTED == 0 {
             self.slot_flow.fetch_or(POSTED | ARMED, Ordering::SeqCst);
             self.post_slot_read(engine, io);
-        } else if self.slot_flow.fetch_or(ARMED, Ordering::SeqCst) & STAGED != 0 {
+        } else if self.slot_flow_completes(ARMED) {
             self.slot_read_at_arm_met();
         }
     }
@@ -328,31 +334,87 @@ impl AsyncOp {
         self.post_slot_read(engine, io);
     }
 
+    /// Sets `bit` of the slot read's finishers: `true` for the one caller that completes
+    /// them ([`READY`]).
+    fn slot_flow_completes(&self, bit: u8) -> bool {
+        let before = self.slot_flow.fetch_or(bit, Ordering::SeqCst);
+        before & READY != READY && (before | bit) & READY == READY
+    }
+
+    /// The enqueue of the stream's copy out of the slot is over; `failed` when the copy
+    /// could not be enqueued (the op then ends with hipFileHipDriverError, its
+    /// destination untouched: nothing copies into it).
+    pub(super) fn slot_copy_enqueue_over(
+        self: &Arc<Self>,
+        failed: Option<crate::device::DeviceError>,
+    ) {
+        if let Some(error) = failed {
+            log::error!("an async read's copy on its stream could not be enqueued: {error}");
+            self.slot_copy_failed.store(true, Ordering::SeqCst);
+        }
+        if !self.slot_flow_completes(QUEUED) {
+            return;
+        }
+        if self.slot_declined() {
+            self.publish_now(self.take_slot_outcome());
+        } else if self.stages_slot_at_submission() {
+            self.finish_slot_read();
+        } else {
+            self.slot_read_at_arm_met();
+        }
+    }
+
+    /// For a read that declined its slot (the engine moves it): `true` while its outcome
+    /// must wait for the enqueue of the slot's copy (kept until then); the fill before
+    /// the release needs the copy queued.
+    pub(super) fn declined_read_waits_for_its_copy(&self, outcome: Outcome) -> bool {
+        if self.direction != Direction::Read || !self.slot_declined() {
+            return false;
+        }
+        *self.slot_outcome.lock().unwrap_or_else(|p| p.into_inner()) = Some(outcome);
+        !self.slot_flow_completes(STAGED)
+    }
+
+    /// A read that declines its slot at arm: the stream is there.
+    pub(super) fn decline_slot(&self) {
+        self.slot_declined.store(true, Ordering::SeqCst);
+        self.slot_flow.fetch_or(ARMED, Ordering::SeqCst);
+    }
+
+    /// The outcome a slot read publishes: a driver error when its copy could not be
+    /// enqueued, else `outcome` with the destination past the bytes read kept.
+    fn slot_read_outcome(&self, outcome: Outcome) -> Outcome {
+        if self.slot_copy_failed.load(Ordering::SeqCst) {
+            return Outcome::Library(OpError::HipDriverError);
+        }
+        let outcome = self.keep_destination_past(outcome);
+        self.host.async_stats().stream_copies.fetch_add(1, Ordering::Relaxed);
+        outcome
+    }
+
     /// Both halves of a read at arm are in: finish with the read's outcome.
     fn slot_read_at_arm_met(&self) {
-        let outcome = self
-            .slot_outcome
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-            .unwrap_or(Outcome::Library(OpError::InternalError));
-        self.slot_read_at_arm_done(outcome);
+        self.slot_read_at_arm_done(self.take_slot_outcome());
+    }
+
+    /// What the slot's read ended with (an internal error if nothing was recorded).
+    fn take_slot_outcome(&self) -> Outcome {
+        let recorded = self.slot_outcome.lock().unwrap_or_else(|p| p.into_inner()).take();
+        recorded.unwrap_or(Outcome::Library(OpError::InternalError))
     }
 
     /// A read at arm came back (or could not start): keep the destination past what it
     /// read, publish and release from the host.
     pub(super) fn slot_read_at_arm_done(&self, outcome: Outcome) {
-        let outcome = self.keep_destination_past(outcome);
-        let stats = self.host.async_stats();
-        stats.stream_copies.fetch_add(1, Ordering::Relaxed);
-        self.note_release(stats);
+        let outcome = self.slot_read_outcome(outcome);
+        self.note_release(self.host.async_stats());
         self.publish(outcome);
     }
 
     /// The engine staged the op's bytes (or failed): finish if the stream is there.
     fn slot_staged(self: &Arc<Self>, outcome: Outcome) {
         *self.slot_outcome.lock().unwrap_or_else(|p| p.into_inner()) = Some(outcome);
-        if self.slot_flow.fetch_or(STAGED, Ordering::SeqCst) & ARMED != 0 {
+        if self.slot_flow_completes(STAGED) {
             self.finish_slot_read();
         }
     }
@@ -360,7 +422,7 @@ impl AsyncOp {
     /// The stream reached a slot op (the poller's arm): finish if the bytes are staged.
     pub(super) fn arm_slot(self: &Arc<Self>) {
         self.set_state(OpEvent::Arm);
-        if self.slot_flow.fetch_or(ARMED, Ordering::SeqCst) & STAGED != 0 {
+        if self.slot_flow_completes(ARMED) {
             self.finish_slot_read();
         }
     }
@@ -384,15 +446,8 @@ impl AsyncOp {
             }
             return;
         }
-        let outcome = self
-            .slot_outcome
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-            .unwrap_or(Outcome::Library(OpError::InternalError));
-        let outcome = self.keep_destination_past(outcome);
+        let outcome = self.slot_read_outcome(self.take_slot_outcome());
         let stats = self.host.async_stats();
-        stats.stream_copies.fetch_add(1, Ordering::Relaxed);
         self.note_release(stats);
         self.publish(outcome);
     }

@@ -115,9 +115,20 @@ impl AsyncOp {
             }
             Err(WriteThenWaitError::WaitNotQueued(error)) => Some(error),
         };
-        // A slot read's copy goes behind the wait; unqueued, the op fails like a wait.
-        if let (None, Some(slot), Direction::Read) = (&wait_failed, &self.slot, self.direction) {
+        // A slot read's copy goes behind the wait. A piece enqueues it now (unqueued, the
+        // piece fails like a wait, and its long op is refused); an op of its own, once its
+        // arm is watched (below).
+        let copy_after_watch = wait_failed.is_none()
+            && self.direction == Direction::Read
+            && self.slot.is_some()
+            && self.piece.is_none();
+        if let (None, Some(slot), Direction::Read, Some(_)) =
+            (&wait_failed, &self.slot, self.direction, &self.piece)
+        {
             wait_failed = self.enqueue_stream_copy(slot).err();
+            if wait_failed.is_none() {
+                self.slot_copy_enqueue_over(None);
+            }
         }
         // The doorbell will ring either way: the arm runs and, for an op whose wait could
         // not be queued, finds it abandoned and only releases the word. Abandoned before
@@ -130,6 +141,15 @@ impl AsyncOp {
         // (`pieces`): no piece may run before the whole submission is accepted.
         if self.piece.is_none() {
             self.watch_arm(poller);
+        }
+        // After the watch: should this enqueue wait for a lock that a thread making
+        // streams holds while it waits for this very stream (held on the wait above), the
+        // op's arm and its read still run and release the stream, which lets that thread,
+        // and then this enqueue, go on. The release waits for the enqueue's end; a failed
+        // enqueue ends the op with hipFileHipDriverError (it was accepted).
+        if copy_after_watch && let Some(slot) = &self.slot {
+            let failed = self.enqueue_stream_copy(slot).err();
+            self.slot_copy_enqueue_over(failed);
         }
         match wait_failed {
             None => Ok(()),

@@ -51,10 +51,16 @@ impl std::error::Error for DeviceError {}
 
 /// The device error the installed fault plan injects at this call into the device layer
 /// (HIP's invalid value; out of memory at [`Site::PinnedAlloc`]), if the plan fails
-/// this call; `Ok` otherwise (always, while no plan is installed).
+/// this call; `Ok` otherwise (always, while no plan is installed; after the delay of a
+/// [`fault::Fault::Delay`]).
 pub(crate) fn injected_fault(site: Site) -> Result<(), DeviceError> {
     match fault::at(site) {
         None => Ok(()),
+        // The call goes through, that much later.
+        Some(fault::Fault::Delay(delay)) => {
+            std::thread::sleep(delay);
+            Ok(())
+        }
         Some(_) if site == Site::PinnedAlloc => {
             Err(DeviceError::new(DeviceError::HIP_ERROR_OUT_OF_MEMORY, "injected fault"))
         }

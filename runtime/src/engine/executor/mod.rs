@@ -274,6 +274,53 @@ impl Executor {
         crate::stats::count_engine_job();
     }
 
+    /// The chunks of `range` when its plan goes through the page cache alone (a job on
+    /// host memory then moves it with one blocking call); `None` otherwise.
+    fn page_cache_chunks(
+        &self,
+        files: &OpenFiles,
+        file: &FileHandle,
+        range: JobRange,
+        direction: Direction,
+    ) -> Option<usize> {
+        let mut chunks = 0;
+        for chunk in self.plan(files, file, range, direction).ok()? {
+            if chunk.mode != hipfile_core::ChunkMode::Buffered {
+                return None;
+            }
+            chunks += 1;
+        }
+        Some(chunks)
+    }
+
+    /// Accounts a job that one blocking `pread`/`pwrite` moved straight into or out of host
+    /// memory since `started`, and turns its result into the job's outcome.
+    fn host_memory_job_done(
+        &self,
+        file: &FileHandle,
+        direction: Direction,
+        started: Instant,
+        chunks: usize,
+        moved: io::Result<usize>,
+    ) -> Outcome {
+        let (phase, counter) = match direction {
+            Direction::Read => (Phase::ReadWait, &self.setup.stats.host_memory_preads),
+            Direction::Write => (Phase::WriteWait, &self.setup.stats.host_memory_pwrites),
+        };
+        self.phases().add_since(phase, started);
+        EngineStats::add(counter, 1);
+        for _ in 0..chunks {
+            self.phases().count_chunk(direction);
+        }
+        match moved {
+            Ok(bytes) => {
+                file.record_bytes(direction, hipfile_core::ChunkMode::Buffered, bytes as u64);
+                Outcome::Bytes(bytes as u64)
+            }
+            Err(error) => Outcome::OsError(os_errno(&error)),
+        }
+    }
+
     fn plan(
         &self,
         files: &OpenFiles,

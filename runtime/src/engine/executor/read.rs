@@ -201,13 +201,7 @@ impl Executor {
         range: JobRange,
     ) -> Option<Outcome> {
         let host = range.host_memory?;
-        let mut chunks = 0;
-        for chunk in self.plan(files, file, range, Direction::Read).ok()? {
-            if chunk.mode != ChunkMode::Buffered {
-                return None;
-            }
-            chunks += 1;
-        }
+        let chunks = self.page_cache_chunks(files, file, range, Direction::Read)?;
         let (reader, offset, len) = (Arc::clone(file), range.file_offset_bytes, range.len_bytes);
         let awaited = Instant::now();
         let got = off_reactor(move || {
@@ -217,18 +211,7 @@ impl Executor {
             pread_full(reader.buffered_fd(), target, offset)
         })
         .await;
-        self.phases().add_since(Phase::ReadWait, awaited);
-        EngineStats::add(&self.setup.stats.host_memory_preads, 1);
-        for _ in 0..chunks {
-            self.phases().count_chunk(Direction::Read);
-        }
-        Some(match got {
-            Ok(got) => {
-                file.record_bytes(Direction::Read, ChunkMode::Buffered, got as u64);
-                Outcome::Bytes(got as u64)
-            }
-            Err(error) => Outcome::OsError(os_errno(&error)),
-        })
+        Some(self.host_memory_job_done(file, Direction::Read, awaited, chunks, got))
     }
 
     fn spawn_chunk_read(

@@ -156,13 +156,7 @@ impl Executor {
         {
             return None;
         }
-        let mut chunks = 0;
-        for chunk in self.plan(files, file, range, Direction::Write).ok()? {
-            if chunk.mode != ChunkMode::Buffered {
-                return None;
-            }
-            chunks += 1;
-        }
+        let chunks = self.page_cache_chunks(files, file, range, Direction::Write)?;
         let (writer, offset, len) = (Arc::clone(file), range.file_offset_bytes, range.len_bytes);
         let awaited = Instant::now();
         let written = off_reactor(move || {
@@ -172,18 +166,7 @@ impl Executor {
             pwrite_full(writer.buffered_fd(), bytes, offset)
         })
         .await;
-        self.phases().add_since(Phase::WriteWait, awaited);
-        EngineStats::add(&self.setup.stats.host_memory_pwrites, 1);
-        for _ in 0..chunks {
-            self.phases().count_chunk(Direction::Write);
-        }
-        Some(match written {
-            Ok(written) => {
-                file.record_bytes(Direction::Write, ChunkMode::Buffered, written as u64);
-                Outcome::Bytes(written as u64)
-            }
-            Err(error) => Outcome::OsError(os_errno(&error)),
-        })
+        Some(self.host_memory_job_done(file, Direction::Write, awaited, chunks, written))
     }
 
     /// Allocates staging for one chunk (arena DMA buffer, or fallback when the buffer
