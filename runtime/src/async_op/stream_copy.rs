@@ -243,11 +243,9 @@ impl AsyncOp {
                     len,
                 )
             });
-        if let Err(error) = copied {
-            // Still the op's (`SLOT_HELD`): a staged read may be writing into it; the op
-            // gives it back when it is dropped, after its jobs.
-            return Err(error);
-        }
+        // Unqueued, the slot stays the op's (`SLOT_HELD`): a staged read may be writing
+        // into it; the op gives it back when it is dropped, after its jobs.
+        copied?;
         // SAFETY: the done word lives in the pool's slab as long as the driver.
         let noted = unsafe {
             device.stream_write_value32(handle, slot.done_word.device_addr, slot.generation)
