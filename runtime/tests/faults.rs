@@ -485,12 +485,15 @@ fn a_write_copied_into_a_slot_fails_cleanly() {
     assert_eq!(bytes(&failed), -(libc::EIO as isize));
 }
 
-/// A long op copied on its stream in pieces (`HIPFILE_STREAM_COPIES=all`) whose third
-/// piece cannot be enqueued: the submission is refused (hipFileHipDriverError,
-/// `*bytes_p` untouched), and the two pieces already on the stream only release it — the
-/// destination of a read and the file of a write stay as they were; the stream goes on.
+/// A long op copied on its stream in pieces (`HIPFILE_STREAM_COPIES=all`): each piece is
+/// enqueued and watched like an op of its own, so one that cannot be enqueued cannot
+/// refuse what the pieces before it started. The first piece's wait refused: the
+/// submission is refused (hipFileHipDriverError, `*bytes_p` untouched, nothing moved).
+/// The third piece's wait refused: the op is accepted and ends, after its first two
+/// pieces (which moved their 32 MiB), with hipFileHipDriverError; nothing past them
+/// moves. The stream goes on either way.
 #[test]
-fn a_long_op_refused_at_its_third_piece_moves_nothing() {
+fn a_long_op_whose_piece_cannot_be_enqueued_fails_cleanly() {
     let _serial = serial();
     let config = Config {
         stream_copies: hipfile_runtime::config::StreamCopies::All,
@@ -505,41 +508,67 @@ fn a_long_op_refused_at_its_third_piece_moves_nothing() {
     let handle = rig.register(&fd);
     let buffer = rig.alloc(len);
     let old = pattern(22, len);
+    let file_reset = std::fs::OpenOptions::new().write(true).open(&file.path).expect("open");
     for direction in [Direction::Read, Direction::Write] {
-        rig.set_dev_bytes(buffer, &old);
         // Flags 15: the read's first pieces are staged at submission; 5: read at arm.
         for flags in [15u32, 5] {
-            let stream = rig.registered_stream(flags);
-            let gate = rig.pause(stream).expect("pause");
-            let refused = params(64 * MIB, 0, 0);
-            refused.bytes_done.store(-77, std::sync::atomic::Ordering::SeqCst);
-            // The slot copies of the first two pieces go through, the third's fails.
-            let plan = Plan {
-                seed: 0x513,
-                rules: vec![
-                    Rule { limit: 2, ..every(Site::DeviceCopy, Fault::Pass) },
-                    once(Site::DeviceCopy, Fault::Errno(0)),
-                ],
-            };
-            let guard = fault::install(plan);
-            let got = rig.submit(direction, handle, buffer, &refused, stream);
-            assert_eq!(guard.injected(), vec![2, 1], "{direction:?} flags {flags}");
-            drop(guard);
-            assert_eq!(got.map_err(|e| e.code), Err(OpError::HipDriverError));
-            drop(gate);
-            rig.sync(stream);
-            let what = format!("{direction:?} flags {flags}");
-            assert_eq!(bytes(&refused), -77, "{what}: *bytes_p untouched");
-            assert_bytes(&rig.dev_bytes(buffer, len), &old, &format!("{what}: the buffer"));
-            assert_bytes(&file.contents(), &file_data, &format!("{what}: the file"));
-            // The stream goes on: a long op after it moves its bytes.
-            let p = params(40 * MIB, (8 * MIB) as i64, 0);
-            rig.submit(Direction::Read, handle, buffer, &p, stream).expect("accepted");
-            rig.sync(stream);
-            assert_eq!(bytes(&p), (40 * MIB) as isize, "{what}: the next op");
-            let got = rig.dev_bytes(buffer, 40 * MIB);
-            assert_bytes(&got, &file_data[8 * MIB..48 * MIB], &format!("{what}: the next op"));
-            rig.set_dev_bytes(buffer, &old);
+            for failing_piece in [0u64, 2] {
+                let what = format!("{direction:?} flags {flags}, piece {failing_piece} refused");
+                rig.set_dev_bytes(buffer, &old);
+                std::os::unix::fs::FileExt::write_all_at(&file_reset, &file_data, 0)
+                    .expect("reset");
+                let stream = rig.registered_stream(flags);
+                let gate = rig.pause(stream).expect("pause");
+                let p = params(64 * MIB, 0, 0);
+                p.bytes_done.store(-77, std::sync::atomic::Ordering::SeqCst);
+                let mut rules = Vec::new();
+                if failing_piece > 0 {
+                    rules.push(Rule {
+                        limit: failing_piece,
+                        ..every(Site::StreamWait, Fault::Pass)
+                    });
+                }
+                rules.push(once(Site::StreamWait, Fault::Errno(0)));
+                let guard = fault::install(Plan { seed: 0x513, rules });
+                let got = rig.submit(direction, handle, buffer, &p, stream);
+                drop(guard);
+                drop(gate);
+                rig.sync(stream);
+                let moved = match failing_piece {
+                    0 => {
+                        assert_eq!(got.map_err(|e| e.code), Err(OpError::HipDriverError), "{what}");
+                        assert_eq!(bytes(&p), -77, "{what}: *bytes_p untouched");
+                        0
+                    }
+                    n => {
+                        got.expect("accepted");
+                        assert_eq!(bytes(&p), neg(OpError::HipDriverError), "{what}");
+                        n as usize * 16 * MIB
+                    }
+                };
+                let (device, contents) = (rig.dev_bytes(buffer, len), file.contents());
+                match direction {
+                    Direction::Read => {
+                        assert_bytes(&device[..moved], &file_data[..moved], &what);
+                        assert_bytes(&device[moved..], &old[moved..], &format!("{what}: past"));
+                        assert_bytes(&contents, &file_data, &format!("{what}: the file"));
+                    }
+                    Direction::Write => {
+                        assert_bytes(&contents[..moved], &old[..moved], &what);
+                        let rest = &file_data[moved..];
+                        assert_bytes(&contents[moved..], rest, &format!("{what}: past"));
+                        assert_bytes(&device, &old, &format!("{what}: the buffer"));
+                    }
+                }
+                // The stream goes on: a long op after it moves its bytes.
+                let next = params(40 * MIB, (8 * MIB) as i64, 0);
+                rig.submit(Direction::Read, handle, buffer, &next, stream).expect("accepted");
+                rig.sync(stream);
+                assert_eq!(bytes(&next), (40 * MIB) as isize, "{what}: the next op");
+                let got = rig.dev_bytes(buffer, 40 * MIB);
+                let want = &file.contents()[8 * MIB..48 * MIB];
+                assert_bytes(&got, want, &format!("{what}: the next op"));
+            }
         }
     }
 }

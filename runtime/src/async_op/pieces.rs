@@ -17,7 +17,9 @@
 //! reaches the first piece, and checked for the whole op; `*bytes_p` is written once, when
 //! the last piece ends, with the pieces' results combined as the engine combines the parts
 //! of a split request (short at the first short piece; the first failure wins); the
-//! statistics count one op.
+//! statistics count one op. Each piece is enqueued and watched like an op of its own: a
+//! first piece that cannot be enqueued refuses the op; a later one ends it, after the
+//! pieces before it, with the error.
 
 use std::sync::{Arc, Mutex, Weak};
 
@@ -106,14 +108,28 @@ impl LongOp {
     /// Piece `index` ended with `outcome`: once every piece has, the caller's result is
     /// published (and the op counted in the statistics).
     fn piece_done(&self, index: usize, outcome: Outcome) {
-        let combined = {
-            let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-            state.results[index] = Some(outcome);
-            if state.results.iter().any(Option::is_none) {
-                return;
-            }
-            combine(&state.results, self.whole.size_bytes())
-        };
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(result) = state.results.get_mut(index) {
+            *result = Some(outcome);
+        }
+        self.publish_if_complete(state);
+    }
+
+    /// Piece `index` could not be enqueued (the pieces before it were): the op ends with
+    /// `failure` once those have ended; no later piece exists.
+    fn cut_short(&self, index: usize, failure: Outcome) {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.results.truncate(index);
+        state.results.push(Some(failure));
+        self.publish_if_complete(state);
+    }
+
+    fn publish_if_complete(&self, state: std::sync::MutexGuard<'_, LongState>) {
+        if state.results.iter().any(Option::is_none) {
+            return;
+        }
+        let combined = combine(&state.results, self.whole.size_bytes());
+        drop(state);
         crate::stats::global().record(
             self.device_ordinal,
             crate::stats::Api::Async,
@@ -282,8 +298,9 @@ impl AsyncOp {
     /// Submits `io` as pieces sharing a ring of slots when it is a long op that may
     /// (`HIPFILE_STREAM_COPIES=all`, longer than [`PIECE_BYTES`], buffer offset and size
     /// FIXED, stream memory operations, a free ring); `None` otherwise (the caller submits
-    /// one op). On `Some(Err(_))` no piece runs: the ones enqueued before the failure are
-    /// abandoned (they only release their stream, leaving the destination as it was).
+    /// one op). Each piece is enqueued and watched like an op of its own. `Some(Err(_))`
+    /// when the first piece could not be enqueued (nothing of the op runs); a later piece
+    /// that cannot be enqueued ends the op, after the pieces before it, with the error.
     pub(crate) fn submit_long(
         submit: LongSubmit<'_>,
         submit_lock: &mut SubmitGuard<'_>,
@@ -323,14 +340,15 @@ impl AsyncOp {
             ahead: Mutex::new(vec![None; pieces]),
         });
         let file_len = file.size_bytes().ok();
-        let mut queued: Vec<Arc<AsyncOp>> = Vec::with_capacity(pieces);
         for index in 0..long.pieces {
             let Some(piece_io) = long.piece_io(&io, index) else {
-                // Cannot happen (a piece of a valid op is valid); refuse rather than guess.
-                let nothing_queued = queued.is_empty();
-                refuse(&host, &queued);
+                // Cannot happen (a piece of a valid op is valid): fail rather than guess.
                 let error = Error::new(OpError::InternalError);
-                return Some(Err(EnqueueError { error, nothing_queued }));
+                if index == 0 {
+                    return Some(Err(EnqueueError { error, nothing_queued: true }));
+                }
+                long.cut_short(index, Outcome::Library(error.code));
+                break;
             };
             let of = PieceOf { long: Arc::clone(&long), index };
             let first_use = index < long.ring.len();
@@ -369,47 +387,25 @@ impl AsyncOp {
                 long.ahead.lock().unwrap_or_else(|p| p.into_inner())[index] =
                     Some(Arc::downgrade(&op));
             }
+            // Each piece is watched as it is enqueued, like an op of its own (its copy's
+            // enqueue comes after: README, Known limits), so earlier pieces may run while
+            // later ones are enqueued.
             if let Err(EnqueueError { error, nothing_queued }) = op.enqueue(engine) {
                 if nothing_queued {
                     submit_lock.undo();
-                } else {
-                    // Its doorbell is queued: its arm must run (it abandoned itself).
-                    queued.push(op);
                 }
-                let nothing_queued = queued.is_empty();
-                refuse(&host, &queued);
-                return Some(Err(EnqueueError { error, nothing_queued }));
-            }
-            queued.push(op);
-        }
-        // Every piece is enqueued: now their arms may run (in stream order).
-        match host.arm_poller() {
-            Ok(poller) => {
-                for op in &queued {
-                    op.watch_arm(poller);
+                if index == 0 {
+                    // Nothing of the op runs (the first piece abandoned itself): refused.
+                    return Some(Err(EnqueueError { error, nothing_queued }));
                 }
-                host.async_stats().submitted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                Some(Ok(()))
-            }
-            Err(error) => {
-                refuse(&host, &queued);
-                Some(Err(EnqueueError { error, nothing_queued: false }))
+                // Earlier pieces may be running: the op ends after them, with the error.
+                log::error!("a long async op could not enqueue piece {index}: {}", error);
+                long.cut_short(index, Outcome::Library(error.code));
+                break;
             }
         }
-    }
-}
-
-/// A long op's submission failed: every piece enqueued so far is abandoned before its arm
-/// is watched (so none has run), then watched, so that each releases its stream without
-/// moving data (`AsyncOp::arm`).
-fn refuse(host: &Arc<dyn OpHost>, queued: &[Arc<AsyncOp>]) {
-    for op in queued {
-        op.abandon();
-    }
-    if let Ok(poller) = host.arm_poller() {
-        for op in queued {
-            op.watch_arm(poller);
-        }
+        host.async_stats().submitted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Some(Ok(()))
     }
 }
 

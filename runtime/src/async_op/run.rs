@@ -17,17 +17,8 @@ impl AsyncOp {
     pub(super) fn arm(self: Arc<Self>) {
         self.note_arm();
         if self.end.end_if_abandoned() {
-            // A piece of a long op whose submission failed may have its slot's copy
-            // queued behind this release: the slot must hold the destination's bytes
-            // (for a staged piece, once its read into the slot is over).
-            // (A staged piece's read was posted exactly when its copy was queued.)
-            let copy_queued =
-                self.slot_phase.load(Ordering::SeqCst) == super::stream_copy::SLOT_COPY_QUEUED;
-            if self.stages_slot_at_submission() && copy_queued {
-                self.arm_slot();
-                return;
-            }
-            self.keep_destination_past(Outcome::Library(OpError::InternalError));
+            // Abandoned because its wait could not be queued: no copy of its slot is
+            // queued either (it would come after the wait), so releasing is all.
             self.release_host();
             return;
         }

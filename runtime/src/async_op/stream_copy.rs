@@ -428,12 +428,6 @@ impl AsyncOp {
     /// Both finishers met: read again if the staged bytes may be stale (once), else make
     /// the slot hold exactly what the destination must end up with, publish and release.
     fn finish_slot_read(self: &Arc<Self>) {
-        if self.end.is_abandoned() {
-            // A piece of a long op whose submission failed (`pieces`): release only.
-            self.keep_destination_past(Outcome::Library(OpError::InternalError));
-            self.release_host();
-            return;
-        }
         if !self.machine().prefetch_superseded() && !self.prefetch_still_fresh() {
             self.set_state(OpEvent::Restage);
             self.host.async_stats().prefetches_redone.fetch_add(1, Ordering::Relaxed);

@@ -108,28 +108,16 @@ impl AsyncOp {
                 self.sequence,
             )
         };
-        let mut wait_failed = match queued.and_then(|()| injected_wait_failure()) {
+        let wait_failed = match queued.and_then(|()| injected_wait_failure()) {
             Ok(()) => None,
             Err(WriteThenWaitError::NothingQueued(error)) => {
                 return Err(nothing_queued(Error::device(error)));
             }
             Err(WriteThenWaitError::WaitNotQueued(error)) => Some(error),
         };
-        // A slot read's copy goes behind the wait. A piece enqueues it now (unqueued, the
-        // piece fails like a wait, and its long op is refused); an op of its own, once its
-        // arm is watched (below).
-        let copy_after_watch = wait_failed.is_none()
-            && self.direction == Direction::Read
-            && self.slot.is_some()
-            && self.piece.is_none();
-        if let (None, Some(slot), Direction::Read, Some(_)) =
-            (&wait_failed, &self.slot, self.direction, &self.piece)
-        {
-            wait_failed = self.enqueue_stream_copy(slot).err();
-            if wait_failed.is_none() {
-                self.slot_copy_enqueue_over(None);
-            }
-        }
+        // A slot read's copy goes behind the wait, once the arm is watched (below).
+        let copy_after_watch =
+            wait_failed.is_none() && self.direction == Direction::Read && self.slot.is_some();
         // The doorbell will ring either way: the arm runs and, for an op whose wait could
         // not be queued, finds it abandoned and only releases the word. Abandoned before
         // the arm is watched: an arm that ran first would start the op (and publish it)
@@ -137,11 +125,7 @@ impl AsyncOp {
         if wait_failed.is_some() {
             self.abandon();
         }
-        // A piece of a long op is watched by its long op once every piece is enqueued
-        // (`pieces`): no piece may run before the whole submission is accepted.
-        if self.piece.is_none() {
-            self.watch_arm(poller);
-        }
+        self.watch_arm(poller);
         // After the watch: should this enqueue wait for a lock that a thread making
         // streams holds while it waits for this very stream (held on the wait above), the
         // op's arm and its read still run and release the stream, which lets that thread,
