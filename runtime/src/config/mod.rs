@@ -182,7 +182,7 @@ pub enum BufferedWrites {
     IoUring,
 }
 
-/// Which async reads stage into a slot of pinned memory and copy on the user's own stream
+/// Which async ops go through a slot of pinned memory copied on the user's own stream
 /// (`HIPFILE_STREAM_COPIES`; `async_op::slots`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum StreamCopies {
@@ -193,12 +193,16 @@ pub enum StreamCopies {
     /// it took 3-10 µs off a lone 4 KiB read and cost 18-22 % of the small random reads
     /// per second of 8 busy streams.
     Idle,
-    /// Every fully FIXED read of at most 16 MiB whose range lies inside the file when it is
-    /// submitted, and every write of at most 16 MiB with FIXED buffer offset and size (the
-    /// stream copies its bytes into the slot before the op's doorbell), on any stream
-    /// (`all`): between the stream reaching such an op and its release there is no CUDA
-    /// call, so an application thread's `cuStreamCreate` waiting for held streams cannot
-    /// stall it (README "Known limits"). Not yet measured on a GPU.
+    /// Every op, on any stream (`all`): ops of at most 16 MiB through a slot for their
+    /// device range as submitted (fully FIXED reads inside the file staged at once, other
+    /// reads read when the stream reaches them, writes copied into the slot by the stream
+    /// before the op's doorbell; an op whose buffer offset or size moved before the stream
+    /// reached it declines the slot), ops over 16 MiB with FIXED buffer offset and size in
+    /// 16 MiB pieces sharing a ring of slots (`async_op::pieces`). Between the stream
+    /// reaching such an op and its release there is no CUDA call (but on the rare paths of
+    /// a short or failed read and a declined slot), so an application thread's
+    /// `cuStreamCreate` waiting for held streams cannot stall it (README "Known limits").
+    /// Not yet measured on a GPU.
     All,
 }
 
