@@ -652,3 +652,44 @@ fn a_read_whose_copy_cannot_be_enqueued_ends_with_a_driver_error() {
         rig.set_dev_bytes(buffer, &old);
     }
 }
+
+/// The same slow copy enqueue (300 ms) for a read at arm whose late file offset turns out
+/// invalid when the stream reaches it: it fails with -5022 and its destination stays as it
+/// was — the slot is filled from the destination only once the copy is queued, which
+/// writes those bytes back.
+#[test]
+fn a_read_bound_invalid_while_its_copy_is_enqueued_leaves_the_destination() {
+    let _serial = serial();
+    let config =
+        Config { stream_copies: hipfile_runtime::config::StreamCopies::All, ..small_config() };
+    let rig = Arc::new(Rig::with(1, config));
+    let file = TempFile::new("slow-copy-invalid", &pattern(26, MIB));
+    let fd = file.open_rw();
+    let handle = rig.register(&fd);
+    let buffer = rig.alloc(MIB);
+    let old = pattern(27, 64 * KIB);
+    rig.set_dev_bytes(buffer, &old);
+    let stream = rig.registered_stream(5);
+    let gate = rig.pause(stream).expect("pause");
+    let p = params(16 * KIB, 8192, 0);
+    let guard = fault::install(Plan {
+        seed: 0x516,
+        rules: vec![once(Site::DeviceCopy, Fault::Delay(Duration::from_millis(300)))],
+    });
+    let submitter = {
+        let (rig, p) = (Arc::clone(&rig), Arc::clone(&p));
+        std::thread::spawn(move || rig.submit(Direction::Read, handle, buffer, &p, stream))
+    };
+    // Once the doorbell and wait are queued (the submission is then in its copy's
+    // enqueue), the file offset turns invalid and the stream reaches the op.
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(!submitter.is_finished(), "the submission is still in its copy's enqueue");
+    p.file_offset_bytes.store(-4096, std::sync::atomic::Ordering::SeqCst);
+    drop(gate);
+    submitter.join().expect("submitter").expect("accepted");
+    assert_eq!(guard.injected(), vec![1]);
+    drop(guard);
+    rig.sync(stream);
+    assert_eq!(bytes(&p), neg(OpError::InvalidValue));
+    assert_bytes(&rig.dev_bytes(buffer, 64 * KIB), &old, "the destination as it was");
+}

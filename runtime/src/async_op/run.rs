@@ -41,9 +41,13 @@ impl AsyncOp {
         });
         let Some(io) = bound else {
             self.set_state(OpEvent::BindFailed);
-            // A read at arm's stream copies its slot: it must hold the destination's bytes.
-            self.keep_destination_past(Outcome::Library(OpError::InvalidValue));
-            self.publish(Outcome::Library(OpError::InvalidValue));
+            if self.reads_slot_at_arm() {
+                // Its stream copies the slot: the slot must hold the destination's bytes
+                // (once its copy is queued).
+                self.slot_read_fails_at_arm(Outcome::Library(OpError::InvalidValue));
+            } else {
+                self.publish(Outcome::Library(OpError::InvalidValue));
+            }
             return;
         };
         {
@@ -70,7 +74,7 @@ impl AsyncOp {
                 }
             }
             Err(error) if self.reads_slot_at_arm() && !self.slot_declined() => {
-                self.slot_read_at_arm_done(Outcome::Library(error.code));
+                self.slot_read_fails_at_arm(Outcome::Library(error.code));
             }
             Err(error) => self.publish(Outcome::Library(error.code)),
         }

@@ -322,6 +322,16 @@ impl AsyncOp {
         }
     }
 
+    /// A read at arm that fails before its read is posted (its parameters do not bind,
+    /// or the engine cannot start): it ends with `failure` as if its read had, once its
+    /// slot's copy is queued (the slot is then filled from the destination).
+    pub(super) fn slot_read_fails_at_arm(&self, failure: Outcome) {
+        *self.slot_outcome.lock().unwrap_or_else(|p| p.into_inner()) = Some(failure);
+        if self.slot_flow_completes(POSTED | ARMED | STAGED) {
+            self.slot_read_at_arm_met();
+        }
+    }
+
     /// Posts the read of a piece of a long op ahead of its arm, into a slot an earlier
     /// piece has finished with (`pieces`: called from the arm of an earlier piece, on the
     /// poller, before this piece's arm can run). Nothing when the long op's parameters are
@@ -385,8 +395,13 @@ impl AsyncOp {
         if self.slot_copy_failed.load(Ordering::SeqCst) {
             return Outcome::Library(OpError::HipDriverError);
         }
+        // An op whose parameters did not bind is decided (`Done`) and moved nothing: its
+        // stream copies the destination's own bytes back, uncounted.
+        let bound = !matches!(self.machine().state(), hipfile_core::OpState::Done(_));
         let outcome = self.keep_destination_past(outcome);
-        self.host.async_stats().stream_copies.fetch_add(1, Ordering::Relaxed);
+        if bound {
+            self.host.async_stats().stream_copies.fetch_add(1, Ordering::Relaxed);
+        }
         outcome
     }
 
