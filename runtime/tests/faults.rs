@@ -693,3 +693,46 @@ fn a_read_bound_invalid_while_its_copy_is_enqueued_leaves_the_destination() {
     assert_eq!(bytes(&p), neg(OpError::InvalidValue));
     assert_bytes(&rig.dev_bytes(buffer, 64 * KIB), &old, "the destination as it was");
 }
+
+/// The same slow copy enqueue for a read on a stream without FIXED flags whose buffer
+/// offset moves before the stream reaches it: it declines its slot, the engine moves it to
+/// the new range, and its release (with the fill of the slot from the submitted range)
+/// waits for the copy's enqueue, so the submitted range stays as it was.
+#[test]
+fn a_read_declining_its_slot_while_its_copy_is_enqueued_leaves_the_submitted_range() {
+    let _serial = serial();
+    let config =
+        Config { stream_copies: hipfile_runtime::config::StreamCopies::All, ..small_config() };
+    let rig = Arc::new(Rig::with(1, config));
+    let data = pattern(28, MIB);
+    let file = TempFile::new("slow-copy-declined", &data);
+    let fd = file.open_rw();
+    let handle = rig.register(&fd);
+    let buffer = rig.alloc(MIB);
+    let old = pattern(29, MIB);
+    rig.set_dev_bytes(buffer, &old);
+    let stream = rig.registered_stream(0);
+    let gate = rig.pause(stream).expect("pause");
+    let p = params(16 * KIB, 8192, 0);
+    let guard = fault::install(Plan {
+        seed: 0x517,
+        rules: vec![once(Site::DeviceCopy, Fault::Delay(Duration::from_millis(300)))],
+    });
+    let submitter = {
+        let (rig, p) = (Arc::clone(&rig), Arc::clone(&p));
+        std::thread::spawn(move || rig.submit(Direction::Read, handle, buffer, &p, stream))
+    };
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(!submitter.is_finished(), "the submission is still in its copy's enqueue");
+    p.buffer_offset_bytes.store((512 * KIB) as i64, std::sync::atomic::Ordering::SeqCst);
+    drop(gate);
+    submitter.join().expect("submitter").expect("accepted");
+    assert_eq!(guard.injected(), vec![1]);
+    drop(guard);
+    rig.sync(stream);
+    assert_eq!(bytes(&p), 16 * KIB as isize);
+    let got = rig.dev_bytes(buffer, MIB);
+    assert_bytes(&got[..16 * KIB], &old[..16 * KIB], "the submitted range");
+    let moved = &got[512 * KIB..512 * KIB + 16 * KIB];
+    assert_bytes(moved, &data[8192..8192 + 16 * KIB], "the bound range");
+}
