@@ -17,6 +17,7 @@ use std::time::Duration;
 use hipfile_core::{Direction, OpError, RawIo};
 use hipfile_runtime::IoError;
 use hipfile_runtime::config::{BufferedWrites, Config};
+use hipfile_runtime::device::StreamHandle;
 use hipfile_runtime::fault::{self, Fault, Plan, Rule, Site};
 use hipfile_runtime::file::DirectPolicy;
 use hipfile_runtime::{AsyncParams, HandleId};
@@ -573,6 +574,73 @@ fn a_long_op_whose_piece_cannot_be_enqueued_fails_cleanly() {
     }
 }
 
+/// A rig with `HIPFILE_STREAM_COPIES=all`, a 1 MiB pattern file and a 1 MiB buffer
+/// holding other bytes, on which one 16 KiB read at file offset 8192 is submitted from
+/// another thread while the enqueue of its slot's copy takes 300 ms more (injected).
+struct SlowCopyEnqueue {
+    rig: Arc<Rig>,
+    data: Vec<u8>,
+    old: Vec<u8>,
+    _file: TempFile,
+    _fd: std::fs::File,
+    handle: HandleId,
+    buffer: u64,
+}
+
+impl SlowCopyEnqueue {
+    fn new(tag: &str) -> SlowCopyEnqueue {
+        let config =
+            Config { stream_copies: hipfile_runtime::config::StreamCopies::All, ..small_config() };
+        let rig = Arc::new(Rig::with(1, config));
+        let data = pattern(23, MIB);
+        let file = TempFile::new(tag, &data);
+        let fd = file.open_rw();
+        let handle = rig.register(&fd);
+        let buffer = rig.alloc(MIB);
+        let old = pattern(24, MIB);
+        rig.set_dev_bytes(buffer, &old);
+        SlowCopyEnqueue { rig, data, old, _file: file, _fd: fd, handle, buffer }
+    }
+
+    /// Submits the read on `stream` from another thread, its copy's enqueue slowed; the
+    /// plan's guard and the submitting thread.
+    fn submit(
+        &self,
+        stream: StreamHandle,
+        p: &Arc<AsyncParams>,
+    ) -> (fault::PlanGuard, std::thread::JoinHandle<Result<(), hipfile_runtime::Error>>) {
+        let guard = fault::install(Plan {
+            seed: 0x514,
+            rules: vec![once(Site::DeviceCopy, Fault::Delay(Duration::from_millis(300)))],
+        });
+        let (rig, p, handle, buffer) =
+            (Arc::clone(&self.rig), Arc::clone(p), self.handle, self.buffer);
+        let submitter =
+            std::thread::spawn(move || rig.submit(Direction::Read, handle, buffer, &p, stream));
+        (guard, submitter)
+    }
+
+    /// Holds `stream` until the submission is in its copy's enqueue (its doorbell and
+    /// wait queued), applies `change`, lets the stream reach the op and waits for it.
+    fn run_held(
+        &self,
+        stream: StreamHandle,
+        p: &Arc<AsyncParams>,
+        change: impl FnOnce(&AsyncParams),
+    ) {
+        let gate = self.rig.pause(stream).expect("pause");
+        let (guard, submitter) = self.submit(stream, p);
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(!submitter.is_finished(), "the submission is still in its copy's enqueue");
+        change(p);
+        drop(gate);
+        submitter.join().expect("submitter").expect("accepted");
+        assert_eq!(guard.injected(), vec![1]);
+        drop(guard);
+        self.rig.sync(stream);
+    }
+}
+
 /// `HIPFILE_STREAM_COPIES=all`: an op copied on its own stream is watched before its
 /// copy is enqueued (an enqueue that waits for a CUDA lock must not hold the release it
 /// depends on). While that enqueue is slow (an injected 300 ms), the op's arm and its
@@ -580,27 +648,13 @@ fn a_long_op_whose_piece_cannot_be_enqueued_fails_cleanly() {
 #[test]
 fn a_read_copied_on_its_stream_is_released_only_once_its_copy_is_enqueued() {
     let _serial = serial();
-    let config =
-        Config { stream_copies: hipfile_runtime::config::StreamCopies::All, ..small_config() };
-    let rig = Arc::new(Rig::with(1, config));
-    let data = pattern(23, MIB);
-    let file = TempFile::new("slow-copy-enqueue", &data);
-    let fd = file.open_rw();
-    let handle = rig.register(&fd);
-    let buffer = rig.alloc(MIB);
+    let t = SlowCopyEnqueue::new("slow-copy-enqueue");
     // Flags 5: read when the stream (idle: at once) reaches the op.
-    let stream = rig.registered_stream(5);
-    let read_bytes = || rig.driver.file(handle).expect("file").counters().read_bytes();
+    let stream = t.rig.registered_stream(5);
+    let read_bytes = || t.rig.driver.file(t.handle).expect("file").counters().read_bytes();
     let before = read_bytes();
     let p = params(16 * KIB, 8192, 0);
-    let guard = fault::install(Plan {
-        seed: 0x514,
-        rules: vec![once(Site::DeviceCopy, Fault::Delay(Duration::from_millis(300)))],
-    });
-    let submitter = {
-        let (rig, p) = (Arc::clone(&rig), Arc::clone(&p));
-        std::thread::spawn(move || rig.submit(Direction::Read, handle, buffer, &p, stream))
-    };
+    let (guard, submitter) = t.submit(stream, &p);
     wait_until("the read, while the copy is being enqueued", || {
         read_bytes() - before == 16 * KIB as u64
     });
@@ -609,9 +663,9 @@ fn a_read_copied_on_its_stream_is_released_only_once_its_copy_is_enqueued() {
     submitter.join().expect("submitter").expect("accepted");
     assert_eq!(guard.injected(), vec![1]);
     drop(guard);
-    rig.sync(stream);
+    t.rig.sync(stream);
     assert_eq!(bytes(&p), 16 * KIB as isize);
-    assert_bytes(&rig.dev_bytes(buffer, 16 * KIB), &data[8192..8192 + 16 * KIB], "the read");
+    assert_bytes(&t.rig.dev_bytes(t.buffer, 16 * KIB), &t.data[8192..8192 + 16 * KIB], "read");
 }
 
 /// `HIPFILE_STREAM_COPIES=all`: when the copy out of a read's slot cannot be enqueued
@@ -660,38 +714,14 @@ fn a_read_whose_copy_cannot_be_enqueued_ends_with_a_driver_error() {
 #[test]
 fn a_read_bound_invalid_while_its_copy_is_enqueued_leaves_the_destination() {
     let _serial = serial();
-    let config =
-        Config { stream_copies: hipfile_runtime::config::StreamCopies::All, ..small_config() };
-    let rig = Arc::new(Rig::with(1, config));
-    let file = TempFile::new("slow-copy-invalid", &pattern(26, MIB));
-    let fd = file.open_rw();
-    let handle = rig.register(&fd);
-    let buffer = rig.alloc(MIB);
-    let old = pattern(27, 64 * KIB);
-    rig.set_dev_bytes(buffer, &old);
-    let stream = rig.registered_stream(5);
-    let gate = rig.pause(stream).expect("pause");
+    let t = SlowCopyEnqueue::new("slow-copy-invalid");
+    let stream = t.rig.registered_stream(5);
     let p = params(16 * KIB, 8192, 0);
-    let guard = fault::install(Plan {
-        seed: 0x516,
-        rules: vec![once(Site::DeviceCopy, Fault::Delay(Duration::from_millis(300)))],
+    t.run_held(stream, &p, |p| {
+        p.file_offset_bytes.store(-4096, std::sync::atomic::Ordering::SeqCst)
     });
-    let submitter = {
-        let (rig, p) = (Arc::clone(&rig), Arc::clone(&p));
-        std::thread::spawn(move || rig.submit(Direction::Read, handle, buffer, &p, stream))
-    };
-    // Once the doorbell and wait are queued (the submission is then in its copy's
-    // enqueue), the file offset turns invalid and the stream reaches the op.
-    std::thread::sleep(Duration::from_millis(100));
-    assert!(!submitter.is_finished(), "the submission is still in its copy's enqueue");
-    p.file_offset_bytes.store(-4096, std::sync::atomic::Ordering::SeqCst);
-    drop(gate);
-    submitter.join().expect("submitter").expect("accepted");
-    assert_eq!(guard.injected(), vec![1]);
-    drop(guard);
-    rig.sync(stream);
     assert_eq!(bytes(&p), neg(OpError::InvalidValue));
-    assert_bytes(&rig.dev_bytes(buffer, 64 * KIB), &old, "the destination as it was");
+    assert_bytes(&t.rig.dev_bytes(t.buffer, MIB), &t.old, "the destination as it was");
 }
 
 /// The same slow copy enqueue for a read on a stream without FIXED flags whose buffer
@@ -701,38 +731,16 @@ fn a_read_bound_invalid_while_its_copy_is_enqueued_leaves_the_destination() {
 #[test]
 fn a_read_declining_its_slot_while_its_copy_is_enqueued_leaves_the_submitted_range() {
     let _serial = serial();
-    let config =
-        Config { stream_copies: hipfile_runtime::config::StreamCopies::All, ..small_config() };
-    let rig = Arc::new(Rig::with(1, config));
-    let data = pattern(28, MIB);
-    let file = TempFile::new("slow-copy-declined", &data);
-    let fd = file.open_rw();
-    let handle = rig.register(&fd);
-    let buffer = rig.alloc(MIB);
-    let old = pattern(29, MIB);
-    rig.set_dev_bytes(buffer, &old);
-    let stream = rig.registered_stream(0);
-    let gate = rig.pause(stream).expect("pause");
+    let t = SlowCopyEnqueue::new("slow-copy-declined");
+    let stream = t.rig.registered_stream(0);
     let p = params(16 * KIB, 8192, 0);
-    let guard = fault::install(Plan {
-        seed: 0x517,
-        rules: vec![once(Site::DeviceCopy, Fault::Delay(Duration::from_millis(300)))],
+    let moved = (512 * KIB) as i64;
+    t.run_held(stream, &p, |p| {
+        p.buffer_offset_bytes.store(moved, std::sync::atomic::Ordering::SeqCst)
     });
-    let submitter = {
-        let (rig, p) = (Arc::clone(&rig), Arc::clone(&p));
-        std::thread::spawn(move || rig.submit(Direction::Read, handle, buffer, &p, stream))
-    };
-    std::thread::sleep(Duration::from_millis(100));
-    assert!(!submitter.is_finished(), "the submission is still in its copy's enqueue");
-    p.buffer_offset_bytes.store((512 * KIB) as i64, std::sync::atomic::Ordering::SeqCst);
-    drop(gate);
-    submitter.join().expect("submitter").expect("accepted");
-    assert_eq!(guard.injected(), vec![1]);
-    drop(guard);
-    rig.sync(stream);
     assert_eq!(bytes(&p), 16 * KIB as isize);
-    let got = rig.dev_bytes(buffer, MIB);
-    assert_bytes(&got[..16 * KIB], &old[..16 * KIB], "the submitted range");
+    let got = t.rig.dev_bytes(t.buffer, MIB);
+    assert_bytes(&got[..16 * KIB], &t.old[..16 * KIB], "the submitted range");
     let moved = &got[512 * KIB..512 * KIB + 16 * KIB];
-    assert_bytes(moved, &data[8192..8192 + 16 * KIB], "the bound range");
+    assert_bytes(moved, &t.data[8192..8192 + 16 * KIB], "the bound range");
 }
