@@ -236,10 +236,11 @@ pub fn table(rows: &[Row]) -> String {
     out
 }
 
-/// One line per (pattern, I/O size, streams): ASYNC against the baselines of the group.
+/// One line per (pattern, I/O size, streams) and async row (ASYNC, ASYNC_MT): against the
+/// baselines of the group.
 pub fn summary(rows: &[Row]) -> String {
     let mut out = String::new();
-    for ours in rows.iter().filter(|r| r.xfer == "ASYNC" && r.is_ok()) {
+    for ours in rows.iter().filter(|r| r.xfer.starts_with("ASYNC") && r.is_ok()) {
         let same = |xfer: &str| {
             rows.iter().find(|r| {
                 r.xfer == xfer
@@ -265,7 +266,8 @@ pub fn summary(rows: &[Row]) -> String {
             }
         }
         out.push_str(&format!(
-            "ASYNC {} {} S={}: {rate:.3} GiB/s = {}\n",
+            "{} {} {} S={}: {rate:.3} GiB/s = {}\n",
+            ours.xfer,
             ours.io_type,
             format_size(ours.io_size),
             ours.streams,
@@ -277,7 +279,7 @@ pub fn summary(rows: &[Row]) -> String {
 
 /// Whether hipfile-rs's own rows all hold verified (or unverified) speeds.
 pub fn ours_ok(rows: &[Row]) -> bool {
-    rows.iter().filter(|r| r.xfer == "ASYNC" || r.xfer == "SYNC").all(Row::is_ok)
+    rows.iter().filter(|r| r.xfer.starts_with("ASYNC") || r.xfer == "SYNC").all(Row::is_ok)
 }
 
 /// Writes `value` as pretty JSON to `path`.

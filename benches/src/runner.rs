@@ -216,7 +216,11 @@ fn open_cufile(b: &Bench, args: &RunArgs) -> (Option<CuFile>, String) {
 }
 
 fn xfers(mode: Mode, baselines: bool, cufile: bool) -> Vec<Xfer> {
-    let mut list = vec![Xfer::Async, Xfer::Sync];
+    let mut list = vec![Xfer::Async];
+    if mode.is_random() {
+        list.push(Xfer::AsyncThreads);
+    }
+    list.push(Xfer::Sync);
     if baselines {
         list.extend([Xfer::CpuOnly, Xfer::CpuGpu]);
         if !mode.is_random() {
@@ -256,6 +260,7 @@ fn run_once(
     let no_cufile = || RunError::Failed("cuFile not open".into());
     match case.xfer {
         Xfer::Async => workload::run_async(b, ops, read),
+        Xfer::AsyncThreads => workload::run_async_threads(b, ops, read),
         Xfer::Sync => workload::run_sync(b, ops, read),
         Xfer::CpuOnly => baselines::run_cpu_only(b, ops, read),
         Xfer::CpuGpu => baselines::run_cpu_gpu(b, ops, read),

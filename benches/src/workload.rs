@@ -1,7 +1,7 @@
 //! The op plan, the steps around a run, and hipfile-rs's own runs: ASYNC (stream-ordered
 //! `submit_async`) and SYNC (`io_sync` from one thread per stream).
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
@@ -20,8 +20,11 @@ const MAX_POLL: Duration = Duration::from_micros(200);
 /// What a run transfers, gdsio-style.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Xfer {
-    /// hipfile-rs stream-ordered async API.
+    /// hipfile-rs stream-ordered async API, every op submitted from one thread.
     Async,
+    /// The same with one submitting thread per stream (random patterns: what a server
+    /// whose workers each own a stream sees; one thread's submit rate no longer bounds it).
+    AsyncThreads,
     /// hipfile-rs synchronous API, one thread per stream.
     Sync,
     /// `pread`/`pwrite` into host memory: the storage limit.
@@ -41,6 +44,7 @@ impl Xfer {
     pub fn name(self) -> &'static str {
         match self {
             Xfer::Async => "ASYNC",
+            Xfer::AsyncThreads => "ASYNC_MT",
             Xfer::Sync => "SYNC",
             Xfer::CpuOnly => "CPUONLY",
             Xfer::CpuGpu => "CPU_GPU",
@@ -51,8 +55,9 @@ impl Xfer {
     }
 
     /// Every transfer type, in table order.
-    pub const ALL: [Xfer; 7] = [
+    pub const ALL: [Xfer; 8] = [
         Xfer::Async,
+        Xfer::AsyncThreads,
         Xfer::Sync,
         Xfer::CpuOnly,
         Xfer::CpuGpu,
@@ -65,6 +70,7 @@ impl Xfer {
     pub fn describe(self) -> &'static str {
         match self {
             Xfer::Async => "hipfile-rs submit_async on S streams into one device buffer",
+            Xfer::AsyncThreads => "the same, each stream's ops submitted by a thread of its own",
             Xfer::Sync => "hipfile-rs io_sync, S threads",
             Xfer::CpuOnly => "pread/pwrite to host memory, S threads (storage limit)",
             Xfer::CpuGpu => "pread + device copy + sync per op into pinned memory, S threads",
@@ -371,17 +377,37 @@ fn submit_round_robin(
 /// ASYNC: every region on its own registered stream, all in flight, then sync all.
 /// Latency per op: submit call → `bytes_done` observed non-zero.
 pub fn run_async(b: &mut Bench, plan: &[Vec<Op>], read: bool) -> Result<Sample, RunError> {
+    run_ours_async(b, plan, read, false)
+}
+
+/// ASYNC_MT: as [`run_async`], each stream's ops submitted by a thread of its own while
+/// this thread observes completions.
+pub fn run_async_threads(b: &mut Bench, plan: &[Vec<Op>], read: bool) -> Result<Sample, RunError> {
+    run_ours_async(b, plan, read, true)
+}
+
+fn run_ours_async(
+    b: &mut Bench,
+    plan: &[Vec<Op>],
+    read: bool,
+    thread_per_stream: bool,
+) -> Result<Sample, RunError> {
     let seed = prepare(b, read, Target::Device)?;
     let mut streams = StreamSet::create(b.device(), plan.len()).map_err(failed("streams"))?;
     streams.register(&b.env.driver, b.flags).map_err(failed("register"))?;
     let params = make_params(plan);
     let (driver, handle, addr) = (&b.env.driver, b.handle, b.dev.addr);
     let handles = streams.handles.clone();
-    let sample = run_async_with(plan, &params, &streams, |s, p| {
+    let submit = |s: usize, p: &Arc<AsyncParams>| {
         driver
             .submit_async(direction(read), handle, addr, p, handles[s])
             .map_err(|e| RunError::Failed(format!("submit_async: {e}")))
-    })?;
+    };
+    let sample = if thread_per_stream {
+        run_async_threaded(plan, &params, &streams, submit)
+    } else {
+        run_async_with(plan, &params, &streams, submit)
+    }?;
     drop(streams);
     check_counts(plan, &params)?;
     finish(b, read, seed, Target::Device)?;
@@ -405,6 +431,101 @@ pub fn run_async_with(
     let (bytes, ops) = totals(plan);
     let (latencies_us, submit_us) = (tracker.latencies_us, tracker.submit_us);
     Ok(Sample { seconds, bytes, ops, latencies_us, submit_us, cpu_seconds })
+}
+
+/// As [`run_async_with`], with stream `s`'s ops submitted in order by a thread of its
+/// own; this thread records when each op's `bytes_done` turns non-zero.
+fn run_async_threaded(
+    plan: &[Vec<Op>],
+    params: &[Vec<Arc<AsyncParams>>],
+    streams: &StreamSet,
+    submit: impl Fn(usize, &Arc<AsyncParams>) -> Result<(), RunError> + Sync,
+) -> Result<Sample, RunError> {
+    let timer = Timer::start();
+    let refused = AtomicBool::new(false);
+    let (submitted, finished) = std::thread::scope(|scope| {
+        let submitters: Vec<_> = params
+            .iter()
+            .enumerate()
+            .map(|(s, ops)| {
+                let (submit, refused) = (&submit, &refused);
+                scope.spawn(move || -> Result<Vec<(Instant, f64)>, RunError> {
+                    let mut starts = Vec::with_capacity(ops.len());
+                    for p in ops {
+                        let start = Instant::now();
+                        if let Err(e) = submit(s, p) {
+                            refused.store(true, Ordering::SeqCst);
+                            return Err(e);
+                        }
+                        starts.push((start, start.elapsed().as_secs_f64() * 1e6));
+                    }
+                    Ok(starts)
+                })
+            })
+            .collect();
+        let given_up =
+            || refused.load(Ordering::SeqCst) && submitters.iter().all(|t| t.is_finished());
+        let finished = completion_times(params, given_up);
+        let submitted: Vec<_> =
+            submitters.into_iter().map(|t| t.join().expect("submitting thread")).collect();
+        (submitted, finished)
+    });
+    let mut latencies_us = Vec::new();
+    let mut submit_us = Vec::new();
+    for (starts, done) in submitted.into_iter().zip(&finished) {
+        let starts = starts?;
+        let done = done.as_ref().map_err(Clone::clone)?;
+        for ((start, submit), end) in starts.iter().zip(done) {
+            submit_us.push(*submit);
+            latencies_us.push((*end - *start).as_secs_f64() * 1e6);
+        }
+    }
+    streams.sync_all().map_err(failed("sync"))?;
+    let (seconds, cpu_seconds) = timer.stop();
+    let (bytes, ops) = totals(plan);
+    Ok(Sample { seconds, bytes, ops, latencies_us, submit_us, cpu_seconds })
+}
+
+/// When each op's `bytes_done` was seen non-zero, per stream (ops of one stream complete
+/// in stream order); a stream fails as stalled when nothing completed for
+/// [`STALL_LIMIT`], or at once when `given_up()` (a submission was refused: that stream's
+/// ops never all complete, and its submitter's error is the one reported).
+fn completion_times(
+    params: &[Vec<Arc<AsyncParams>>],
+    given_up: impl Fn() -> bool,
+) -> Vec<Result<Vec<Instant>, RunError>> {
+    let mut done: Vec<Vec<Instant>> = params.iter().map(|p| Vec::with_capacity(p.len())).collect();
+    let mut last_progress = Instant::now();
+    let mut pause = MIN_POLL;
+    loop {
+        let mut progress = false;
+        for (s, ops) in params.iter().enumerate() {
+            while let Some(p) = ops.get(done[s].len())
+                && p.bytes_done.load(Ordering::Acquire) != 0
+            {
+                done[s].push(Instant::now());
+                progress = true;
+            }
+        }
+        if done.iter().zip(params).all(|(d, p)| d.len() == p.len()) {
+            return done.into_iter().map(Ok).collect();
+        }
+        if progress {
+            last_progress = Instant::now();
+            pause = MIN_POLL;
+        } else if given_up() || last_progress.elapsed() > STALL_LIMIT {
+            let stalled =
+                || RunError::Failed(format!("stalled: no op completed for {STALL_LIMIT:?}"));
+            return done
+                .into_iter()
+                .zip(params)
+                .map(|(d, p)| if d.len() == p.len() { Ok(d) } else { Err(stalled()) })
+                .collect();
+        } else {
+            pause = (pause * 2).min(MAX_POLL);
+        }
+        std::thread::sleep(pause);
+    }
 }
 
 #[cfg(test)]
