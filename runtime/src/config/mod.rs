@@ -39,8 +39,15 @@ const REASON_BUFFERED_WRITES: &str = "must be thread or io_uring";
 const REASON_ON_OFF: &str = "must be 1/on/true or 0/off/false";
 const REASON_STREAM_COPIES: &str = "must be 1/on/true, 0/off/false or all";
 const REASON_STREAM_COPY_MB: &str = "must be an integer number of MiB, at least 16";
-/// Default of `HIPFILE_STREAM_COPY_MB`.
-const DEFAULT_STREAM_COPY_MB: usize = 64;
+/// Default of `HIPFILE_STREAM_COPY_MB`: a 64th of the machine's memory, rounded down to
+/// a whole 16 MiB slot, between [`MIN_DEFAULT_STREAM_COPY_MB`] and
+/// [`MAX_DEFAULT_STREAM_COPY_MB`] ([`default_stream_copy_mib`]).
+const STREAM_COPY_MEMORY_SHARE: u64 = 64;
+/// The least default of `HIPFILE_STREAM_COPY_MB`: one long op's ring of four 16 MiB slots.
+const MIN_DEFAULT_STREAM_COPY_MB: usize = 64;
+/// The most default of `HIPFILE_STREAM_COPY_MB`: 64 ops of 16 MiB (or 16 long ops) in
+/// flight per size; slots are pinned only as ops use them, and never shrink.
+const MAX_DEFAULT_STREAM_COPY_MB: usize = 1024;
 const CPUS: &str = "HIPFILE_CPUS";
 const CHUNK_KB: &str = "HIPFILE_CHUNK_KB";
 const STAGING_MB: &str = "HIPFILE_STAGING_MB";
@@ -286,6 +293,14 @@ pub struct Config {
     pub stream_copy_cap_bytes: usize,
 }
 
+/// The default of `HIPFILE_STREAM_COPY_MB` on a machine of `physical_bytes` of memory
+/// (unknown: the least).
+fn default_stream_copy_mib(physical_bytes: Option<u64>) -> usize {
+    let share_mib = physical_bytes.map_or(0, |bytes| bytes / STREAM_COPY_MEMORY_SHARE / MIB as u64);
+    let whole_slots_mib = usize::try_from(share_mib / 16 * 16).unwrap_or(usize::MAX);
+    whole_slots_mib.clamp(MIN_DEFAULT_STREAM_COPY_MB, MAX_DEFAULT_STREAM_COPY_MB)
+}
+
 /// A switch: `1`/`on`/`true` or `0`/`off`/`false` (surrounding blanks ignored), `default`
 /// when unset.
 fn on_off(
@@ -421,7 +436,7 @@ impl Config {
         config.stream_copy_cap_bytes = parse_mib(
             STREAM_COPY_MB,
             get(STREAM_COPY_MB),
-            DEFAULT_STREAM_COPY_MB,
+            default_stream_copy_mib(crate::sys::physical_memory_bytes()),
             16,
             REASON_STREAM_COPY_MB,
         )?;
@@ -520,7 +535,8 @@ impl Config {
             use_io_uring: true,
             buffered_writes: BufferedWrites::Thread,
             stream_copies: StreamCopies::Off,
-            stream_copy_cap_bytes: DEFAULT_STREAM_COPY_MB * MIB,
+            stream_copy_cap_bytes: default_stream_copy_mib(crate::sys::physical_memory_bytes())
+                * MIB,
         }
     }
 
@@ -562,4 +578,23 @@ fn affinity_cpus() -> Option<Vec<usize>> {
         words *= 2;
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_stream_copy_default_follows_the_machines_memory() {
+        const GIB: u64 = 1 << 30;
+        // Unknown or small machines: one long op's ring; large ones: the ceiling.
+        assert_eq!(default_stream_copy_mib(None), 64);
+        assert_eq!(default_stream_copy_mib(Some(2 * GIB)), 64);
+        assert_eq!(default_stream_copy_mib(Some(128 * GIB)), 1024);
+        assert_eq!(default_stream_copy_mib(Some(u64::MAX)), 1024);
+        // In between: a 64th, in whole 16 MiB slots.
+        assert_eq!(default_stream_copy_mib(Some(24 * GIB)), 384);
+        assert_eq!(default_stream_copy_mib(Some(23 * GIB)), 368);
+        assert_eq!(default_stream_copy_mib(Some(5 * GIB + 7)), 80);
+    }
 }

@@ -478,8 +478,12 @@ fn stream_copies_are_off_unless_asked_for() {
     for bad in ["yes", "ALL", "idle"] {
         rejected(&[("HIPFILE_STREAM_COPIES", bad)], &cpus(4), "HIPFILE_STREAM_COPIES");
     }
-    // The cap of each large slot size: 64 MiB unless set, at least 16.
-    assert_eq!(parse_ok(&[]).stream_copy_cap_bytes, 64 << 20);
+    // The cap of each large slot size: unless set, a 64th of the machine's memory in whole
+    // 16 MiB slots, from 64 MiB to 1 GiB (the rule's values: the config module's unit
+    // test); at least 16 when set.
+    let default_cap = parse_ok(&[]).stream_copy_cap_bytes;
+    assert!((64 << 20..=1 << 30).contains(&default_cap), "{default_cap}");
+    assert_eq!(default_cap % (16 << 20), 0, "{default_cap}");
     assert_eq!(parse_ok(&[("HIPFILE_STREAM_COPY_MB", "256")]).stream_copy_cap_bytes, 256 << 20);
     for bad in ["8", "-1", "lots"] {
         rejected(&[("HIPFILE_STREAM_COPY_MB", bad)], &cpus(4), "HIPFILE_STREAM_COPY_MB");
