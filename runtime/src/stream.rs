@@ -362,7 +362,15 @@ impl StreamState {
     /// One line for [`crate::Driver::pending_report`]: the stream, its sequence numbers
     /// (submitted, reached = doorbell, released = release word) and the ops between.
     pub(crate) fn describe(&self) -> String {
-        let submitted = *self.next_sequence.lock().unwrap_or_else(|p| p.into_inner());
+        // A submission holds the lock while it enqueues; a report asked while that enqueue
+        // is stuck (a hang it is meant to explain) must not wait for it.
+        let submitted = match self.next_sequence.try_lock() {
+            Ok(sequence) => sequence.to_string(),
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner().to_string(),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                "? (a submission is enqueueing its commands now)".to_string()
+            }
+        };
         let reached = self.arms.doorbell().load();
         let released = self.word.load();
         format!(
@@ -380,9 +388,14 @@ impl StreamState {
         )
     }
 
-    /// Whether every op submitted on the stream was released.
+    /// Whether every op submitted on the stream was released; a stream with a submission
+    /// enqueueing now is not (and is not waited for).
     pub(crate) fn idle(&self) -> bool {
-        *self.next_sequence.lock().unwrap_or_else(|p| p.into_inner()) == self.word.load()
+        match self.next_sequence.try_lock() {
+            Ok(sequence) => *sequence == self.word.load(),
+            Err(std::sync::TryLockError::Poisoned(p)) => *p.into_inner() == self.word.load(),
+            Err(std::sync::TryLockError::WouldBlock) => false,
+        }
     }
 
     /// Locks the stream for one submission; the guard yields the op's sequence number.

@@ -668,6 +668,29 @@ fn a_read_copied_on_its_stream_is_released_only_once_its_copy_is_enqueued() {
     assert_bytes(&t.rig.dev_bytes(t.buffer, 16 * KIB), &t.data[8192..8192 + 16 * KIB], "read");
 }
 
+/// The driver's pending report (what a hang guard prints) does not wait for a submission
+/// stuck in its enqueue (on CUDA: behind a lock a blocked `cuStreamCreate` holds, the hang
+/// such a report must explain); it names the stream as enqueueing now.
+#[test]
+fn the_pending_report_does_not_wait_for_a_stuck_submission() {
+    let _serial = serial();
+    let t = SlowCopyEnqueue::new("report-during-enqueue");
+    let stream = t.rig.registered_stream(15);
+    let p = params(16 * KIB, 0, 0);
+    let (guard, submitter) = t.submit(stream, &p);
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(!submitter.is_finished(), "the submission is still in its copy's enqueue");
+    let report = t.rig.driver.pending_report();
+    assert!(!submitter.is_finished(), "the report did not wait for the submission:\n{report}");
+    assert!(report.contains("a submission is enqueueing its commands now"), "{report}");
+    submitter.join().expect("submitter").expect("accepted");
+    assert_eq!(guard.injected(), vec![1]);
+    drop(guard);
+    t.rig.sync(stream);
+    assert_eq!(bytes(&p), 16 * KIB as isize);
+    assert_bytes(&t.rig.dev_bytes(t.buffer, 16 * KIB), &t.data[..16 * KIB], "read");
+}
+
 /// `HIPFILE_STREAM_COPIES=all`: when the copy out of a read's slot cannot be enqueued
 /// (after the op was watched), the op is not refused — its stream may already have
 /// reached it — but ends with hipFileHipDriverError, its destination untouched; for a
