@@ -234,7 +234,7 @@ impl AsyncOp {
 
     /// The publication's winner: the machine reaches `Published`, `*bytes_p` is stored
     /// and the op lets go of file, buffer and hazard entry.
-    fn conclude(&self, outcome: Outcome) {
+    pub(super) fn conclude(&self, outcome: Outcome) {
         // A read that declined its slot: the stream's queued copy out of the slot must
         // write back what the destination holds now.
         let outcome =

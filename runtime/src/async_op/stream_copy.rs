@@ -35,12 +35,20 @@ const ARMED: u8 = 2;
 /// piece of its long op: `pieces`).
 const POSTED: u8 = 4;
 /// The enqueue of the stream's copy out of the slot is over (done or failed). An op
-/// copied on its own stream is watched before that copy is enqueued (the enqueue may
-/// wait for a lock that a thread making streams holds while it waits for this very
-/// stream: README, Known limits), so its release waits for this too.
+/// copied on its own stream is watched before that copy is enqueued, and its release
+/// does not wait for that enqueue: on CUDA the enqueue may wait for a lock that a thread
+/// making streams holds while it waits for this very stream (README, Known limits). Its
+/// publication (`*bytes_p`, which says whether the copy was queued) does.
 const QUEUED: u8 = 8;
-/// Every finisher of a slot read: its bytes, its stream, its copy.
-const READY: u8 = STAGED | ARMED | QUEUED;
+/// The op's stream was released (the slot holds what the destination must end up with).
+const RELEASED: u8 = 16;
+/// What a slot read's release needs: its bytes and its stream.
+const RELEASABLE: u8 = STAGED | ARMED;
+/// What a slot read's publication needs: its release and its copy's enqueue.
+const READY: u8 = STAGED | ARMED | QUEUED | RELEASED;
+/// What a read that declined its slot needs before it publishes and releases (its fill
+/// needs the copy queued): its engine copies, its stream, its copy's enqueue.
+const DECLINED_READY: u8 = STAGED | ARMED | QUEUED;
 
 /// What an op's slot serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -306,9 +314,7 @@ impl AsyncOp {
         // A read at arm ends once it is both read and reached (a piece read ahead may be
         // read before the stream reaches it).
         *self.slot_outcome.lock().unwrap_or_else(|p| p.into_inner()) = Some(outcome);
-        if self.slot_flow_completes(STAGED) {
-            self.slot_read_at_arm_met();
-        }
+        self.advance_slot_flow(STAGED);
     }
 
     /// A read at arm whose parameters are bound: posts its read, or, when a piece ahead of
@@ -317,19 +323,17 @@ impl AsyncOp {
         if self.slot_flow.load(Ordering::SeqCst) & POSTED == 0 {
             self.slot_flow.fetch_or(POSTED | ARMED, Ordering::SeqCst);
             self.post_slot_read(engine, io);
-        } else if self.slot_flow_completes(ARMED) {
-            self.slot_read_at_arm_met();
+        } else {
+            self.advance_slot_flow(ARMED);
         }
     }
 
     /// A read at arm that fails before its read is posted (its parameters do not bind,
-    /// or the engine cannot start): it ends with `failure` as if its read had, once its
-    /// slot's copy is queued (the slot is then filled from the destination).
-    pub(super) fn slot_read_fails_at_arm(&self, failure: Outcome) {
+    /// or the engine cannot start): it ends with `failure` as if its read had (the slot
+    /// is filled from the destination before the release).
+    pub(super) fn slot_read_fails_at_arm(self: &Arc<Self>, failure: Outcome) {
         *self.slot_outcome.lock().unwrap_or_else(|p| p.into_inner()) = Some(failure);
-        if self.slot_flow_completes(POSTED | ARMED | STAGED) {
-            self.slot_read_at_arm_met();
-        }
+        self.advance_slot_flow(POSTED | ARMED | STAGED);
     }
 
     /// Posts the read of a piece of a long op ahead of its arm, into a slot an earlier
@@ -342,11 +346,25 @@ impl AsyncOp {
         self.post_slot_read(engine, io);
     }
 
-    /// Sets `bit` of the slot read's finishers: `true` for the one caller that completes
-    /// them ([`READY`]).
+    /// Sets `bit` of a declined read's finishers: `true` for the one caller that
+    /// completes them ([`DECLINED_READY`]).
     fn slot_flow_completes(&self, bit: u8) -> bool {
         let before = self.slot_flow.fetch_or(bit, Ordering::SeqCst);
-        before & READY != READY && (before | bit) & READY == READY
+        before & DECLINED_READY != DECLINED_READY
+            && (before | bit) & DECLINED_READY == DECLINED_READY
+    }
+
+    /// Sets `bit` of a slot read's finishers; the caller that completes [`RELEASABLE`]
+    /// releases the stream (and publishes if the copy is queued), the enqueue's end
+    /// publishes when it completes [`READY`] after the release.
+    fn advance_slot_flow(self: &Arc<Self>, bit: u8) {
+        let before = self.slot_flow.fetch_or(bit, Ordering::SeqCst);
+        let after = before | bit;
+        if before & RELEASABLE != RELEASABLE && after & RELEASABLE == RELEASABLE {
+            self.release_slot_read();
+        } else if before & READY != READY && after & READY == READY {
+            self.publish_slot_read();
+        }
     }
 
     /// The enqueue of the stream's copy out of the slot is over; `failed` when the copy
@@ -360,15 +378,10 @@ impl AsyncOp {
             log::error!("an async read's copy on its stream could not be enqueued: {error}");
             self.slot_copy_failed.store(true, Ordering::SeqCst);
         }
-        if !self.slot_flow_completes(QUEUED) {
-            return;
-        }
-        if self.slot_declined() {
+        if !self.slot_declined() {
+            self.advance_slot_flow(QUEUED);
+        } else if self.slot_flow_completes(QUEUED) {
             self.publish_now(self.take_slot_outcome());
-        } else if self.stages_slot_at_submission() {
-            self.finish_slot_read();
-        } else {
-            self.slot_read_at_arm_met();
         }
     }
 
@@ -389,8 +402,8 @@ impl AsyncOp {
         self.slot_flow.fetch_or(ARMED, Ordering::SeqCst);
     }
 
-    /// The outcome a slot read publishes: a driver error when its copy could not be
-    /// enqueued, else `outcome` with the destination past the bytes read kept.
+    /// The outcome a slot read publishes (the slot filled past what was read at its
+    /// release): a driver error when its copy could not be enqueued, else `outcome`.
     fn slot_read_outcome(&self, outcome: Outcome) -> Outcome {
         if self.slot_copy_failed.load(Ordering::SeqCst) {
             return Outcome::Library(OpError::HipDriverError);
@@ -398,16 +411,10 @@ impl AsyncOp {
         // An op whose parameters did not bind is decided (`Done`) and moved nothing: its
         // stream copies the destination's own bytes back, uncounted.
         let bound = !matches!(self.machine().state(), hipfile_core::OpState::Done(_));
-        let outcome = self.keep_destination_past(outcome);
         if bound {
             self.host.async_stats().stream_copies.fetch_add(1, Ordering::Relaxed);
         }
         outcome
-    }
-
-    /// Both halves of a read at arm are in: finish with the read's outcome.
-    fn slot_read_at_arm_met(&self) {
-        self.slot_read_at_arm_done(self.take_slot_outcome());
     }
 
     /// What the slot's read ended with (an internal error if nothing was recorded).
@@ -416,34 +423,26 @@ impl AsyncOp {
         recorded.unwrap_or(Outcome::Library(OpError::InternalError))
     }
 
-    /// A read at arm came back (or could not start): keep the destination past what it
-    /// read, publish and release from the host.
-    pub(super) fn slot_read_at_arm_done(&self, outcome: Outcome) {
-        let outcome = self.slot_read_outcome(outcome);
-        self.note_release(self.host.async_stats());
-        self.publish(outcome);
-    }
-
-    /// The engine staged the op's bytes (or failed): finish if the stream is there.
+    /// The engine staged the op's bytes (or failed): release if the stream is there.
     fn slot_staged(self: &Arc<Self>, outcome: Outcome) {
         *self.slot_outcome.lock().unwrap_or_else(|p| p.into_inner()) = Some(outcome);
-        if self.slot_flow_completes(STAGED) {
-            self.finish_slot_read();
-        }
+        self.advance_slot_flow(STAGED);
     }
 
-    /// The stream reached a slot op (the poller's arm): finish if the bytes are staged.
+    /// The stream reached a slot op (the poller's arm): release if the bytes are staged.
     pub(super) fn arm_slot(self: &Arc<Self>) {
         self.set_state(OpEvent::Arm);
-        if self.slot_flow_completes(ARMED) {
-            self.finish_slot_read();
-        }
+        self.advance_slot_flow(ARMED);
     }
 
-    /// Both finishers met: read again if the staged bytes may be stale (once), else make
-    /// the slot hold exactly what the destination must end up with, publish and release.
-    fn finish_slot_read(self: &Arc<Self>) {
-        if !self.machine().prefetch_superseded() && !self.prefetch_still_fresh() {
+    /// Bytes and stream are in: read again if staged bytes may be stale (once), else make
+    /// the slot hold exactly what the destination must end up with and release the
+    /// stream from the host. No CUDA call unless the read came back short (the fill).
+    fn release_slot_read(self: &Arc<Self>) {
+        if self.stages_slot_at_submission()
+            && !self.machine().prefetch_superseded()
+            && !self.prefetch_still_fresh()
+        {
             self.set_state(OpEvent::Restage);
             self.host.async_stats().prefetches_redone.fetch_add(1, Ordering::Relaxed);
             self.slot_flow.fetch_and(!STAGED, Ordering::SeqCst);
@@ -453,10 +452,27 @@ impl AsyncOp {
             }
             return;
         }
+        let filled = self.keep_destination_past(self.take_slot_outcome());
+        *self.slot_outcome.lock().unwrap_or_else(|p| p.into_inner()) = Some(filled);
+        self.note_release(self.host.async_stats());
+        // `*bytes_p` goes before the release when the copy is queued (a stream synchronized
+        // after it must find it); with the enqueue still on its way (the submission has
+        // not returned, so nothing can have waited for the op yet), the enqueue's end
+        // publishes.
+        let before = self.slot_flow.fetch_or(RELEASED, Ordering::SeqCst);
+        if before & QUEUED != 0 {
+            self.publish_slot_read();
+        }
+        self.release_host();
+    }
+
+    /// Released, and the copy's enqueue is over: store `*bytes_p` and let go of the op's
+    /// file, buffer and hazard entry.
+    fn publish_slot_read(&self) {
         let outcome = self.slot_read_outcome(self.take_slot_outcome());
-        let stats = self.host.async_stats();
-        self.note_release(stats);
-        self.publish(outcome);
+        if self.end.claim_publish() {
+            self.conclude(outcome);
+        }
     }
 
     /// Fills the slot past the bytes `outcome` read with the destination's own bytes, so
@@ -465,7 +481,9 @@ impl AsyncOp {
     pub(super) fn keep_destination_past(&self, outcome: Outcome) -> Outcome {
         // A write's slot is only read by the stream's copy into it: nothing to keep.
         let (Direction::Read, Some(slot)) = (self.direction, self.slot) else { return outcome };
-        if self.slot_phase.load(Ordering::SeqCst) != SLOT_COPY_QUEUED {
+        // Nothing copies out of a slot whose copy could not be enqueued. One whose enqueue
+        // is still on its way is filled all the same (the copy follows the release).
+        if self.slot_copy_failed.load(Ordering::SeqCst) {
             return outcome;
         }
         let size = self.submitted.size_bytes();

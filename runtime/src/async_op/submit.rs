@@ -57,7 +57,7 @@ impl AsyncOp {
         } else {
             self.enqueue_copy_into_slot()
                 .map_err(|error| EnqueueError { error: Error::device(error), nothing_queued: true })
-                .and_then(|()| self.enqueue_doorbell_arm())
+                .and_then(|()| self.enqueue_doorbell_arm(engine))
         };
         if let Err(error) = queued {
             if error.nothing_queued {
@@ -73,10 +73,7 @@ impl AsyncOp {
             self.host.async_stats().prefetched.fetch_add(1, Ordering::Relaxed);
             self.post(engine, self.submitted, Some(receiver));
         }
-        if self.stages_slot_at_submission() {
-            self.host.async_stats().prefetched.fetch_add(1, Ordering::Relaxed);
-            self.post_slot_read(engine, self.submitted);
-        }
+        // (A staged slot read was posted by `enqueue_doorbell_arm`, ahead of its copy.)
         if self.wants_deferred_prefetch {
             let op = Arc::downgrade(self);
             self.stream.defer_prefetch(Box::new(move || match op.upgrade() {
@@ -91,7 +88,7 @@ impl AsyncOp {
     /// Doorbell arm (see [`crate::arm`]): "write my sequence into the doorbell", then
     /// "wait until the release word reaches it"; the poller runs the arm when the
     /// doorbell rings.
-    fn enqueue_doorbell_arm(self: &Arc<Self>) -> Result<(), EnqueueError> {
+    fn enqueue_doorbell_arm(self: &Arc<Self>, engine: &Engine) -> Result<(), EnqueueError> {
         let nothing_queued = |error| EnqueueError { error, nothing_queued: true };
         let poller = self.host.arm_poller().map_err(nothing_queued)?;
         let device = self.host.device();
@@ -126,11 +123,16 @@ impl AsyncOp {
             self.abandon();
         }
         self.watch_arm(poller);
-        // After the watch: should this enqueue wait for a lock that a thread making
-        // streams holds while it waits for this very stream (held on the wait above), the
-        // op's arm and its read still run and release the stream, which lets that thread,
-        // and then this enqueue, go on. The release waits for the enqueue's end; a failed
-        // enqueue ends the op with hipFileHipDriverError (it was accepted).
+        // After the watch, and after a staged read is posted: should this enqueue wait for
+        // a lock that a thread making streams holds while it waits for this very stream
+        // (held on the wait above), the op's arm and its read still run and release the
+        // stream, which lets that thread, and then this enqueue, go on. The op publishes
+        // once the enqueue is over; a failed enqueue ends it with hipFileHipDriverError
+        // (it was accepted; nothing copies into its destination).
+        if copy_after_watch && self.stages_slot_at_submission() {
+            self.host.async_stats().prefetched.fetch_add(1, Ordering::Relaxed);
+            self.post_slot_read(engine, self.submitted);
+        }
         if copy_after_watch && let Some(slot) = &self.slot {
             let failed = self.enqueue_stream_copy(slot).err();
             self.slot_copy_enqueue_over(failed);
