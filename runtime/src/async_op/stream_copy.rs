@@ -3,7 +3,9 @@
 //!
 //! - A fully FIXED read inside the file ([`SlotUse::StagedRead`]) is posted at once; the
 //!   engine having staged the bytes and the stream having reached the op are two
-//!   finishers, and whichever comes second publishes and releases.
+//!   finishers, and whichever comes second releases the stream. The op publishes
+//!   (`*bytes_p`) once its copy's enqueue is over too: before the release when it is,
+//!   else when the enqueue ends (the release never waits for a CUDA call).
 //! - A read whose destination range is FIXED but whose file range is not known to lie
 //!   inside the file, or may not be read ahead ([`SlotUse::ReadAtArm`]: its file offset
 //!   binds late, it reaches past the end of the file now, or an unfinished write overlaps
