@@ -254,18 +254,26 @@ pub struct Sample {
 pub struct Timer {
     start: Instant,
     cpu: f64,
+    /// The per-thread CPU of the window, under `--profile`.
+    window: std::cell::Cell<Option<crate::profile::TimedWindow>>,
 }
 
 impl Timer {
     /// Starts both clocks.
     pub fn start() -> Timer {
-        Timer { cpu: sys::cpu_seconds(), start: Instant::now() }
+        let window = std::cell::Cell::new(crate::profile::TimedWindow::start());
+        Timer { cpu: sys::cpu_seconds(), start: Instant::now(), window }
     }
 
-    /// `(wall seconds, CPU seconds)` since the start.
+    /// `(wall seconds, CPU seconds)` since the start (the first stop ends the profile's
+    /// window).
     pub fn stop(&self) -> (f64, f64) {
         let wall = self.start.elapsed().as_secs_f64();
-        (wall, sys::cpu_seconds() - self.cpu)
+        let cpu = sys::cpu_seconds() - self.cpu;
+        if let Some(window) = self.window.take() {
+            window.end();
+        }
+        (wall, cpu)
     }
 }
 

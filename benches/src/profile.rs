@@ -8,10 +8,15 @@
 //! - The engine's phase counters ([`EnginePhases`]): executor busy time, and what its
 //!   jobs waited for (file reads and writes, device copies, staging).
 //!
-//! Both are taken over all repetitions of a case, verification included (it runs on
-//! the bench's main thread: profile with `--no-verify` to leave it out).
+//! CPU time per thread group is taken over the timed part of every repetition (the
+//! windows [`crate::bench::Timer`] measures, the same as the row's CPU-s/GiB column), so
+//! the bench's own filling and verification are not in it; threads that start and end
+//! inside a window (a baseline's workers) show as `(ended threads)`. The engine's phases
+//! are taken over the whole case.
 
 use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use hipfile_runtime::engine::EnginePhases;
 use serde::Serialize;
@@ -78,6 +83,43 @@ impl ThreadCpu {
     }
 }
 
+/// Whether timed windows are recorded (`--profile`).
+static RECORDING: AtomicBool = AtomicBool::new(false);
+
+/// CPU and kernel ns per thread group over the timed windows of the case being profiled.
+static TIMED: Mutex<BTreeMap<String, (u64, u64)>> = Mutex::new(BTreeMap::new());
+
+/// Records the timed windows of every case from now on (`--profile`).
+pub fn record_timed_windows() {
+    RECORDING.store(true, Ordering::SeqCst);
+}
+
+/// The thread CPU at a timed window's start, while `--profile` records.
+pub struct TimedWindow(ThreadCpu);
+
+impl TimedWindow {
+    /// A window starting now, if windows are recorded.
+    pub fn start() -> Option<TimedWindow> {
+        RECORDING.load(Ordering::SeqCst).then(|| TimedWindow(ThreadCpu::now()))
+    }
+
+    /// Adds the CPU time of each thread group since the start to the case's total.
+    pub fn end(self) {
+        let groups = ThreadCpu::now().since(&self.0);
+        let mut timed = TIMED.lock().unwrap_or_else(|p| p.into_inner());
+        for (group, (ns, system_ns)) in groups {
+            let entry = timed.entry(group).or_default();
+            entry.0 += ns;
+            entry.1 += system_ns;
+        }
+    }
+}
+
+/// The case's timed CPU so far, emptied.
+fn take_timed() -> BTreeMap<String, (u64, u64)> {
+    std::mem::take(&mut *TIMED.lock().unwrap_or_else(|p| p.into_inner()))
+}
+
 /// Nanoseconds per clock tick of `/proc/.../stat` (USER_HZ is 100 on Linux).
 const TICK_NS: u64 = 10_000_000;
 
@@ -111,7 +153,6 @@ fn group_of(name: &str) -> String {
 
 /// What `--profile` takes before a case.
 pub struct ProfileStart {
-    cpu: ThreadCpu,
     engine: Option<(EnginePhases, u64)>,
     round_trip: RoundTripCounters,
 }
@@ -159,8 +200,9 @@ pub struct AsyncRoundTrip {
 impl ProfileStart {
     /// Takes the counters now.
     pub fn take(b: &Bench) -> ProfileStart {
+        // Windows of an earlier case that ended without a profile are not this one's.
+        take_timed();
         ProfileStart {
-            cpu: ThreadCpu::now(),
             engine: engine_counters(b),
             round_trip: RoundTripCounters::now(b),
         }
@@ -175,8 +217,8 @@ fn engine_counters(b: &Bench) -> Option<(EnginePhases, u64)> {
 /// Where a case's time went.
 #[derive(Clone, Debug, Serialize)]
 pub struct Profile {
-    /// CPU seconds per GiB moved, per thread group (largest first), and the share of it
-    /// spent in the kernel (from clock ticks: coarse for short cases).
+    /// CPU seconds per GiB moved in the timed windows, per thread group (largest first),
+    /// and the share of it spent in the kernel (from clock ticks: coarse for short cases).
     pub cpu_s_per_gib: Vec<(String, f64, f64)>,
     /// The engine's executors, where the case used them.
     pub engine: Option<EngineProfile>,
@@ -213,8 +255,7 @@ impl Profile {
     /// The profile since `start`, for `bytes` moved in `timed_s` timed seconds.
     pub fn since(start: &ProfileStart, b: &Bench, bytes: u64, timed_s: f64) -> Profile {
         let gib = bytes as f64 / GIB;
-        let mut cpu_s_per_gib: Vec<(String, f64, f64)> = ThreadCpu::now()
-            .since(&start.cpu)
+        let mut cpu_s_per_gib: Vec<(String, f64, f64)> = take_timed()
             .into_iter()
             .filter(|_| bytes > 0)
             .map(|(group, (ns, system_ns))| {
@@ -333,5 +374,43 @@ mod tests {
         // Counted under its own group while alive (not among the ended threads, whose
         // share other tests running in parallel make unpredictable).
         assert!(spin_ns >= 20_000_000, "the spinning thread's CPU: {groups:?}");
+    }
+
+    /// Burns a fixed amount of CPU work (`rounds` million steps of a dependent chain).
+    fn work(rounds: u64) {
+        let mut x = 1u64;
+        for _ in 0..rounds * 1_000_000 {
+            x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(1));
+        }
+        std::hint::black_box(x);
+    }
+
+    #[test]
+    fn only_the_timed_windows_count() {
+        record_timed_windows();
+        take_timed();
+        // One thread, alive throughout: four parts of work outside any window and one
+        // inside (the window opens and closes on this thread, as a bench run's do).
+        let worker = std::thread::Builder::new()
+            .name("windowed-9".into())
+            .spawn(|| {
+                work(40);
+                let timer = crate::bench::Timer::start();
+                work(20);
+                timer.stop();
+                // A second stop does not count the window again.
+                work(40);
+                timer.stop();
+                let own = ThreadCpu::now();
+                own.threads.iter().find(|((_, group), _)| group == "windowed-N").map(|(_, v)| v.0)
+            })
+            .expect("spawn");
+        let total_ns = worker.join().expect("worker").expect("the thread sees itself");
+        let (timed_ns, _) = take_timed().get("windowed-N").copied().unwrap_or((0, 0));
+        // About a fifth of the thread's CPU, whatever the machine's speed or load.
+        assert!(
+            timed_ns > 0 && timed_ns * 2 < total_ns,
+            "timed {timed_ns} ns of the thread's {total_ns} ns"
+        );
     }
 }

@@ -319,7 +319,8 @@ fn measure_case(
         bar.inc(1);
     }
     let mut row = Row::new(case, ops.len(), &samples, error, b.verify, cache_label(b, case));
-    if let Some(start) = profile_start {
+    // A failed case moved no bytes that count: its profile would divide by nothing.
+    if let Some(start) = profile_start.filter(|_| matches!(row.status, "ok" | "unverified")) {
         let bytes = samples.iter().map(|s| s.bytes).sum();
         let timed_s = samples.iter().map(|s| s.seconds).sum();
         row.profile = Some(Profile::since(&start, b, bytes, timed_s));
@@ -528,6 +529,9 @@ pub fn main(args: &RunArgs) -> Result<bool> {
     let mut bench =
         Bench::new(env, path, keep, size, args.flags, verify, args.cold && !args.latency)?;
     bench.profile = args.profile;
+    if args.profile {
+        crate::profile::record_timed_windows();
+    }
     let (cf, cufile_line) = open_cufile(&bench, args);
     println!("{cufile_line}");
     if args.latency {

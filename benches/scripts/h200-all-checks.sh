@@ -1,0 +1,73 @@
+#!/bin/bash
+# `HIPFILE_STREAM_COPIES=all` on the H200 in one device call, in order of what matters:
+# (1) the lock checks of README "Known limits" (an application thread creating streams
+#     while ops copied on their streams hold streams): the four `streams_made_while_*`
+#     tests under `all`, each in a process of its own, under the default and 8 hardware
+#     queues, two rounds; a run that outlives 38 s is a HANG, and the first two hangs get
+#     host stacks from cuda-gdb (`bt-*.txt`) before the kill;
+# (2) benches/probes/staging_footprint_probe.c: why 16 MiB slot reads ran at 0.63-0.79x
+#     the engine's 1 MiB pipeline (footprint of the staging, overlap of read and copy);
+# (3) 16 MiB hot reads at 1 and 8 streams with --profile under off and all.
+# Usage, with target/gpu-bundle built (tests/gpu/make-bundle.sh):
+#   OUT=dir LOCK_BUDGET_S=200 benches/scripts/h200-all-checks.sh
+set -u
+cd "$(dirname "$0")/../.." || exit 1
+out=${OUT:-/tmp/hf-all-checks}; mkdir -p "$out"
+bundle=target/gpu-bundle
+chmod +x "$bundle"/tests/* "$bundle"/bin/*
+cuda=${CUDA_HOME:-/usr/local/cuda}
+gdb=$(command -v cuda-gdb || echo "$cuda/bin/cuda-gdb")
+t0=$(date +%s)
+
+echo "=== (1) lock checks under HIPFILE_STREAM_COPIES=all" | tee "$out/lock.txt"
+tests=(streams::streams_made_while_reads_copied_on_their_streams_hold_streams
+       streams::streams_made_while_writes_copied_into_slots_hold_streams
+       streams::streams_made_while_long_ops_copied_in_pieces_hold_streams
+       streams::streams_made_while_unfixed_ops_copied_on_their_streams_hold_streams)
+stacks=0
+for round in 1 2; do
+  for variant in "HIPFILE_LOCK_CHECK=default" "CUDA_DEVICE_MAX_CONNECTIONS=8"; do
+    for test in "${tests[@]}"; do
+      started=$(date +%s); name=${test##*::}
+      env "$variant" HIPFILE_DEVICE=cuda "$bundle/tests/async_api" \
+        --test-threads=1 --exact "$test" > /tmp/hf-lock.log 2>&1 &
+      pid=$!
+      while kill -0 $pid 2>/dev/null && [ $(( $(date +%s) - started )) -lt 38 ]; do sleep 0.5; done
+      if kill -0 $pid 2>/dev/null; then
+        if [ $stacks -lt 2 ]; then
+          stacks=$((stacks + 1))
+          timeout -s KILL 60 "$gdb" -batch -p $pid -ex "thread apply all bt 25" \
+            > "$out/bt-$name-$stacks.txt" 2>&1
+        fi
+        kill -9 $pid; wait $pid 2>/dev/null; verdict=HANG
+      else
+        wait $pid; rc=$?; [ $rc = 0 ] && verdict=PASS || verdict="FAIL ($rc)"
+      fi
+      echo "$verdict $name [$variant] round $round $(( $(date +%s) - started )) s" | tee -a "$out/lock.txt"
+      if [ "$verdict" != PASS ]; then
+        cp /tmp/hf-lock.log "$out/log-$name-$round.txt"
+        grep -E "HANG:|stream 0x|async:|panicked|assert" /tmp/hf-lock.log | head -8 | tee -a "$out/lock.txt"
+      fi
+      [ $(( $(date +%s) - t0 )) -gt "${LOCK_BUDGET_S:-200}" ] && { echo "lock checks: time up" | tee -a "$out/lock.txt"; break 3; }
+    done
+  done
+done
+
+echo "=== (2) staging footprint probe" | tee "$out/footprint.txt"
+gcc -O2 -std=c11 -pthread benches/probes/staging_footprint_probe.c -Ibenches/probes \
+  -I"$cuda/include" -L"$cuda/lib64/stubs" -lcuda -o /tmp/hf-footprint-probe \
+  && timeout -s KILL 150 /tmp/hf-footprint-probe /tmp/hf-footprint.dat "${PROBE_GIB:-4}" \
+    2>&1 | tee -a "$out/footprint.txt"
+rm -f /tmp/hf-footprint.dat
+
+echo "=== (3) profiles" | tee "$out/profile.txt"
+file=/tmp/hf-all-checks.dat
+for variant in off all; do
+  echo "--- HIPFILE_STREAM_COPIES=$variant" | tee -a "$out/profile.txt"
+  HIPFILE_DEVICE=cuda HIPFILE_STREAM_COPIES=$variant timeout -s KILL 120 "$bundle/bin/hipfile-bench" \
+    --mode read --streams 1,8 --io-size 16M --no-baselines --profile --file "$file" --file-size 2G \
+    --json "$out/profile-$variant.json" >> "$out/profile.txt" 2>&1
+done
+rm -f "$file"
+grep -E "^READ|cpu-s/GiB|engine:|prefetched|counters" "$out/profile.txt"
+echo "total $(( $(date +%s) - t0 )) s"
