@@ -7,7 +7,9 @@
 #     host stacks from cuda-gdb (`bt-*.txt`) before the kill;
 # (2) benches/probes/staging_footprint_probe.c: why 16 MiB slot reads ran at 0.63-0.79x
 #     the engine's 1 MiB pipeline (footprint of the staging, overlap of read and copy);
-# (3) 16 MiB hot reads at 1 and 8 streams with --profile under off and all.
+# (3) 16 MiB hot reads at 1 and 8 streams with --profile under off, all, and all with
+#     pieces of 4 and 1 MiB (HIPFILE_STREAM_COPY_PIECE_MB: the stream copies a piece as
+#     soon as it is read, where a 16 MiB slot is read whole before its one copy).
 # Usage, with target/gpu-bundle built (tests/gpu/make-bundle.sh):
 #   OUT=dir LOCK_BUDGET_S=200 benches/scripts/h200-all-checks.sh
 set -u
@@ -62,9 +64,12 @@ rm -f /tmp/hf-footprint.dat
 
 echo "=== (3) profiles" | tee "$out/profile.txt"
 file=/tmp/hf-all-checks.dat
-for variant in off all; do
-  echo "--- HIPFILE_STREAM_COPIES=$variant" | tee -a "$out/profile.txt"
-  HIPFILE_DEVICE=cuda HIPFILE_STREAM_COPIES=$variant timeout -s KILL 120 "$bundle/bin/hipfile-bench" \
+for variant in off all all-p4 all-p1; do
+  copies=${variant%%-*}; piece=16
+  case $variant in all-p4) piece=4;; all-p1) piece=1;; esac
+  echo "--- HIPFILE_STREAM_COPIES=$copies HIPFILE_STREAM_COPY_PIECE_MB=$piece" | tee -a "$out/profile.txt"
+  HIPFILE_DEVICE=cuda HIPFILE_STREAM_COPIES=$copies HIPFILE_STREAM_COPY_PIECE_MB=$piece \
+    timeout -s KILL 100 "$bundle/bin/hipfile-bench" \
     --mode read --streams 1,8 --io-size 16M --no-baselines --profile --file "$file" --file-size 2G \
     --json "$out/profile-$variant.json" >> "$out/profile.txt" 2>&1
 done

@@ -202,10 +202,7 @@ impl ProfileStart {
     pub fn take(b: &Bench) -> ProfileStart {
         // Windows of an earlier case that ended without a profile are not this one's.
         take_timed();
-        ProfileStart {
-            engine: engine_counters(b),
-            round_trip: RoundTripCounters::now(b),
-        }
+        ProfileStart { engine: engine_counters(b), round_trip: RoundTripCounters::now(b) }
     }
 }
 

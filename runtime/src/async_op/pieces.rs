@@ -1,6 +1,7 @@
 //! Long ops copied on the user's own stream in pieces (`HIPFILE_STREAM_COPIES=all`): an op
-//! of more than [`PIECE_BYTES`] whose buffer offset and size are FIXED is submitted as
-//! consecutive pieces of at most [`PIECE_BYTES`], each an op of its own on the stream
+//! of more than the pool's piece size (`HIPFILE_STREAM_COPY_PIECE_MB`: 1, 4 or 16 MiB,
+//! by default 16 MiB, the largest slot) whose buffer offset and size are FIXED is submitted as
+//! consecutive pieces of at most that size, each an op of its own on the stream
 //! (doorbell, wait-value, the slot copy, the done word: [`super::stream_copy`]), that
 //! share a ring of at most [`RING_SLOTS`] slots: piece `j` uses slot `j mod RING_SLOTS`.
 //!
@@ -11,7 +12,9 @@
 //! own), the later ones are read into their slot when the stream reaches them; a write
 //! piece's copy into its slot is queued ahead of its doorbell, as for any write copied on
 //! its stream. No CUDA call stands between the stream reaching a piece and its release,
-//! whatever the op's length, with at most [`RING_SLOTS`] × [`PIECE_BYTES`] of slots held.
+//! whatever the op's length, with at most [`RING_SLOTS`] pieces' worth of slots held.
+//! Pieces smaller than 16 MiB let the stream copy a piece while the engine still reads
+//! the next ones, where one 16 MiB slot is read whole before its one copy.
 //!
 //! The caller sees one op: the file offset (when not FIXED) is read once, when the stream
 //! reaches the first piece, and checked for the whole op; `*bytes_p` is written once, when
@@ -27,7 +30,7 @@ use hipfile_core::{
     Direction, OpError, Outcome, RawIo, StreamFlags, ValidIo, revalidate, validate,
 };
 
-use super::slots::{MAX_SLOT_BYTES, Slot};
+use super::slots::Slot;
 use super::stream_copy::SlotUse;
 use super::{AsyncOp, EnqueueError, HostDropGuard, OpHost, OpParts, ParamSource};
 use crate::buffer::ResolvedBuffer;
@@ -35,9 +38,6 @@ use crate::engine::Engine;
 use crate::error::Error;
 use crate::file::{FileHandle, OpGuard};
 use crate::stream::{StreamState, SubmitGuard};
-
-/// Bytes of one piece: the largest slot.
-pub(crate) const PIECE_BYTES: u64 = MAX_SLOT_BYTES as u64;
 
 /// Slots a long op holds at most (its ring): 64 MiB, the default slot cap of the 16 MiB
 /// size (`HIPFILE_STREAM_COPY_MB`).
@@ -68,6 +68,8 @@ pub(crate) struct LongOp {
     whole: ValidIo,
     flags: StreamFlags,
     page_size_bytes: u64,
+    /// Bytes of every piece but the last (the pool's piece size).
+    piece_bytes: u64,
     pieces: usize,
     ring: Vec<Slot>,
     state: Mutex<LongState>,
@@ -87,9 +89,9 @@ struct LongState {
 impl LongOp {
     /// Piece `index` of the op as submitted.
     fn piece_io(&self, whole: &ValidIo, index: usize) -> Option<ValidIo> {
-        let start = index as u64 * PIECE_BYTES;
+        let start = index as u64 * self.piece_bytes;
         let raw = RawIo {
-            size_bytes: PIECE_BYTES.min(whole.size_bytes() - start),
+            size_bytes: self.piece_bytes.min(whole.size_bytes() - start),
             file_offset_bytes: i64::try_from(whole.file_offset_bytes() + start).ok()?,
             buffer_offset_bytes: i64::try_from(whole.buffer_offset_bytes() + start).ok()?,
         };
@@ -128,7 +130,7 @@ impl LongOp {
         if state.results.iter().any(Option::is_none) {
             return;
         }
-        let combined = combine(&state.results, self.whole.size_bytes());
+        let combined = combine(&state.results, self.whole.size_bytes(), self.piece_bytes);
         drop(state);
         crate::stats::global().record(
             self.device_ordinal,
@@ -184,11 +186,11 @@ impl Drop for LongOp {
 }
 
 /// Combines the pieces' outcomes in order: the first failure wins; otherwise the bytes up
-/// to and including the first short piece.
-fn combine(results: &[Option<Outcome>], size_bytes: u64) -> Outcome {
+/// to and including the first short piece (pieces of `piece_bytes`, the last one shorter).
+fn combine(results: &[Option<Outcome>], size_bytes: u64, piece_bytes: u64) -> Outcome {
     let mut total = 0u64;
     for (index, result) in results.iter().enumerate() {
-        let piece_bytes = PIECE_BYTES.min(size_bytes - index as u64 * PIECE_BYTES);
+        let piece_bytes = piece_bytes.min(size_bytes - index as u64 * piece_bytes);
         match result.unwrap_or(Outcome::Library(OpError::InternalError)) {
             Outcome::Bytes(n) if n >= piece_bytes => total += n,
             Outcome::Bytes(n) => {
@@ -296,7 +298,7 @@ pub(crate) struct LongSubmit<'a> {
 
 impl AsyncOp {
     /// Submits `io` as pieces sharing a ring of slots when it is a long op that may
-    /// (`HIPFILE_STREAM_COPIES=all`, longer than [`PIECE_BYTES`], buffer offset and size
+    /// (`HIPFILE_STREAM_COPIES=all`, longer than the pool's piece size, buffer offset and size
     /// FIXED, stream memory operations, a free ring); `None` otherwise (the caller submits
     /// one op). Each piece is enqueued and watched like an op of its own. `Some(Err(_))`
     /// when the first piece could not be enqueued (nothing of the op runs); a later piece
@@ -313,14 +315,15 @@ impl AsyncOp {
         let LongSubmit { host, engine, state, buffer } = submit;
         let pool = host.slots().filter(|pool| pool.all_reads())?;
         let range_fixed = StreamFlags::FIXED_BUF_OFFSET | StreamFlags::FIXED_FILE_SIZE;
-        if io.size_bytes() <= PIECE_BYTES
+        let piece_bytes = pool.piece_bytes();
+        if io.size_bytes() <= piece_bytes
             || !state.flags.contains(range_fixed)
             || !host.device().supports_stream_memops(buffer.device_ordinal)
         {
             return None;
         }
-        let pieces = io.size_bytes().div_ceil(PIECE_BYTES) as usize;
-        let ring = pool.try_take_ring(MAX_SLOT_BYTES, pieces.min(RING_SLOTS))?;
+        let pieces = io.size_bytes().div_ceil(piece_bytes) as usize;
+        let ring = pool.try_take_ring(piece_bytes as usize, pieces.min(RING_SLOTS))?;
         let long = Arc::new(LongOp {
             host: HostDropGuard(Some(Arc::clone(&host))),
             user: Arc::clone(params),
@@ -330,6 +333,7 @@ impl AsyncOp {
             whole: io,
             flags: state.flags,
             page_size_bytes: host.page_size_bytes(),
+            piece_bytes,
             pieces,
             state: Mutex::new(LongState {
                 bound: None,
@@ -413,21 +417,33 @@ impl AsyncOp {
 mod tests {
     use super::*;
 
-    const P: u64 = PIECE_BYTES;
+    const P: u64 = super::super::slots::MAX_SLOT_BYTES as u64;
 
     #[test]
     fn pieces_combine_like_the_parts_of_a_split_request() {
         let bytes = |n| Some(Outcome::Bytes(n));
         let eio = Some(Outcome::OsError(5));
         assert_eq!(
-            combine(&[bytes(P), bytes(P), bytes(100)], 2 * P + 100),
+            combine(&[bytes(P), bytes(P), bytes(100)], 2 * P + 100, P),
             Outcome::Bytes(2 * P + 100)
         );
-        assert_eq!(combine(&[bytes(P), bytes(10), bytes(0)], 3 * P), Outcome::Bytes(P + 10));
-        assert_eq!(combine(&[bytes(P), eio, bytes(P)], 3 * P), Outcome::OsError(5));
-        assert_eq!(combine(&[bytes(5), bytes(0), eio], 3 * P), Outcome::OsError(5));
-        assert_eq!(combine(&[eio, bytes(P)], 2 * P), Outcome::OsError(5));
+        assert_eq!(combine(&[bytes(P), bytes(10), bytes(0)], 3 * P, P), Outcome::Bytes(P + 10));
+        assert_eq!(combine(&[bytes(P), eio, bytes(P)], 3 * P, P), Outcome::OsError(5));
+        assert_eq!(combine(&[bytes(5), bytes(0), eio], 3 * P, P), Outcome::OsError(5));
+        assert_eq!(combine(&[eio, bytes(P)], 2 * P, P), Outcome::OsError(5));
         let invalid = Some(Outcome::Library(OpError::InvalidValue));
-        assert_eq!(combine(&[invalid, invalid], 2 * P), Outcome::Library(OpError::InvalidValue));
+        assert_eq!(combine(&[invalid, invalid], 2 * P, P), Outcome::Library(OpError::InvalidValue));
+    }
+
+    #[test]
+    fn smaller_pieces_combine_by_their_own_size() {
+        const M: u64 = 1 << 20;
+        let bytes = |n| Some(Outcome::Bytes(n));
+        // 4 MiB + 4 KiB in pieces of 1 MiB: the last piece is 4 KiB.
+        let whole = [bytes(M), bytes(M), bytes(M), bytes(M), bytes(4096)];
+        assert_eq!(combine(&whole, 4 * M + 4096, M), Outcome::Bytes(4 * M + 4096));
+        // A piece of 1 MiB is full at 1 MiB, not short of 16 MiB.
+        let short = [bytes(M), bytes(M / 2), bytes(0)];
+        assert_eq!(combine(&short, 3 * M, M), Outcome::Bytes(M + M / 2));
     }
 }

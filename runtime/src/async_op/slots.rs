@@ -83,18 +83,29 @@ pub(crate) struct SlotPool {
     /// `HIPFILE_STREAM_COPIES=all`: every fully FIXED read inside the file, up to
     /// [`MAX_SLOT_BYTES`], on any stream; otherwise small reads on idle streams only.
     all_reads: bool,
+    /// Bytes of a long op's pieces (`HIPFILE_STREAM_COPY_PIECE_MB`): a slot size of at
+    /// least 1 MiB.
+    piece_bytes: usize,
 }
 
 impl SlotPool {
     /// Slots of every size, none allocated yet; `large_cap_bytes` bounds each size above
-    /// [`SLOT_BYTES`] (`HIPFILE_STREAM_COPY_MB`), small sizes hold 16 MiB each.
+    /// [`SLOT_BYTES`] (`HIPFILE_STREAM_COPY_MB`), small sizes hold 16 MiB each; long ops
+    /// go in pieces of `piece_bytes` (rounded up to a slot size of at least 1 MiB).
     pub(crate) fn new(
         device: Arc<dyn Device>,
         all_reads: bool,
         large_cap_bytes: usize,
+        piece_bytes: usize,
     ) -> SlotPool {
+        let piece_bytes = CLASS_BYTES
+            .iter()
+            .copied()
+            .find(|&bytes| bytes >= piece_bytes.max(1 << 20))
+            .unwrap_or(MAX_SLOT_BYTES);
         SlotPool {
             all_reads,
+            piece_bytes,
             classes: std::array::from_fn(|class| {
                 let slot_bytes = CLASS_BYTES[class];
                 let cap_bytes =
@@ -114,6 +125,11 @@ impl SlotPool {
     /// small ones on idle streams.
     pub(crate) fn all_reads(&self) -> bool {
         self.all_reads
+    }
+
+    /// Bytes of a long op's pieces (a slot size).
+    pub(crate) fn piece_bytes(&self) -> u64 {
+        self.piece_bytes as u64
     }
 
     /// A free slot of at least `len_bytes` (at most [`MAX_SLOT_BYTES`]), if one is free
@@ -309,7 +325,7 @@ mod tests {
 
     fn pool() -> SlotPool {
         let device: Arc<dyn Device> = CpuDevice::new(1);
-        SlotPool::new(device, false, LARGE_CAP_BYTES)
+        SlotPool::new(device, false, LARGE_CAP_BYTES, MAX_SLOT_BYTES)
     }
 
     /// The large sizes' cap in these tests (the default of `HIPFILE_STREAM_COPY_MB`).
@@ -359,7 +375,7 @@ mod tests {
     #[test]
     fn a_ring_is_all_or_nothing_and_a_next_use_has_a_new_generation() {
         let device: Arc<dyn Device> = CpuDevice::new(1);
-        let pool = SlotPool::new(device, true, 64 << 20);
+        let pool = SlotPool::new(device, true, 64 << 20, MAX_SLOT_BYTES);
         let held = pool.try_take(MAX_SLOT_BYTES).expect("slot");
         assert!(pool.try_take_ring(MAX_SLOT_BYTES, 4).is_none(), "three free, four asked");
         let ring = pool.try_take_ring(MAX_SLOT_BYTES, 3).expect("the three left");
@@ -377,7 +393,7 @@ mod tests {
     #[test]
     fn the_large_sizes_cap_is_the_one_given() {
         let device: Arc<dyn Device> = CpuDevice::new(1);
-        let pool = SlotPool::new(device, true, 32 << 20);
+        let pool = SlotPool::new(device, true, 32 << 20, MAX_SLOT_BYTES);
         let taken: Vec<Slot> =
             (0..2).map(|_| pool.try_take(MAX_SLOT_BYTES).expect("slot")).collect();
         assert!(pool.try_take(MAX_SLOT_BYTES).is_none(), "two 16 MiB slots in 32 MiB");

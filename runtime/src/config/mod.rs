@@ -35,10 +35,14 @@ const IO_URING: &str = "HIPFILE_IO_URING";
 const BUFFERED_WRITES: &str = "HIPFILE_BUFFERED_WRITES";
 const STREAM_COPIES: &str = "HIPFILE_STREAM_COPIES";
 const STREAM_COPY_MB: &str = "HIPFILE_STREAM_COPY_MB";
+const STREAM_COPY_PIECE_MB: &str = "HIPFILE_STREAM_COPY_PIECE_MB";
 const REASON_BUFFERED_WRITES: &str = "must be thread or io_uring";
 const REASON_ON_OFF: &str = "must be 1/on/true or 0/off/false";
 const REASON_STREAM_COPIES: &str = "must be 1/on/true, 0/off/false or all";
 const REASON_STREAM_COPY_MB: &str = "must be an integer number of MiB, at least 16";
+const REASON_STREAM_COPY_PIECE_MB: &str = "must be 1, 4 or 16 (MiB: a slot size)";
+/// Default of `HIPFILE_STREAM_COPY_PIECE_MB`: the largest slot.
+const DEFAULT_STREAM_COPY_PIECE_MB: usize = 16;
 /// Default of `HIPFILE_STREAM_COPY_MB`: a 64th of the machine's memory, rounded down to
 /// a whole 16 MiB slot, between [`MIN_DEFAULT_STREAM_COPY_MB`] and
 /// [`MAX_DEFAULT_STREAM_COPY_MB`] ([`default_stream_copy_mib`]).
@@ -166,7 +170,13 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     (
         STREAM_COPY_MB,
         "with HIPFILE_STREAM_COPIES=all: the most pinned MiB of slots of each size above \
-         64 KiB (256 KiB, 1, 4 and 16 MiB), at least 16 (default 64)",
+         64 KiB (256 KiB, 1, 4 and 16 MiB), at least 16 (default a 64th of the machine's \
+         memory in whole 16 MiB slots, 64 to 1024)",
+    ),
+    (
+        STREAM_COPY_PIECE_MB,
+        "with HIPFILE_STREAM_COPIES=all: the MiB of each piece of an op longer than that \
+         whose buffer offset and size are FIXED, 1, 4 or 16 (default 16)",
     ),
     (
         BUFFERED_WRITES,
@@ -291,6 +301,11 @@ pub struct Config {
     /// 64 KiB (`HIPFILE_STREAM_COPY_MB`); an op that finds no free slot takes the engine's
     /// path.
     pub stream_copy_cap_bytes: usize,
+    /// With [`StreamCopies::All`]: the bytes of each piece of a long op whose buffer
+    /// offset and size are FIXED, 1, 4 or 16 MiB (`HIPFILE_STREAM_COPY_PIECE_MB`, default
+    /// 16): an op longer than that goes as pieces sharing a ring of four slots of that
+    /// size, and the stream copies each piece as soon as it is read.
+    pub stream_copy_piece_bytes: usize,
 }
 
 /// The default of `HIPFILE_STREAM_COPY_MB` on a machine of `physical_bytes` of memory
@@ -440,6 +455,20 @@ impl Config {
             16,
             REASON_STREAM_COPY_MB,
         )?;
+        config.stream_copy_piece_bytes = parse_mib(
+            STREAM_COPY_PIECE_MB,
+            get(STREAM_COPY_PIECE_MB),
+            DEFAULT_STREAM_COPY_PIECE_MB,
+            1,
+            REASON_STREAM_COPY_PIECE_MB,
+        )?;
+        if ![1, 4, 16].contains(&(config.stream_copy_piece_bytes / MIB)) {
+            return Err(ConfigError {
+                variable: STREAM_COPY_PIECE_MB,
+                value: get(STREAM_COPY_PIECE_MB).unwrap_or_default().trim().to_owned(),
+                reason: REASON_STREAM_COPY_PIECE_MB,
+            });
+        }
         config.buffered_writes = match get(BUFFERED_WRITES).as_deref().map(str::trim) {
             None | Some("thread") => BufferedWrites::Thread,
             Some("io_uring") => BufferedWrites::IoUring,
@@ -537,6 +566,7 @@ impl Config {
             stream_copies: StreamCopies::Off,
             stream_copy_cap_bytes: default_stream_copy_mib(crate::sys::physical_memory_bytes())
                 * MIB,
+            stream_copy_piece_bytes: DEFAULT_STREAM_COPY_PIECE_MB * MIB,
         }
     }
 

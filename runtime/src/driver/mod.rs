@@ -87,7 +87,12 @@ impl Driver {
         let slots = (config.stream_copies != StreamCopies::Off && device.copies_on_user_streams())
             .then(|| {
                 let all = config.stream_copies == StreamCopies::All;
-                SlotPool::new(Arc::clone(&device), all, config.stream_copy_cap_bytes)
+                SlotPool::new(
+                    Arc::clone(&device),
+                    all,
+                    config.stream_copy_cap_bytes,
+                    config.stream_copy_piece_bytes,
+                )
             });
         Arc::new(Driver {
             slots,

@@ -45,6 +45,7 @@ pub fn config(cpus: &[usize]) -> Config {
         buffered_writes: BufferedWrites::Thread,
         stream_copies: hipfile_runtime::config::StreamCopies::Off,
         stream_copy_cap_bytes: 64 << 20,
+        stream_copy_piece_bytes: 16 << 20,
     };
     config.validate().expect("test config is valid");
     config

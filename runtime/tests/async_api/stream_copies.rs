@@ -517,6 +517,73 @@ fn with_all_long_reads_are_copied_on_their_stream_in_pieces() {
     }
 }
 
+/// `HIPFILE_STREAM_COPY_PIECE_MB=1`: ops longer than 1 MiB whose device range is FIXED go
+/// in pieces of 1 MiB sharing a ring of four 1 MiB slots (a 16 MiB op uses each slot four
+/// times), so the stream copies each piece as soon as it is read; an op of 1 MiB or less
+/// takes one slot as before. Reads (fully FIXED and with a late file offset; one reaching
+/// past the end of the file) and a write, on a held stream: every byte right, `*bytes_p`
+/// once per op, every piece copied on the stream.
+#[test]
+fn with_all_ops_longer_than_the_piece_size_go_in_pieces_of_that_size() {
+    let file_len = 40 * MIB;
+    let config = Config { stream_copy_piece_bytes: MIB, ..all_config() };
+    let t = Paused::with(Rig::with(1, config), "stream-copies-small-pieces", file_len, 48 * MIB);
+    let old = pattern(91, 48 * MIB);
+    t.rig.set_dev_bytes(t.buffer, &old);
+    for flags in [15u32, 5] {
+        let stream = t.rig.registered_stream(flags);
+        let gate = t.rig.pause(stream).expect("pause");
+        let before = stream_copies(&t.rig);
+        // (size, file offset submitted, file offset bound, buffer offset, bytes read)
+        let reads = [
+            (4 * MIB + 4096, 4096, 8192, 0, 4 * MIB + 4096),
+            (MIB, 6 * MIB, 7 * MIB, 5 * MIB, MIB),
+            (3 * MIB, 9 * MIB, 10 * MIB, 6 * MIB, 3 * MIB),
+            (16 * MIB, 12 * MIB, 13 * MIB, 10 * MIB, 16 * MIB),
+            (
+                6 * MIB,
+                file_len - 2 * MIB - 4096,
+                file_len - 2 * MIB - 4096,
+                30 * MIB,
+                2 * MIB + 4096,
+            ),
+        ];
+        let mut placed = Vec::new();
+        for &(size, submitted, bound, at, want) in &reads {
+            let p = params(size, submitted as i64, at as i64);
+            read(&t, &p, stream);
+            p.file_offset_bytes.store(bound as i64, Ordering::SeqCst);
+            let from = if flags & 2 != 0 { submitted } else { bound };
+            placed.push((p, size, from, at, want));
+        }
+        assert!(placed.iter().all(|(p, ..)| bytes(p) == 0), "held: nothing published yet");
+        gate.release();
+        t.rig.sync(stream);
+        let got = t.rig.dev_bytes(t.buffer, 48 * MIB);
+        for (p, size, from, at, want) in &placed {
+            let what = format!("flags {flags}: {size} bytes from file offset {from}");
+            assert_eq!(bytes(p), *want as isize, "{what}");
+            assert_bytes(&got[*at..at + want], &t.data[*from..from + want], &what);
+            assert_bytes(&got[at + want..at + size], &old[at + want..at + size], &what);
+        }
+        // 5 + 1 + 3 + 16 + 6 pieces (the op of 1 MiB is one slot op).
+        assert_eq!(stream_copies(&t.rig) - before, 31, "flags {flags}: every piece");
+        t.rig.set_dev_bytes(t.buffer, &old);
+    }
+    // A write of 6 MiB + 4 KiB from a FIXED source range: seven pieces.
+    let stream = t.rig.registered_stream(15);
+    let gate = t.rig.pause(stream).expect("pause");
+    let before = stream_copies(&t.rig);
+    let size = 6 * MIB + 4096;
+    let p = params(size, (20 * MIB) as i64, MIB as i64);
+    t.rig.write(t.handle, t.buffer, &p, stream);
+    gate.release();
+    t.rig.sync(stream);
+    assert_eq!(bytes(&p), size as isize, "the write");
+    assert_bytes(&t.file.contents()[20 * MIB..20 * MIB + size], &old[MIB..MIB + size], "the file");
+    assert_eq!(stream_copies(&t.rig) - before, 7, "the write's pieces");
+}
+
 /// Long writes in pieces: 40 MiB and 100 MiB from a FIXED source range, with the file
 /// offset FIXED or bound late; the application rewrote the source on the held stream just
 /// before each write. The file holds exactly those bytes; rounds after the first find the

@@ -263,6 +263,30 @@ fn stress_with_every_fixed_range_copied_on_the_stream() {
     assert!(copied > 0, "ops copied on their streams");
 }
 
+/// The same with pieces of 1 MiB (`HIPFILE_STREAM_COPY_PIECE_MB=1`): every op of more than
+/// 1 MiB with a FIXED device range goes in pieces sharing a ring of four 1 MiB slots,
+/// several of them on one stream at once, and every byte must match the model.
+#[test]
+fn stress_with_every_fixed_range_copied_on_the_stream_in_small_pieces() {
+    let config = hipfile_runtime::config::Config {
+        stream_copies: hipfile_runtime::config::StreamCopies::All,
+        stream_copy_cap_bytes: 256 * MIB,
+        stream_copy_piece_bytes: MIB,
+        ..hipfile_runtime::config::Config::default()
+    };
+    let shape = Shape {
+        streams: 6,
+        threads: 3,
+        ops: 120,
+        region: 24 * MIB,
+        max_op: 12 * MIB,
+        max_outstanding: 8,
+        late_file_offsets: true,
+    };
+    let copied = stress(Rig::with(1, config), shape);
+    assert!(copied > 0, "ops copied on their streams");
+}
+
 /// Runs `shape` on `rig`; returns the ops copied on their streams.
 fn stress(rig: Rig, shape: Shape) -> u64 {
     let Shape { streams, threads, region, ops, .. } = shape;

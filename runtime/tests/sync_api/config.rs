@@ -488,4 +488,18 @@ fn stream_copies_are_off_unless_asked_for() {
     for bad in ["8", "-1", "lots"] {
         rejected(&[("HIPFILE_STREAM_COPY_MB", bad)], &cpus(4), "HIPFILE_STREAM_COPY_MB");
     }
+    // The pieces of long ops: a slot size of 1, 4 or 16 MiB, 16 unless set.
+    assert_eq!(parse_ok(&[]).stream_copy_piece_bytes, 16 << 20);
+    for (raw, mib) in [("1", 1), ("4", 4), (" 16 ", 16)] {
+        let got = parse_ok(&[("HIPFILE_STREAM_COPY_PIECE_MB", raw)]).stream_copy_piece_bytes;
+        assert_eq!(got, mib << 20, "{raw:?}");
+    }
+    for bad in ["0", "2", "8", "32", "-4", "four"] {
+        let error = rejected(
+            &[("HIPFILE_STREAM_COPY_PIECE_MB", bad)],
+            &cpus(4),
+            "HIPFILE_STREAM_COPY_PIECE_MB",
+        );
+        assert!(error.to_string().contains("1, 4 or 16"), "{bad:?}: {error}");
+    }
 }
