@@ -86,6 +86,8 @@ struct StatsInfo {
     async_prefetched: u64,
     device_releases: u64,
     stream_copies: u64,
+    /// Ops that went through their stream's spare slot (`HIPFILE_STREAM_COPIES=all`).
+    spare_ops: u64,
     host_releases: u64,
     direct_read_bytes: u64,
     buffered_read_bytes: u64,
@@ -360,6 +362,7 @@ fn stats(b: &Bench) -> Option<StatsInfo> {
         async_prefetched: load(&a.prefetched),
         device_releases: load(&a.device_releases),
         stream_copies: load(&a.stream_copies),
+        spare_ops: load(&a.spare_ops),
         host_releases: load(&a.host_releases),
         direct_read_bytes: file.direct_read_bytes,
         buffered_read_bytes: file.buffered_read_bytes,
@@ -370,7 +373,7 @@ fn stats(b: &Bench) -> Option<StatsInfo> {
 
 fn print_stats(s: &StatsInfo) {
     println!(
-        "hipfile-rs counters: {} engine jobs ({} arena chunks, {} fallback, {} waits for a fallback chunk, {} sync retries; {} on blocking executors; slot jobs moved by one pread / pwrite: {} / {}), {} requests on the caller's thread ({} while async ops were alive); async {} submitted, {} prefetched, {} copied on the user's stream, {} device / {} host releases; file {} MiB O_DIRECT + {} MiB buffered read, {} MiB O_DIRECT + {} MiB buffered written",
+        "hipfile-rs counters: {} engine jobs ({} arena chunks, {} fallback, {} waits for a fallback chunk, {} sync retries; {} on blocking executors; slot jobs moved by one pread / pwrite: {} / {}), {} requests on the caller's thread ({} while async ops were alive); async {} submitted, {} prefetched, {} copied on the user's stream ({} ops through their stream's spare slot), {} device / {} host releases; file {} MiB O_DIRECT + {} MiB buffered read, {} MiB O_DIRECT + {} MiB buffered written",
         s.engine_jobs,
         s.arena_chunks,
         s.fallback_chunks,
@@ -384,6 +387,7 @@ fn print_stats(s: &StatsInfo) {
         s.async_submitted,
         s.async_prefetched,
         s.stream_copies,
+        s.spare_ops,
         s.device_releases,
         s.host_releases,
         s.direct_read_bytes >> 20,

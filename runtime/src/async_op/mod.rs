@@ -103,6 +103,9 @@ pub(crate) trait OpHost: Send + Sync + 'static {
     fn slots(&self) -> Option<&SlotPool>;
 }
 
+/// The slot an op of its own takes at submission, and what for ([`AsyncOp::single_slot`]).
+pub(crate) struct SingleSlot(slots::Slot, stream_copy::SlotUse);
+
 /// Counters of the async path.
 #[derive(Debug, Default)]
 pub struct AsyncStats {
@@ -136,6 +139,9 @@ pub struct AsyncStats {
     /// Pieces of long reads copied on their stream (`pieces`) whose read was posted ahead
     /// of their arm, by an earlier piece's arm.
     pub read_ahead: AtomicU64,
+    /// Ops that found no slot of their own and went through their stream's spare slot in
+    /// pieces (`HIPFILE_STREAM_COPIES=all`; each piece counts in `stream_copies` too).
+    pub spare_ops: AtomicU64,
 }
 
 /// Nanoseconds since the first call in this process (the async path's round-trip
@@ -241,15 +247,13 @@ impl AsyncOp {
         // inside the file are staged now, other reads when the stream reaches them, and
         // writes have the stream copy their source into the slot before the op's
         // doorbell.
-        let (slot, slot_use, piece) = match parts.piece {
+        let (slot, slot_use, piece) = match (parts.piece, parts.single) {
             // A piece of a long op: its slot and use were decided with the whole op.
-            Some(pieces::PieceSlot { of, slot, slot_use }) => {
+            (Some(pieces::PieceSlot { of, slot, slot_use }), _) => {
                 (Some(slot), Some(slot_use), Some(of))
             }
-            None => match AsyncOp::wants_slot(&*host, blocking_fallback, eligible, state, &parts) {
-                Some((slot, slot_use)) => (Some(slot), Some(slot_use), None),
-                None => (None, None, None),
-            },
+            (None, Some(SingleSlot(slot, slot_use))) => (Some(slot), Some(slot_use), None),
+            (None, None) => (None, None, None),
         };
         let prefetch = slot.is_none() && eligible && state.admit_prefetch(parts.io.size_bytes());
         let hazard = match parts.direction {
@@ -297,6 +301,25 @@ impl AsyncOp {
             end: OpEnd::default(),
             _alive: alive,
         })
+    }
+
+    /// The slot an op of its own takes, and what for (see the op's `new`): `None` when it
+    /// takes none (the mode does not copy on user streams, it does not qualify, or no
+    /// slot of its size is free).
+    pub(crate) fn single_slot(
+        host: &dyn OpHost,
+        state: &StreamState,
+        buffer: &ResolvedBuffer,
+        whole: (Direction, &ValidIo, &Arc<FileHandle>, u32),
+    ) -> Option<SingleSlot> {
+        let (direction, io, file, sequence) = whole;
+        let eligible = direction == Direction::Read
+            && state.flags.all_fixed()
+            && host.write_hazards().may_prefetch(file, prefetch::file_range(io));
+        let blocking_fallback = !host.device().supports_stream_memops(buffer.device_ordinal);
+        let whole = (direction, io, file, sequence);
+        AsyncOp::wants_slot(host, blocking_fallback, eligible, state, whole)
+            .map(|(slot, slot_use)| SingleSlot(slot, slot_use))
     }
 
     fn machine(&self) -> std::sync::MutexGuard<'_, OpMachine> {

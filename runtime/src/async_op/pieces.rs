@@ -30,7 +30,7 @@ use hipfile_core::{
     Direction, OpError, Outcome, RawIo, StreamFlags, ValidIo, revalidate, validate,
 };
 
-use super::slots::Slot;
+use super::slots::{SPARE_BYTES, Slot, SpareSlot};
 use super::stream_copy::SlotUse;
 use super::{AsyncOp, EnqueueError, HostDropGuard, OpHost, OpParts, ParamSource};
 use crate::buffer::ResolvedBuffer;
@@ -72,6 +72,9 @@ pub(crate) struct LongOp {
     piece_bytes: u64,
     pieces: usize,
     ring: Vec<Slot>,
+    /// The stream's spare, when the ring is that one slot: its uses are the spare's to
+    /// track, and it stays with the stream (the pool takes it back).
+    spare: Option<Arc<SpareSlot>>,
     state: Mutex<LongState>,
     /// Pieces read into their slot when the stream reaches them, until an earlier piece's
     /// arm posts their read ahead ([`PieceOf::read_ahead`]).
@@ -146,6 +149,10 @@ impl LongOp {
     /// The slot of piece `index`'s ring entry had a copy enqueued for the use
     /// `generation`.
     pub(super) fn note_queued(&self, ring_index: usize, generation: u32) {
+        if let Some(spare) = &self.spare {
+            spare.note_queued(generation);
+            return;
+        }
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         if matches!(state.ring_uses[ring_index], RingUse::Unused | RingUse::Queued(_)) {
             state.ring_uses[ring_index] = RingUse::Queued(generation);
@@ -162,6 +169,10 @@ impl LongOp {
 
     /// A copy of the ring entry's slot was enqueued without its done write.
     pub(super) fn note_lost(&self, ring_index: usize) {
+        if let Some(spare) = &self.spare {
+            spare.note_lost();
+            return;
+        }
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         state.ring_uses[ring_index] = RingUse::Lost;
     }
@@ -172,6 +183,9 @@ impl Drop for LongOp {
     /// each slot once the stream has run the last copy enqueued for it, at once if none
     /// was, never if a done write was refused.
     fn drop(&mut self) {
+        if self.spare.is_some() {
+            return;
+        }
         let Some(pool) = self.host.0.as_ref().and_then(|host| host.slots()) else { return };
         let state = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
         for (slot, used) in self.ring.iter().zip(&state.ring_uses) {
@@ -250,7 +264,8 @@ impl PieceOf {
     /// of its own would (a read once its copy is enqueued, a write once its job is over),
     /// so that the ring is free as soon as the op is done.
     pub(super) fn last_user_of_its_slot(&self) -> bool {
-        self.index + self.long.ring.len() >= self.long.pieces
+        // A spare is never handed back by an op: it stays with its stream.
+        self.long.spare.is_none() && self.index + self.long.ring.len() >= self.long.pieces
     }
 
     /// Its entry in the ring.
@@ -324,6 +339,66 @@ impl AsyncOp {
         }
         let pieces = io.size_bytes().div_ceil(piece_bytes) as usize;
         let ring = pool.try_take_ring(piece_bytes as usize, pieces.min(RING_SLOTS))?;
+        let submit = LongSubmit { host, engine, state, buffer };
+        Some(AsyncOp::submit_pieces(
+            submit,
+            submit_lock,
+            (direction, params, io, file, guard),
+            (ring, None),
+            piece_bytes,
+        ))
+    }
+
+    /// For an op that found no slot of its own (`HIPFILE_STREAM_COPIES=all`, buffer offset
+    /// and size FIXED, stream memory operations): submits it through its stream's spare
+    /// slot ([`super::slots::SpareSlot`]) in pieces of [`SPARE_BYTES`], each read when the
+    /// stream reaches it (or copied into the spare ahead of its doorbell, for a write), so
+    /// that its release needs no CUDA call either. `None` when the op may not or no spare
+    /// can be had (the caller submits one op, which takes the engine's path).
+    pub(crate) fn submit_through_spare(
+        submit: LongSubmit<'_>,
+        submit_lock: &mut SubmitGuard<'_>,
+        whole: WholeOp<'_>,
+    ) -> Option<Result<(), EnqueueError>> {
+        let LongSubmit { host, engine, state, buffer } = submit;
+        let (direction, params, io, file, guard) = whole;
+        let pool = host.slots().filter(|pool| pool.all_reads())?;
+        let range_fixed = StreamFlags::FIXED_BUF_OFFSET | StreamFlags::FIXED_FILE_SIZE;
+        if !state.flags.contains(range_fixed)
+            || !host.device().supports_stream_memops(buffer.device_ordinal)
+        {
+            return None;
+        }
+        let spare = pool.spare_for(state)?;
+        let ring = vec![spare.slot];
+        let submit = LongSubmit { host: Arc::clone(&host), engine, state, buffer };
+        let submitted = AsyncOp::submit_pieces(
+            submit,
+            submit_lock,
+            (direction, params, io, file, guard),
+            (ring, Some(spare)),
+            SPARE_BYTES as u64,
+        );
+        if submitted.is_ok() {
+            host.async_stats().spare_ops.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        Some(submitted)
+    }
+
+    /// Submits `whole` (direction, parameters, validated range, file, guard) as pieces of
+    /// `piece_bytes` sharing `ring` (a ring of the pool, or the stream's spare as a ring of
+    /// one).
+    fn submit_pieces(
+        submit: LongSubmit<'_>,
+        submit_lock: &mut SubmitGuard<'_>,
+        whole: WholeOp<'_>,
+        (ring, spare): (Vec<Slot>, Option<Arc<SpareSlot>>),
+        piece_bytes: u64,
+    ) -> Result<(), EnqueueError> {
+        let LongSubmit { host, engine, state, buffer } = submit;
+        let (direction, params, io, file, guard) = whole;
+        let pool = host.slots().expect("pieces are submitted with a slot pool");
+        let pieces = io.size_bytes().div_ceil(piece_bytes) as usize;
         let long = Arc::new(LongOp {
             host: HostDropGuard(Some(Arc::clone(&host))),
             user: Arc::clone(params),
@@ -341,6 +416,7 @@ impl AsyncOp {
                 ring_uses: vec![RingUse::Unused; ring.len()],
             }),
             ring,
+            spare,
             ahead: Mutex::new(vec![None; pieces]),
         });
         let file_len = file.size_bytes().ok();
@@ -349,13 +425,14 @@ impl AsyncOp {
                 // Cannot happen (a piece of a valid op is valid): fail rather than guess.
                 let error = Error::new(OpError::InternalError);
                 if index == 0 {
-                    return Some(Err(EnqueueError { error, nothing_queued: true }));
+                    return Err(EnqueueError { error, nothing_queued: true });
                 }
                 long.cut_short(index, Outcome::Library(error.code));
                 break;
             };
             let of = PieceOf { long: Arc::clone(&long), index };
-            let first_use = index < long.ring.len();
+            // A spare may still be read by an earlier op's copy: every use is a new one.
+            let first_use = long.spare.is_none() && index < long.ring.len();
             let base = long.ring[of.ring_index()];
             let slot = if first_use { base } else { pool.next_use(&base) };
             // Only a piece with a slot of its own may be staged before the stream reaches
@@ -385,6 +462,7 @@ impl AsyncOp {
                 guard: guard.share(),
                 sequence: submit_lock.next(),
                 piece: Some(PieceSlot { of, slot, slot_use }),
+                single: None,
             };
             let op = AsyncOp::new(Arc::clone(&host), parts, state, buffer, engine.track_async_op());
             if slot_use == SlotUse::ReadAtArm {
@@ -400,7 +478,7 @@ impl AsyncOp {
                 }
                 if index == 0 {
                     // Nothing of the op runs (the first piece abandoned itself): refused.
-                    return Some(Err(EnqueueError { error, nothing_queued }));
+                    return Err(EnqueueError { error, nothing_queued });
                 }
                 // Earlier pieces may be running: the op ends after them, with the error.
                 log::error!("a long async op could not enqueue piece {index}: {}", error);
@@ -409,9 +487,12 @@ impl AsyncOp {
             }
         }
         host.async_stats().submitted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Some(Ok(()))
+        Ok(())
     }
 }
+
+/// A whole op as submitted: direction, parameters, validated range, file, guard.
+type WholeOp<'a> = (Direction, &'a Arc<dyn ParamSource>, ValidIo, &'a Arc<FileHandle>, &'a OpGuard);
 
 #[cfg(test)]
 mod tests {

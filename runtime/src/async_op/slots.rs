@@ -12,12 +12,21 @@
 //! engine's streams. The stream's release then depends on the host alone (the read), so
 //! no application stream can hold it back (DESIGN.md, isolation).
 //!
+//! With `all`, a stream whose op finds no free slot (or ring) of its size takes a *spare*
+//! slot of [`SPARE_BYTES`] that stays with that stream ([`SpareSlot`]); ops with a FIXED
+//! device range then go through it in pieces, each read when the stream reaches it (or,
+//! for a write, copied into it ahead of the piece's doorbell): stream order alone keeps
+//! the one slot safe across pieces and ops (`super::pieces`), so no op of such a stream
+//! falls back to the engine's path however many are in flight. Spares may take the
+//! [`SPARE_BYTES`] size to twice its cap; a spare goes back to the pool once its stream's
+//! state is gone, no op holds it, and its done word shows its last use.
+//!
 //! A slot is handed out again once its done word shows the generation of its last use:
 //! the stream's copy out of it has run. A slot whose done write could not be enqueued is
 //! never handed out again; slabs with a copy not yet run when the pool drops are leaked
 //! rather than freed under a stream that may still read them.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use crate::device::{Device, PinnedRegion};
 use crate::word::ReleaseWord;
@@ -33,6 +42,12 @@ const CLASS_BYTES: [usize; 7] =
 const SLAB_BYTES: usize = 1 << 20;
 /// Most pinned bytes of slots of one small size; past that, ops take the engine's path.
 const SMALL_CLASS_CAP_BYTES: usize = 16 << 20;
+/// Bytes of a stream's spare slot, and of the pieces of the ops that go through it: large
+/// enough that a 16 MiB op is four pieces (four stream operations each), small enough
+/// that 256 streams' spares fit 1 GiB.
+pub(crate) const SPARE_BYTES: usize = 4 << 20;
+/// The slot size of [`SPARE_BYTES`].
+const SPARE_CLASS: usize = 5;
 
 /// One slot lent to an op.
 #[derive(Clone, Copy)]
@@ -77,9 +92,49 @@ struct PoolState {
     alloc_failed: bool,
 }
 
+/// A stream's spare slot (see the module's text): lent to the ops of its stream in turn,
+/// a new generation per use; what the pool must know to take it back.
+pub(crate) struct SpareSlot {
+    /// The slot as first lent (its memory and done word; uses take new generations).
+    pub(crate) slot: Slot,
+    /// Its last use whose copy was enqueued, or whether a done write was refused.
+    last: Mutex<SpareUse>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SpareUse {
+    Unused,
+    Queued(u32),
+    Lost,
+}
+
+impl SpareSlot {
+    /// A copy out of or into it was enqueued for the use `generation` (uses are enqueued
+    /// in stream order, under the stream's submit lock: the last noted is the last run).
+    pub(crate) fn note_queued(&self, generation: u32) {
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        if *last != SpareUse::Lost {
+            *last = SpareUse::Queued(generation);
+        }
+    }
+
+    /// A copy was enqueued without its done write: never lent again.
+    pub(crate) fn note_lost(&self) {
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = SpareUse::Lost;
+    }
+
+    fn lost(&self) -> bool {
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) == SpareUse::Lost
+    }
+}
+
+/// The spares lent to streams: each with the stream it belongs to.
+type Spares = Vec<(Weak<crate::stream::StreamState>, Arc<SpareSlot>)>;
+
 /// The driver's slots, by size (allocated on first use, a slab at a time).
 pub(crate) struct SlotPool {
     classes: [SlotClass; CLASS_BYTES.len()],
+    spares: Mutex<Spares>,
     /// `HIPFILE_STREAM_COPIES=all`: every fully FIXED read inside the file, up to
     /// [`MAX_SLOT_BYTES`], on any stream; otherwise small reads on idle streams only.
     all_reads: bool,
@@ -106,6 +161,7 @@ impl SlotPool {
         SlotPool {
             all_reads,
             piece_bytes,
+            spares: Mutex::new(Vec::new()),
             classes: std::array::from_fn(|class| {
                 let slot_bytes = CLASS_BYTES[class];
                 let cap_bytes =
@@ -155,6 +211,53 @@ impl SlotPool {
             }
         }
         Some(ring)
+    }
+
+    /// The spare slot of `stream` (`HIPFILE_STREAM_COPIES=all`, for ops that found no slot
+    /// of their own): the one it has, else a free slot of [`SPARE_BYTES`], allocated past
+    /// that size's cap up to twice it; `None` when none can be had. Takes back the spares
+    /// of streams that are gone. Never blocks on a stream.
+    pub(crate) fn spare_for(
+        &self,
+        stream: &Arc<crate::stream::StreamState>,
+    ) -> Option<Arc<SpareSlot>> {
+        let mut spares = self.spares.lock().unwrap_or_else(|p| p.into_inner());
+        self.take_back_spares(&mut spares, false);
+        if let Some((_, spare)) =
+            spares.iter().find(|(owner, _)| std::ptr::eq(owner.as_ptr(), Arc::as_ptr(stream)))
+        {
+            return (!spare.lost()).then(|| Arc::clone(spare));
+        }
+        let slot = self.classes[SPARE_CLASS].try_take_spare()?;
+        let spare = Arc::new(SpareSlot { slot, last: Mutex::new(SpareUse::Unused) });
+        spares.push((Arc::downgrade(stream), Arc::clone(&spare)));
+        Some(spare)
+    }
+
+    /// Spares whose stream is gone (all of them when `all`, the pool's end) and that no op
+    /// holds any more go back: at once if never used, once their done word shows their
+    /// last use, never if a done write was refused.
+    fn take_back_spares(&self, spares: &mut Spares, all: bool) {
+        spares.retain(|(owner, spare)| {
+            let gone = all || owner.strong_count() == 0;
+            if !gone || Arc::strong_count(spare) > 1 {
+                // A lost spare stays listed, so that its stream does not take another.
+                return true;
+            }
+            let last = *spare.last.lock().unwrap_or_else(|p| p.into_inner());
+            match last {
+                SpareUse::Unused => self.give_back(&spare.slot),
+                SpareUse::Queued(generation) => self.retire(&spare.slot.with_generation(generation)),
+                SpareUse::Lost => self.lose(),
+            }
+            false
+        });
+    }
+
+    /// Spares lent to streams now (not yet taken back).
+    #[cfg(test)]
+    fn spares_lent(&self) -> usize {
+        self.spares.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 
     /// The same slot for its next use by the op that holds it (a ring's piece): a new
@@ -226,6 +329,21 @@ impl SlotClass {
         Some(self.slot(&state, index, generation))
     }
 
+    /// A slot for a stream's spare: as [`SlotClass::try_take`], growing past the cap up to
+    /// twice it.
+    fn try_take_spare(&self) -> Option<Slot> {
+        let mut state = self.lock();
+        self.reclaim(&mut state);
+        if state.free.is_empty() && !state.alloc_failed && state.slabs.len() < 2 * self.max_slabs()
+        {
+            self.grow(&mut state);
+        }
+        let index = state.free.pop()?;
+        state.next_generation = state.next_generation.wrapping_add(1).max(1);
+        let generation = state.next_generation;
+        Some(self.slot(&state, index, generation))
+    }
+
     fn slot(&self, state: &PoolState, index: usize, generation: u32) -> Slot {
         let per_slab = self.slots_per_slab();
         let slab = &state.slabs[index / per_slab];
@@ -282,6 +400,15 @@ impl SlotClass {
                 state.alloc_failed = true;
             }
         }
+    }
+}
+
+impl Drop for SlotPool {
+    /// Spares go back to their size's pending list first, so that a slab a stream may
+    /// still copy out of is leaked, not freed (`SlotClass`'s drop).
+    fn drop(&mut self) {
+        let mut spares = std::mem::take(self.spares.get_mut().unwrap_or_else(|p| p.into_inner()));
+        self.take_back_spares(&mut spares, true);
     }
 }
 

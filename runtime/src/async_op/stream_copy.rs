@@ -28,6 +28,7 @@ use hipfile_core::{Direction, OpError, OpEvent, Outcome, ValidIo};
 use super::AsyncOp;
 use super::slots::{MAX_SLOT_BYTES, SLOT_BYTES, Slot};
 use crate::engine::{Completion, Engine, HostMemory, IoJob, JobEnd, PartJoiner};
+use crate::file::FileHandle;
 
 /// The engine staged the bytes (its outcome is in `slot_outcome`).
 const STAGED: u8 = 1;
@@ -89,22 +90,21 @@ impl AsyncOp {
         blocking_fallback: bool,
         prefetchable: bool,
         state: &crate::stream::StreamState,
-        parts: &super::OpParts,
+        (direction, io, file, sequence): (Direction, &ValidIo, &Arc<FileHandle>, u32),
     ) -> Option<(Slot, SlotUse)> {
         if blocking_fallback {
             return None;
         }
         let pool = host.slots()?;
-        let size_bytes = parts.io.size_bytes();
+        let size_bytes = io.size_bytes();
         let fits = size_bytes <= MAX_SLOT_BYTES as u64;
-        let wanted = match (parts.direction, pool.all_reads()) {
+        let wanted = match (direction, pool.all_reads()) {
             (Direction::Read, true) if fits => {
-                let inside =
-                    parts.file.size_bytes().is_ok_and(|file| parts.io.file_end_bytes() <= file);
+                let inside = file.size_bytes().is_ok_and(|len| io.file_end_bytes() <= len);
                 if prefetchable && inside { SlotUse::StagedRead } else { SlotUse::ReadAtArm }
             }
             (Direction::Read, false) if prefetchable && size_bytes <= SLOT_BYTES as u64 => {
-                if state.word().load() != parts.sequence.wrapping_sub(1) {
+                if state.word().load() != sequence.wrapping_sub(1) {
                     return None;
                 }
                 SlotUse::StagedRead

@@ -29,6 +29,10 @@ pub(crate) struct OpParts {
     pub(crate) sequence: u32,
     /// For a piece of a long op (`pieces`): its place, slot and slot use.
     pub(crate) piece: Option<super::PieceSlot>,
+    /// For an op of its own: the slot it takes and what for, chosen before the op is made
+    /// ([`AsyncOp::single_slot`]: without one, an op with a FIXED device range may go
+    /// through its stream's spare instead).
+    pub(crate) single: Option<super::SingleSlot>,
 }
 
 /// A failed enqueue; `nothing_queued` when the stream holds nothing of the op.

@@ -117,21 +117,46 @@ impl Driver {
             Some(submitted) => submitted,
             None => {
                 let sequence = submit_lock.next();
-                let parts = OpParts {
-                    direction,
-                    params: Arc::clone(&params),
-                    io,
-                    file,
-                    guard,
-                    sequence,
-                    piece: None,
+                let whole = (direction, &io, &file, sequence);
+                let single = AsyncOp::single_slot(&*host, &state, &buffer, whole);
+                // No slot of its own: with `all`, an op whose device range is FIXED goes
+                // through its stream's spare, so that it too releases with no CUDA call.
+                let spared = match single {
+                    Some(_) => None,
+                    None => {
+                        submit_lock.undo();
+                        let spare =
+                            LongSubmit { host: Arc::clone(&host), engine, state: &state, buffer: &buffer };
+                        let whole = (direction, &params, io, &file, &guard);
+                        let spared = AsyncOp::submit_through_spare(spare, &mut submit_lock, whole);
+                        if spared.is_none() {
+                            submit_lock.next();
+                        }
+                        spared
+                    }
                 };
-                let op = AsyncOp::new(host, parts, &state, &buffer, engine.track_async_op());
-                let submitted = op.enqueue(engine);
-                if let Err(EnqueueError { nothing_queued: true, .. }) = &submitted {
-                    submit_lock.undo();
+                match spared {
+                    Some(submitted) => submitted,
+                    None => {
+                        let parts = OpParts {
+                            direction,
+                            params: Arc::clone(&params),
+                            io,
+                            file,
+                            guard,
+                            sequence,
+                            piece: None,
+                            single,
+                        };
+                        let op =
+                            AsyncOp::new(host, parts, &state, &buffer, engine.track_async_op());
+                        let submitted = op.enqueue(engine);
+                        if let Err(EnqueueError { nothing_queued: true, .. }) = &submitted {
+                            submit_lock.undo();
+                        }
+                        submitted
+                    }
                 }
-                submitted
             }
         };
         let Err(EnqueueError { error, .. }) = submitted else {
