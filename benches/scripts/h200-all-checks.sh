@@ -1,7 +1,7 @@
 #!/bin/bash
 # `HIPFILE_STREAM_COPIES=all` on the H200 in one device call, in order of what matters:
 # (1) the lock checks of README "Known limits" (an application thread creating streams
-#     while ops copied on their streams hold streams): the four `streams_made_while_*`
+#     while ops copied on their streams hold streams): the five `streams_made_while_*`
 #     tests under `all`, each in a process of its own, under the default and 8 hardware
 #     queues, two rounds; a run that outlives 38 s is a HANG, and the first two hangs get
 #     host stacks from cuda-gdb (`bt-*.txt`) before the kill;
@@ -12,7 +12,8 @@
 #     the engine's 1 MiB pipeline (footprint of the staging, overlap of read and copy);
 # (3) 16 MiB hot reads at 1 and 8 streams with --profile under off, all, and all with
 #     pieces of 4 and 1 MiB (HIPFILE_STREAM_COPY_PIECE_MB: the stream copies a piece as
-#     soon as it is read, where a 16 MiB slot is read whole before its one copy).
+#     soon as it is read, where a 16 MiB slot is read whole before its one copy), and
+#     with the least slot cap (16 MiB: nearly every op through its stream's spare slot).
 # Worst case about 430 s for (1) and (1b), 550 s for (2) and (3): one device call each
 # (STEPS picks the sections, default all four). Usage, with target/gpu-bundle built
 # (tests/gpu/make-bundle.sh):
@@ -34,7 +35,8 @@ echo "=== (1) lock checks under HIPFILE_STREAM_COPIES=all" | tee "$out/lock.txt"
 tests=(streams::streams_made_while_reads_copied_on_their_streams_hold_streams
        streams::streams_made_while_writes_copied_into_slots_hold_streams
        streams::streams_made_while_long_ops_copied_in_pieces_hold_streams
-       streams::streams_made_while_unfixed_ops_copied_on_their_streams_hold_streams)
+       streams::streams_made_while_unfixed_ops_copied_on_their_streams_hold_streams
+       streams::streams_made_while_ops_through_spare_slots_hold_streams)
 stacks=0
 for round in 1 2; do
   for variant in "HIPFILE_LOCK_CHECK=default" "CUDA_DEVICE_MAX_CONNECTIONS=8"; do
@@ -96,11 +98,12 @@ fi
 if step 3; then
 echo "=== (3) profiles" | tee "$out/profile.txt"
 file=/tmp/hf-all-checks.dat
-for variant in off all all-p4 all-p1; do
-  copies=${variant%%-*}; piece=16
-  case $variant in all-p4) piece=4;; all-p1) piece=1;; esac
-  echo "--- HIPFILE_STREAM_COPIES=$copies HIPFILE_STREAM_COPY_PIECE_MB=$piece" | tee -a "$out/profile.txt"
+for variant in off all all-p4 all-p1 all-spare; do
+  copies=${variant%%-*}; piece=16; cap=1024
+  case $variant in all-p4) piece=4;; all-p1) piece=1;; all-spare) cap=16;; esac
+  echo "--- HIPFILE_STREAM_COPIES=$copies HIPFILE_STREAM_COPY_PIECE_MB=$piece HIPFILE_STREAM_COPY_MB=$cap" | tee -a "$out/profile.txt"
   HIPFILE_DEVICE=cuda HIPFILE_STREAM_COPIES=$copies HIPFILE_STREAM_COPY_PIECE_MB=$piece \
+    HIPFILE_STREAM_COPY_MB=$cap \
     timeout -s KILL 100 "$bundle/bin/hipfile-bench" \
     --mode read --streams 1,8 --io-size 16M --no-baselines --profile --file "$file" --file-size 2G \
     --json "$out/profile-$variant.json" >> "$out/profile.txt" 2>&1

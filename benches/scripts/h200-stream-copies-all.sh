@@ -8,7 +8,8 @@
 # every byte verified (the bench's default). The bench registers streams with flags 7
 # (fully FIXED) except in all-late, so every op of 16 MiB or less may take a slot; the counters line says
 # how many were copied on their streams (an op that finds no free slot, past
-# HIPFILE_STREAM_COPY_MB of one size, takes the engine's path). Usage, with
+# HIPFILE_STREAM_COPY_MB of one size, goes through its stream's spare slot since the
+# eleventh session, the engine's path before). Usage, with
 # target/gpu-bundle built:
 #   OUT=dir benches/scripts/h200-stream-copies-all.sh
 set -u

@@ -495,10 +495,24 @@ fn a_write_copied_into_a_slot_fails_cleanly() {
 /// moves. The stream goes on either way.
 #[test]
 fn a_long_op_whose_piece_cannot_be_enqueued_fails_cleanly() {
+    long_op_with_a_refused_piece(256 * MIB, 16 * MIB);
+}
+
+/// The same through a stream's spare slot: with the least slot cap (one 16 MiB slot) no
+/// ring of four is free, so the 64 MiB op goes through its stream's spare in 4 MiB pieces
+/// (`async_op/slots.rs`); the third piece refused, 8 MiB moved.
+#[test]
+fn an_op_through_a_spare_whose_piece_cannot_be_enqueued_fails_cleanly() {
+    long_op_with_a_refused_piece(16 * MIB, 4 * MIB);
+}
+
+/// The test above with `cap_bytes` of slots of each large size, where the pieces are
+/// `piece_bytes` long.
+fn long_op_with_a_refused_piece(cap_bytes: usize, piece_bytes: usize) {
     let _serial = serial();
     let config = Config {
         stream_copies: hipfile_runtime::config::StreamCopies::All,
-        stream_copy_cap_bytes: 256 * MIB,
+        stream_copy_cap_bytes: cap_bytes,
         ..small_config()
     };
     let rig = Rig::with(1, config);
@@ -544,7 +558,7 @@ fn a_long_op_whose_piece_cannot_be_enqueued_fails_cleanly() {
                     n => {
                         got.expect("accepted");
                         assert_eq!(bytes(&p), neg(OpError::HipDriverError), "{what}");
-                        n as usize * 16 * MIB
+                        n as usize * piece_bytes
                     }
                 };
                 let (device, contents) = (rig.dev_bytes(buffer, len), file.contents());

@@ -247,7 +247,9 @@ impl SlotPool {
             let last = *spare.last.lock().unwrap_or_else(|p| p.into_inner());
             match last {
                 SpareUse::Unused => self.give_back(&spare.slot),
-                SpareUse::Queued(generation) => self.retire(&spare.slot.with_generation(generation)),
+                SpareUse::Queued(generation) => {
+                    self.retire(&spare.slot.with_generation(generation))
+                }
                 SpareUse::Lost => self.lose(),
             }
             false
@@ -569,5 +571,98 @@ mod tests {
         assert!(pool.try_take(SLOT_BYTES).is_none());
         // Other sizes have their own slots.
         assert!(pool.try_take(4096).is_some());
+    }
+
+    /// A stream state for the spare tests (its words are never used).
+    fn stream() -> Arc<crate::stream::StreamState> {
+        let unused = ReleaseWord { host_ptr: std::ptr::null_mut(), device_addr: 0 };
+        Arc::new(crate::stream::StreamState::for_arm_tests(crate::arm::ArmQueue::new(unused)))
+    }
+
+    /// Marks `slot`'s use as copied by its stream (the done write).
+    fn stream_copied(slot: &Slot) {
+        // SAFETY: the slot's live done word.
+        unsafe { std::sync::atomic::AtomicU32::from_ptr(slot.done_word.host_ptr) }
+            .store(slot.generation, std::sync::atomic::Ordering::Release);
+    }
+
+    /// A stream keeps its one spare; spares are slots of [`SPARE_BYTES`] and may take that
+    /// size to twice its cap, no further.
+    #[test]
+    fn each_stream_keeps_one_spare_and_spares_stop_at_twice_the_cap() {
+        let device: Arc<dyn Device> = CpuDevice::new(1);
+        let pool = SlotPool::new(device, true, 16 << 20, MAX_SLOT_BYTES);
+        let first = stream();
+        let spare = pool.spare_for(&first).expect("a spare");
+        assert_eq!(spare.slot.class, SPARE_CLASS);
+        assert_eq!(CLASS_BYTES[SPARE_CLASS], SPARE_BYTES);
+        let again = pool.spare_for(&first).expect("the same spare");
+        assert!(Arc::ptr_eq(&spare, &again), "one spare per stream");
+        // The size's cap (16 MiB: four slots) taken by ops: spares still come, four more.
+        let held: Vec<Slot> = (0..3).map(|_| pool.try_take(SPARE_BYTES).expect("slot")).collect();
+        assert!(pool.try_take(SPARE_BYTES).is_none(), "the cap: the spare and three slots");
+        let streams: Vec<_> = (0..4).map(|_| stream()).collect();
+        let spares: Vec<_> = streams.iter().map(|s| pool.spare_for(s)).collect();
+        assert_eq!(spares.iter().filter(|s| s.is_some()).count(), 4, "twice the cap in all");
+        assert!(pool.spare_for(&stream()).is_none(), "none past twice the cap");
+        assert!(pool.try_take(SPARE_BYTES).is_none(), "ops stay within the cap");
+        assert_eq!(pool.spares_lent(), 5);
+        drop(held);
+    }
+
+    /// A spare goes back once its stream is gone and no op holds it: at once if never
+    /// used, else once its done word shows its last use; while an op holds it, it stays.
+    #[test]
+    fn a_spare_goes_back_after_its_stream_its_ops_and_its_last_copy() {
+        let device: Arc<dyn Device> = CpuDevice::new(1);
+        let pool = SlotPool::new(device, true, 4 << 20, MAX_SLOT_BYTES);
+        // The cap is one slot of SPARE_BYTES: the spares' room is one more.
+        let unused_owner = stream();
+        let unused = pool.spare_for(&unused_owner).expect("a spare");
+        let used_owner = stream();
+        let used = pool.spare_for(&used_owner).expect("a second spare");
+        assert!(pool.spare_for(&stream()).is_none(), "twice the cap");
+        // Two uses queued on the second one's stream; an op still holds it.
+        let first_use = pool.next_use(&used.slot);
+        used.note_queued(first_use.generation);
+        let last_use = pool.next_use(&used.slot);
+        used.note_queued(last_use.generation);
+        drop(unused);
+        drop(unused_owner);
+        drop(used_owner);
+        let third = stream();
+        let spare = pool.spare_for(&third).expect("the never-used spare, back at once");
+        assert_eq!(pool.spares_lent(), 2, "the used one stays listed: an op holds it");
+        drop(spare);
+        drop(third);
+        // The op lets go: the used spare is pending until its last use is copied; the
+        // third stream's, never used, is free at once.
+        drop(used);
+        let fourth = stream();
+        let _fourths = pool.spare_for(&fourth).expect("the third stream's spare");
+        let fifth = stream();
+        assert!(pool.spare_for(&fifth).is_none(), "the used one waits for its copy");
+        stream_copied(&first_use);
+        assert!(pool.spare_for(&fifth).is_none(), "its last use is not copied yet");
+        stream_copied(&last_use);
+        assert!(pool.spare_for(&fifth).is_some(), "back once the last copy ran");
+    }
+
+    /// A spare whose done write was refused is never lent again, and its stream takes no
+    /// other (its ops take the engine's path).
+    #[test]
+    fn a_lost_spare_is_never_lent_again() {
+        let device: Arc<dyn Device> = CpuDevice::new(1);
+        let pool = SlotPool::new(device, true, 16 << 20, MAX_SLOT_BYTES);
+        let owner = stream();
+        let spare = pool.spare_for(&owner).expect("a spare");
+        spare.note_queued(7);
+        spare.note_lost();
+        spare.note_queued(9);
+        drop(spare);
+        assert!(pool.spare_for(&owner).is_none(), "the stream's spare is lost");
+        drop(owner);
+        assert!(pool.spare_for(&stream()).is_some(), "other streams take spares");
+        assert_eq!(pool.spares_lent(), 1, "the lost one is dropped with its stream");
     }
 }

@@ -298,8 +298,9 @@ pub struct Config {
     /// stream (`HIPFILE_STREAM_COPIES`, default off; [`StreamCopies`]).
     pub stream_copies: StreamCopies,
     /// With [`StreamCopies::All`]: the most pinned bytes of slots of each size above
-    /// 64 KiB (`HIPFILE_STREAM_COPY_MB`); an op that finds no free slot takes the engine's
-    /// path.
+    /// 64 KiB (`HIPFILE_STREAM_COPY_MB`); an op that finds no free slot goes through its
+    /// stream's spare slot (buffer offset and size FIXED; spares may take their size to
+    /// twice this) or takes the engine's path.
     pub stream_copy_cap_bytes: usize,
     /// With [`StreamCopies::All`]: the bytes of each piece of a long op whose buffer
     /// offset and size are FIXED, 1, 4 or 16 MiB (`HIPFILE_STREAM_COPY_PIECE_MB`, default

@@ -125,8 +125,12 @@ impl Driver {
                     Some(_) => None,
                     None => {
                         submit_lock.undo();
-                        let spare =
-                            LongSubmit { host: Arc::clone(&host), engine, state: &state, buffer: &buffer };
+                        let spare = LongSubmit {
+                            host: Arc::clone(&host),
+                            engine,
+                            state: &state,
+                            buffer: &buffer,
+                        };
                         let whole = (direction, &params, io, &file, &guard);
                         let spared = AsyncOp::submit_through_spare(spare, &mut submit_lock, whole);
                         if spared.is_none() {

@@ -584,6 +584,134 @@ fn with_all_ops_longer_than_the_piece_size_go_in_pieces_of_that_size() {
     assert_eq!(stream_copies(&t.rig) - before, 7, "the write's pieces");
 }
 
+/// `all` with the least slot cap (16 MiB of each large size: one 16 MiB slot) and the
+/// page cache only (so that the engine's arena serves no slot job).
+fn all_exhausted_config() -> Config {
+    Config {
+        stream_copies: StreamCopies::All,
+        stream_copy_cap_bytes: 16 * MIB,
+        direct: DirectPolicy::Off,
+        ..small_config()
+    }
+}
+
+fn spare_ops(rig: &Rig) -> u64 {
+    rig.driver.async_stats().spare_ops.load(Ordering::SeqCst)
+}
+
+fn arena_chunks(rig: &Rig) -> u64 {
+    rig.driver.engine().expect("engine").stats().arena_chunks
+}
+
+/// `all` with every slot of the size taken: reads that find no slot of their own go
+/// through their stream's spare slot in pieces of 4 MiB, each read when the stream reaches
+/// it (fully FIXED and with a late file offset; one reaching past the end of the file:
+/// short, the rest of its destination as it was). None takes the engine's path (no
+/// arena chunk, no device-side release), every byte lands where it should.
+#[test]
+fn with_all_reads_that_find_no_slot_go_through_their_streams_spare() {
+    let file_len = 100 * MIB;
+    let t = Paused::with(Rig::with(1, all_exhausted_config()), "spare-reads", file_len, 112 * MIB);
+    let old = pattern(90, 112 * MIB);
+    t.rig.set_dev_bytes(t.buffer, &old);
+    for flags in [15u32, 5] {
+        let stream = t.rig.registered_stream(flags);
+        let gate = t.rig.pause(stream).expect("pause");
+        let stats = t.rig.driver.async_stats();
+        let before = (stream_copies(&t.rig), spare_ops(&t.rig), arena_chunks(&t.rig));
+        let device_releases = stats.device_releases.load(Ordering::SeqCst);
+        // (size, file offset submitted, file offset bound, buffer offset, bytes read):
+        // the first takes the one 16 MiB slot, the 8 KiB one a small slot (sizes have
+        // their own slots), the others the spare (4 + 4 + 2 + 4 pieces; the last reaches
+        // past the end of the file).
+        let reads = [
+            (16 * MIB, 0, 4096, 0, 16 * MIB),
+            (16 * MIB, 16 * MIB, 20 * MIB, 16 * MIB, 16 * MIB),
+            (13 * MIB + 4096, 40 * MIB, 44 * MIB, 32 * MIB, 13 * MIB + 4096),
+            (6 * MIB, 60 * MIB, 61 * MIB, 48 * MIB, 6 * MIB),
+            (8192, 70 * MIB + 4096, 71 * MIB, 56 * MIB, 8192),
+            (16 * MIB, file_len - 6 * MIB, file_len - 6 * MIB, 64 * MIB, 6 * MIB),
+        ];
+        let mut placed = Vec::new();
+        for &(size, submitted, bound, at, want) in &reads {
+            let p = params(size, submitted as i64, at as i64);
+            read(&t, &p, stream);
+            p.file_offset_bytes.store(bound as i64, Ordering::SeqCst);
+            let from = if flags & 2 != 0 { submitted } else { bound };
+            placed.push((p, size, from, at, want));
+        }
+        assert!(placed.iter().all(|(p, ..)| bytes(p) == 0), "held: nothing published yet");
+        gate.release();
+        t.rig.sync(stream);
+        let got = t.rig.dev_bytes(t.buffer, 112 * MIB);
+        for (p, size, from, at, want) in &placed {
+            let what = format!("flags {flags}: {size} bytes from file offset {from}");
+            assert_eq!(bytes(p), *want as isize, "{what}");
+            assert_bytes(&got[*at..at + want], &t.data[*from..from + want], &what);
+            assert_bytes(&got[at + want..at + size], &old[at + want..at + size], &what);
+        }
+        let what = format!("flags {flags}");
+        assert_eq!(spare_ops(&t.rig) - before.1, 4, "{what}: four ops through the spare");
+        assert_eq!(stream_copies(&t.rig) - before.0, 1 + 4 + 4 + 2 + 1 + 4, "{what}: pieces");
+        assert_eq!(arena_chunks(&t.rig) - before.2, 0, "{what}: nothing on the engine's path");
+        let released_on_device = stats.device_releases.load(Ordering::SeqCst) - device_releases;
+        assert_eq!(released_on_device, 0, "{what}: every release from the host");
+        t.rig.set_dev_bytes(t.buffer, &old);
+    }
+}
+
+/// The same for writes: with the one 16 MiB slot taken, writes from a FIXED source range
+/// have their stream copy each 4 MiB piece into the spare ahead of the piece's doorbell,
+/// and the engine writes the file from there. Several rounds reuse the stream's spare; a
+/// second stream gets a spare of its own. The file holds exactly the bytes written.
+#[test]
+fn with_all_writes_that_find_no_slot_go_through_their_streams_spare() {
+    let len = 96 * MIB;
+    let t = Paused::with(Rig::with(1, all_exhausted_config()), "spare-writes", len, len);
+    let fresh = pattern(89, len);
+    t.rig.set_dev_bytes(t.buffer, &fresh);
+    for (round, flags) in [15u32, 5, 15].into_iter().enumerate() {
+        let streams = [t.rig.registered_stream(flags), t.rig.registered_stream(flags)];
+        let gates: Vec<_> = streams.iter().map(|&s| t.rig.pause(s).expect("pause")).collect();
+        let before = (spare_ops(&t.rig), arena_chunks(&t.rig));
+        let mut placed = Vec::new();
+        // Three writes per stream, the last one short of a whole piece.
+        for (k, &stream) in streams.iter().enumerate() {
+            for (i, size) in [16 * MIB, 16 * MIB, 9 * MIB + 4096].into_iter().enumerate() {
+                let at = (k * 3 + i) * 16 * MIB;
+                let file_offset = len - 16 * MIB - at;
+                let submitted = if flags & 2 != 0 { file_offset } else { 0 };
+                let p = params(size, submitted as i64, at as i64);
+                t.rig.write(t.handle, t.buffer, &p, stream);
+                p.file_offset_bytes.store(file_offset as i64, Ordering::SeqCst);
+                placed.push((p, size, at, file_offset));
+            }
+        }
+        for gate in gates {
+            gate.release();
+        }
+        for &stream in &streams {
+            t.rig.sync(stream);
+        }
+        let contents = t.file.contents();
+        for (p, size, at, file_offset) in &placed {
+            let what =
+                format!("round {round}: {size} bytes from {at} to file offset {file_offset}");
+            assert_eq!(bytes(p), *size as isize, "{what}");
+            assert_bytes(
+                &contents[*file_offset..file_offset + size],
+                &fresh[*at..at + size],
+                &what,
+            );
+        }
+        // One write may find the 16 MiB slot; the others go through their stream's spare.
+        let spared = spare_ops(&t.rig) - before.0;
+        assert!((5..=6).contains(&spared), "round {round}: {spared} writes through spares");
+        assert_eq!(arena_chunks(&t.rig) - before.1, 0, "round {round}: no engine path");
+        t.reset_file();
+    }
+}
+
 /// Long writes in pieces: 40 MiB and 100 MiB from a FIXED source range, with the file
 /// offset FIXED or bound late; the application rewrote the source on the held stream just
 /// before each write. The file holds exactly those bytes; rounds after the first find the

@@ -591,6 +591,33 @@ fn streams_made_while_long_ops_copied_in_pieces_hold_streams() {
     }
 }
 
+/// The same with the least slot cap (one 16 MiB slot of each large size) and ops of
+/// 16 MiB: nearly every op finds no slot of its own and goes through its stream's spare
+/// slot in 4 MiB pieces (`HIPFILE_STREAM_COPIES=all`, `async_op/slots.rs`), reads and
+/// writes, fully FIXED and with a late file offset. None may take the engine's path.
+#[test]
+fn streams_made_while_ops_through_spare_slots_hold_streams() {
+    let config = Config {
+        stream_copies: StreamCopies::All,
+        stream_copy_cap_bytes: 16 * MIB,
+        direct: hipfile_runtime::file::DirectPolicy::Off,
+        ..small_config()
+    };
+    let flags = [Some(15), Some(5), Some(7), Some(13)];
+    for direction in [Direction::Read, Direction::Write] {
+        let rig = Rig::with(1, config.clone());
+        let stats = Arc::clone(&rig.driver);
+        let arena_before = rig.driver.engine().expect("engine").stats().arena_chunks;
+        let copies = streams_made_during(rig, direction, 2, 16 * MIB, flags);
+        let spared = stats.async_stats().spare_ops.load(Ordering::SeqCst);
+        let arena = stats.engine().expect("engine").stats().arena_chunks - arena_before;
+        // 96 ops: each either one slot copy or four spare pieces.
+        assert_eq!(copies, 96 + 3 * spared, "{direction:?}: {spared} ops through spares");
+        assert!(spared >= 48, "{direction:?}: most ops through spares ({spared})");
+        assert_eq!(arena, 0, "{direction:?}: nothing on the engine's path");
+    }
+}
+
 /// 8 streams registered with `flags` in turn run 6 rounds of `ops` reads or writes of
 /// `op` bytes each (every byte checked) while another thread makes 200 streams, all under
 /// a watchdog. Returns the ops copied on their streams.

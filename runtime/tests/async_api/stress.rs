@@ -263,6 +263,34 @@ fn stress_with_every_fixed_range_copied_on_the_stream() {
     assert!(copied > 0, "ops copied on their streams");
 }
 
+/// The same with the least slot cap (one 16 MiB slot of each large size): most ops with a
+/// FIXED device range find no slot of their own and go through their stream's spare slot
+/// in 4 MiB pieces, read when the stream reaches them, interleaved on each stream with
+/// ops in slots, in rings and on the engine's path; every byte must match the model.
+#[test]
+fn stress_with_every_fixed_range_copied_on_the_stream_through_spares() {
+    let config = hipfile_runtime::config::Config {
+        stream_copies: hipfile_runtime::config::StreamCopies::All,
+        stream_copy_cap_bytes: 16 * MIB,
+        ..hipfile_runtime::config::Config::default()
+    };
+    let shape = Shape {
+        streams: 6,
+        threads: 3,
+        ops: 150,
+        region: 24 * MIB,
+        max_op: 20 * MIB,
+        max_outstanding: 8,
+        late_file_offsets: true,
+    };
+    let rig = Rig::with(1, config);
+    let driver = std::sync::Arc::clone(&rig.driver);
+    let copied = stress(rig, shape);
+    assert!(copied > 0, "ops copied on their streams");
+    let spared = driver.async_stats().spare_ops.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(spared > 0, "ops through spares");
+}
+
 /// The same with pieces of 1 MiB (`HIPFILE_STREAM_COPY_PIECE_MB=1`): every op of more than
 /// 1 MiB with a FIXED device range goes in pieces sharing a ring of four 1 MiB slots,
 /// several of them on one stream at once, and every byte must match the model.
