@@ -239,9 +239,10 @@ impl SlotPool {
     /// last use, never if a done write was refused.
     fn take_back_spares(&self, spares: &mut Spares, all: bool) {
         spares.retain(|(owner, spare)| {
-            let gone = all || owner.strong_count() == 0;
-            if !gone || Arc::strong_count(spare) > 1 {
-                // A lost spare stays listed, so that its stream does not take another.
+            // At the pool's end no op is left (each holds the driver), whatever the count.
+            let free = all || (owner.strong_count() == 0 && Arc::strong_count(spare) == 1);
+            if !free {
+                // A lost spare stays listed too, so that its stream does not take another.
                 return true;
             }
             let last = *spare.last.lock().unwrap_or_else(|p| p.into_inner());
