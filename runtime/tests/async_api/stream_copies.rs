@@ -455,6 +455,39 @@ fn with_all_a_write_with_a_fixed_source_takes_a_slot_and_binds_its_file_offset_l
     assert_bytes(&contents[3 * MIB..3 * MIB + 128 * KIB], &data[128 * KIB..], "the engine's write");
 }
 
+/// A read for [`held_reads_land`]: (size, file offset submitted, file offset bound,
+/// buffer offset, bytes it reads).
+type HeldRead = (usize, usize, usize, usize, usize);
+
+/// Submits `reads` on a new stream registered with `flags` while the stream is held,
+/// moves each file offset to its bound value after submission, then releases the stream
+/// and checks each read: nothing published while held, then its `*bytes_p`, its bytes
+/// (from the submitted file offset when the stream fixes it, flag 2, else the bound one),
+/// and the destination past a short read as `old` had it. `buffer_len` bytes of the
+/// buffer are read back.
+fn held_reads_land(t: &Paused, flags: u32, reads: &[HeldRead], old: &[u8], buffer_len: usize) {
+    let stream = t.rig.registered_stream(flags);
+    let gate = t.rig.pause(stream).expect("pause");
+    let mut placed = Vec::new();
+    for &(size, submitted, bound, at, want) in reads {
+        let p = params(size, submitted as i64, at as i64);
+        read(t, &p, stream);
+        p.file_offset_bytes.store(bound as i64, Ordering::SeqCst);
+        let from = if flags & 2 != 0 { submitted } else { bound };
+        placed.push((p, size, from, at, want));
+    }
+    assert!(placed.iter().all(|(p, ..)| bytes(p) == 0), "held: nothing published yet");
+    gate.release();
+    t.rig.sync(stream);
+    let got = t.rig.dev_bytes(t.buffer, buffer_len);
+    for (p, size, from, at, want) in &placed {
+        let what = format!("flags {flags}: {size} bytes from file offset {from}");
+        assert_eq!(bytes(p), *want as isize, "{what}");
+        assert_bytes(&got[*at..at + want], &t.data[*from..from + want], &what);
+        assert_bytes(&got[at + want..at + size], &old[at + want..at + size], &what);
+    }
+}
+
 /// `all` with room for the rings of several long ops in flight (256 MiB of 16 MiB slots;
 /// the default 64 MiB holds one ring of four).
 fn all_config() -> Config {
@@ -474,37 +507,16 @@ fn with_all_long_reads_are_copied_on_their_stream_in_pieces() {
     let old = pattern(95, 200 * MIB);
     t.rig.set_dev_bytes(t.buffer, &old);
     for flags in [15u32, 5] {
-        let stream = t.rig.registered_stream(flags);
-        let gate = t.rig.pause(stream).expect("pause");
         let before = stream_copies(&t.rig);
         let ahead_before = t.rig.driver.async_stats().read_ahead.load(Ordering::SeqCst);
-        // (size, file offset submitted, file offset bound, buffer offset, bytes read)
         let reads = [
             (16 * MIB + 4096, 4096, 8192, 0, 16 * MIB + 4096),
             (40 * MIB, 20 * MIB, 24 * MIB, 20 * MIB, 40 * MIB),
             (100 * MIB, 60 * MIB, 64 * MIB, 64 * MIB, 100 * MIB),
             (32 * MIB, file_len - 20 * MIB, file_len - 20 * MIB, 168 * MIB, 20 * MIB),
         ];
-        let mut placed = Vec::new();
-        for &(size, submitted, bound, at, want) in &reads {
-            let p = params(size, submitted as i64, at as i64);
-            read(&t, &p, stream);
-            p.file_offset_bytes.store(bound as i64, Ordering::SeqCst);
-            let from = if flags & 2 != 0 { submitted } else { bound };
-            placed.push((p, size, from, at, want));
-        }
-        assert!(placed.iter().all(|(p, ..)| bytes(p) == 0), "held: nothing published yet");
-        gate.release();
-        t.rig.sync(stream);
-        let got = t.rig.dev_bytes(t.buffer, 200 * MIB);
-        let mut pieces = 0;
-        for (p, size, from, at, want) in &placed {
-            let what = format!("flags {flags}: {size} bytes from file offset {from}");
-            assert_eq!(bytes(p), *want as isize, "{what}");
-            assert_bytes(&got[*at..at + want], &t.data[*from..from + want], &what);
-            assert_bytes(&got[at + want..at + size], &old[at + want..at + size], &what);
-            pieces += size.div_ceil(16 * MIB) as u64;
-        }
+        held_reads_land(&t, flags, &reads, &old, 200 * MIB);
+        let pieces: u64 = reads.iter().map(|r| r.0.div_ceil(16 * MIB) as u64).sum();
         assert_eq!(stream_copies(&t.rig) - before, pieces, "flags {flags}: every piece");
         // Pieces past the staged ones are read ahead as earlier pieces' arms free their
         // slots: fully FIXED, pieces inside the file among the first four of each op are
@@ -531,8 +543,6 @@ fn with_all_ops_longer_than_the_piece_size_go_in_pieces_of_that_size() {
     let old = pattern(91, 48 * MIB);
     t.rig.set_dev_bytes(t.buffer, &old);
     for flags in [15u32, 5] {
-        let stream = t.rig.registered_stream(flags);
-        let gate = t.rig.pause(stream).expect("pause");
         let before = stream_copies(&t.rig);
         // (size, file offset submitted, file offset bound, buffer offset, bytes read)
         let reads = [
@@ -548,24 +558,7 @@ fn with_all_ops_longer_than_the_piece_size_go_in_pieces_of_that_size() {
                 2 * MIB + 4096,
             ),
         ];
-        let mut placed = Vec::new();
-        for &(size, submitted, bound, at, want) in &reads {
-            let p = params(size, submitted as i64, at as i64);
-            read(&t, &p, stream);
-            p.file_offset_bytes.store(bound as i64, Ordering::SeqCst);
-            let from = if flags & 2 != 0 { submitted } else { bound };
-            placed.push((p, size, from, at, want));
-        }
-        assert!(placed.iter().all(|(p, ..)| bytes(p) == 0), "held: nothing published yet");
-        gate.release();
-        t.rig.sync(stream);
-        let got = t.rig.dev_bytes(t.buffer, 48 * MIB);
-        for (p, size, from, at, want) in &placed {
-            let what = format!("flags {flags}: {size} bytes from file offset {from}");
-            assert_eq!(bytes(p), *want as isize, "{what}");
-            assert_bytes(&got[*at..at + want], &t.data[*from..from + want], &what);
-            assert_bytes(&got[at + want..at + size], &old[at + want..at + size], &what);
-        }
+        held_reads_land(&t, flags, &reads, &old, 48 * MIB);
         // 5 + 1 + 3 + 16 + 6 pieces (the op of 1 MiB is one slot op).
         assert_eq!(stream_copies(&t.rig) - before, 31, "flags {flags}: every piece");
         t.rig.set_dev_bytes(t.buffer, &old);
@@ -615,8 +608,6 @@ fn with_all_reads_that_find_no_slot_go_through_their_streams_spare() {
     let old = pattern(90, 112 * MIB);
     t.rig.set_dev_bytes(t.buffer, &old);
     for flags in [15u32, 5] {
-        let stream = t.rig.registered_stream(flags);
-        let gate = t.rig.pause(stream).expect("pause");
         let stats = t.rig.driver.async_stats();
         let before = (stream_copies(&t.rig), spare_ops(&t.rig), arena_chunks(&t.rig));
         let device_releases = stats.device_releases.load(Ordering::SeqCst);
@@ -632,24 +623,7 @@ fn with_all_reads_that_find_no_slot_go_through_their_streams_spare() {
             (8192, 70 * MIB + 4096, 71 * MIB, 56 * MIB, 8192),
             (16 * MIB, file_len - 6 * MIB, file_len - 6 * MIB, 64 * MIB, 6 * MIB),
         ];
-        let mut placed = Vec::new();
-        for &(size, submitted, bound, at, want) in &reads {
-            let p = params(size, submitted as i64, at as i64);
-            read(&t, &p, stream);
-            p.file_offset_bytes.store(bound as i64, Ordering::SeqCst);
-            let from = if flags & 2 != 0 { submitted } else { bound };
-            placed.push((p, size, from, at, want));
-        }
-        assert!(placed.iter().all(|(p, ..)| bytes(p) == 0), "held: nothing published yet");
-        gate.release();
-        t.rig.sync(stream);
-        let got = t.rig.dev_bytes(t.buffer, 112 * MIB);
-        for (p, size, from, at, want) in &placed {
-            let what = format!("flags {flags}: {size} bytes from file offset {from}");
-            assert_eq!(bytes(p), *want as isize, "{what}");
-            assert_bytes(&got[*at..at + want], &t.data[*from..from + want], &what);
-            assert_bytes(&got[at + want..at + size], &old[at + want..at + size], &what);
-        }
+        held_reads_land(&t, flags, &reads, &old, 112 * MIB);
         let what = format!("flags {flags}");
         assert_eq!(spare_ops(&t.rig) - before.1, 4, "{what}: four ops through the spare");
         assert_eq!(stream_copies(&t.rig) - before.0, 1 + 4 + 4 + 2 + 1 + 4, "{what}: pieces");
