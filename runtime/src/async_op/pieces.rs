@@ -150,7 +150,7 @@ impl LongOp {
     /// `generation`.
     pub(super) fn note_queued(&self, ring_index: usize, generation: u32) {
         if let Some(spare) = &self.spare {
-            spare.note_queued(generation);
+            spare.note_queued(ring_index, generation);
             return;
         }
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -170,7 +170,7 @@ impl LongOp {
     /// A copy of the ring entry's slot was enqueued without its done write.
     pub(super) fn note_lost(&self, ring_index: usize) {
         if let Some(spare) = &self.spare {
-            spare.note_lost();
+            spare.note_lost(ring_index);
             return;
         }
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -351,9 +351,15 @@ impl AsyncOp {
 
     /// For an op that found no slot of its own (`HIPFILE_STREAM_COPIES=all`, buffer offset
     /// and size FIXED, stream memory operations): submits it through its stream's spare
-    /// slot ([`super::slots::SpareSlot`]) in pieces of [`SPARE_BYTES`], each read when the
-    /// stream reaches it (or copied into the spare ahead of its doorbell, for a write), so
-    /// that its release needs no CUDA call either. `None` when the op may not or no spare
+    /// slots ([`super::slots::SpareSlot`], a ring of two) in pieces of [`SPARE_BYTES`],
+    /// each read when the stream reaches it or read ahead at the arm of the piece before
+    /// it (a write's piece is copied into its slot ahead of its doorbell), so that its
+    /// release needs no CUDA call either.
+    ///
+    /// The ring is the stream's, shared by its ops, each numbering its pieces from 0:
+    /// when the stream reaches a piece, every earlier piece of the stream has run its
+    /// copy, so the only slot still in use is this piece's, and the piece read ahead (the
+    /// op's next) takes the other one. `None` when the op may not or no spare
     /// can be had (the caller submits one op, which takes the engine's path).
     pub(crate) fn submit_through_spare(
         submit: LongSubmit<'_>,
@@ -370,7 +376,7 @@ impl AsyncOp {
             return None;
         }
         let spare = pool.spare_for(state)?;
-        let ring = vec![spare.slot];
+        let ring = spare.slots.clone();
         let submit = LongSubmit { host: Arc::clone(&host), engine, state, buffer };
         let submitted = AsyncOp::submit_pieces(
             submit,

@@ -12,14 +12,15 @@
 //! engine's streams. The stream's release then depends on the host alone (the read), so
 //! no application stream can hold it back (DESIGN.md, isolation).
 //!
-//! With `all`, a stream whose op finds no free slot (or ring) of its size takes a *spare*
-//! slot of [`SPARE_BYTES`] that stays with that stream ([`SpareSlot`]); ops with a FIXED
-//! device range then go through it in pieces, each read when the stream reaches it (or,
-//! for a write, copied into it ahead of the piece's doorbell): stream order alone keeps
-//! the one slot safe across pieces and ops (`super::pieces`), so no op of such a stream
-//! falls back to the engine's path however many are in flight. Spares may take the
-//! [`SPARE_BYTES`] size to twice its cap; a spare goes back to the pool once its stream's
-//! state is gone, no op holds it, and its done word shows its last use.
+//! With `all`, a stream whose op finds no free slot (or ring) of its size takes *spare*
+//! slots: a ring of [`SPARE_RING`] slots of [`SPARE_BYTES`] that stays with that stream
+//! ([`SpareSlot`]); ops with a FIXED device range then go through it in pieces, each read
+//! when the stream reaches it or read ahead by the piece before it (a write's piece is
+//! copied into its slot ahead of its doorbell): stream order alone keeps the ring safe
+//! across pieces and ops (`super::pieces`), so no op of such a stream falls back to the
+//! engine's path however many are in flight. Spares may take the [`SPARE_BYTES`] size to
+//! twice its cap; spares go back to the pool once their stream's state is gone, no op
+//! holds them, and their done words show their last uses.
 //!
 //! A slot is handed out again once its done word shows the generation of its last use:
 //! the stream's copy out of it has run. A slot whose done write could not be enqueued is
@@ -48,6 +49,9 @@ const SMALL_CLASS_CAP_BYTES: usize = 16 << 20;
 pub(crate) const SPARE_BYTES: usize = 4 << 20;
 /// The slot size of [`SPARE_BYTES`].
 const SPARE_CLASS: usize = 5;
+/// Spare slots per stream: two, so that a piece is read into one while the stream copies
+/// the one before out of the other.
+pub(crate) const SPARE_RING: usize = 2;
 
 /// One slot lent to an op.
 #[derive(Clone, Copy)]
@@ -92,13 +96,14 @@ struct PoolState {
     alloc_failed: bool,
 }
 
-/// A stream's spare slot (see the module's text): lent to the ops of its stream in turn,
-/// a new generation per use; what the pool must know to take it back.
+/// A stream's spare slots (see the module's text): [`SPARE_RING`] slots (one where only one
+/// could be had), lent to the ops of their stream in turn as a ring, a new generation per
+/// use; what the pool must know to take them back.
 pub(crate) struct SpareSlot {
-    /// The slot as first lent (its memory and done word; uses take new generations).
-    pub(crate) slot: Slot,
-    /// Its last use whose copy was enqueued, or whether a done write was refused.
-    last: Mutex<SpareUse>,
+    /// The slots as first lent (their memory and done words; uses take new generations).
+    pub(crate) slots: Vec<Slot>,
+    /// Each slot's last use whose copy was enqueued, or whether a done write was refused.
+    last: Mutex<Vec<SpareUse>>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -109,22 +114,24 @@ enum SpareUse {
 }
 
 impl SpareSlot {
-    /// A copy out of or into it was enqueued for the use `generation` (uses are enqueued
-    /// in stream order, under the stream's submit lock: the last noted is the last run).
-    pub(crate) fn note_queued(&self, generation: u32) {
+    /// A copy out of or into slot `index` was enqueued for the use `generation` (uses are
+    /// enqueued in stream order, under the stream's submit lock: the last noted is the
+    /// last run).
+    pub(crate) fn note_queued(&self, index: usize, generation: u32) {
         let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
-        if *last != SpareUse::Lost {
-            *last = SpareUse::Queued(generation);
+        if last[index] != SpareUse::Lost {
+            last[index] = SpareUse::Queued(generation);
         }
     }
 
-    /// A copy was enqueued without its done write: never lent again.
-    pub(crate) fn note_lost(&self) {
-        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = SpareUse::Lost;
+    /// A copy was enqueued without its done write: that slot is never lent again, and the
+    /// stream takes no other spares.
+    pub(crate) fn note_lost(&self, index: usize) {
+        self.last.lock().unwrap_or_else(|p| p.into_inner())[index] = SpareUse::Lost;
     }
 
     fn lost(&self) -> bool {
-        *self.last.lock().unwrap_or_else(|p| p.into_inner()) == SpareUse::Lost
+        self.last.lock().unwrap_or_else(|p| p.into_inner()).contains(&SpareUse::Lost)
     }
 }
 
@@ -213,10 +220,11 @@ impl SlotPool {
         Some(ring)
     }
 
-    /// The spare slot of `stream` (`HIPFILE_STREAM_COPIES=all`, for ops that found no slot
-    /// of their own): the one it has, else a free slot of [`SPARE_BYTES`], allocated past
-    /// that size's cap up to twice it; `None` when none can be had. Takes back the spares
-    /// of streams that are gone. Never blocks on a stream.
+    /// The spare slots of `stream` (`HIPFILE_STREAM_COPIES=all`, for ops that found no slot
+    /// of their own): the ones it has, else [`SPARE_RING`] free slots of [`SPARE_BYTES`]
+    /// (one if only one can be had), allocated past that size's cap up to twice it; `None`
+    /// when none can be had. Takes back the spares of streams that are gone. Never blocks
+    /// on a stream.
     pub(crate) fn spare_for(
         &self,
         stream: &Arc<crate::stream::StreamState>,
@@ -228,8 +236,13 @@ impl SlotPool {
         {
             return (!spare.lost()).then(|| Arc::clone(spare));
         }
-        let slot = self.classes[SPARE_CLASS].try_take_spare()?;
-        let spare = Arc::new(SpareSlot { slot, last: Mutex::new(SpareUse::Unused) });
+        let class = &self.classes[SPARE_CLASS];
+        let slots: Vec<Slot> = (0..SPARE_RING).map_while(|_| class.try_take_spare()).collect();
+        if slots.is_empty() {
+            return None;
+        }
+        let last = Mutex::new(vec![SpareUse::Unused; slots.len()]);
+        let spare = Arc::new(SpareSlot { slots, last });
         spares.push((Arc::downgrade(stream), Arc::clone(&spare)));
         Some(spare)
     }
@@ -245,13 +258,13 @@ impl SlotPool {
                 // A lost spare stays listed too, so that its stream does not take another.
                 return true;
             }
-            let last = *spare.last.lock().unwrap_or_else(|p| p.into_inner());
-            match last {
-                SpareUse::Unused => self.give_back(&spare.slot),
-                SpareUse::Queued(generation) => {
-                    self.retire(&spare.slot.with_generation(generation))
+            let last = spare.last.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            for (slot, last) in spare.slots.iter().zip(last) {
+                match last {
+                    SpareUse::Unused => self.give_back(slot),
+                    SpareUse::Queued(generation) => self.retire(&slot.with_generation(generation)),
+                    SpareUse::Lost => self.lose(),
                 }
-                SpareUse::Lost => self.lose(),
             }
             false
         });
@@ -587,83 +600,90 @@ mod tests {
             .store(slot.generation, std::sync::atomic::Ordering::Release);
     }
 
-    /// A stream keeps its one spare; spares are slots of [`SPARE_BYTES`] and may take that
-    /// size to twice its cap, no further.
+    /// A stream keeps its spares (a ring of two slots of [`SPARE_BYTES`]; one where only
+    /// one can be had); spares may take that size to twice its cap, no further.
     #[test]
-    fn each_stream_keeps_one_spare_and_spares_stop_at_twice_the_cap() {
+    fn each_stream_keeps_its_spares_and_spares_stop_at_twice_the_cap() {
         let device: Arc<dyn Device> = CpuDevice::new(1);
+        // A cap of 16 MiB: four slots of 4 MiB for ops, eight with spares.
         let pool = SlotPool::new(device, true, 16 << 20, MAX_SLOT_BYTES);
         let first = stream();
-        let spare = pool.spare_for(&first).expect("a spare");
-        assert_eq!(spare.slot.class, SPARE_CLASS);
+        let spare = pool.spare_for(&first).expect("spares");
+        assert_eq!(spare.slots.len(), SPARE_RING);
+        assert!(spare.slots.iter().all(|slot| slot.class == SPARE_CLASS));
         assert_eq!(CLASS_BYTES[SPARE_CLASS], SPARE_BYTES);
-        let again = pool.spare_for(&first).expect("the same spare");
-        assert!(Arc::ptr_eq(&spare, &again), "one spare per stream");
-        // The size's cap (16 MiB: four slots) taken by ops: spares still come, four more.
-        let held: Vec<Slot> = (0..3).map(|_| pool.try_take(SPARE_BYTES).expect("slot")).collect();
-        assert!(pool.try_take(SPARE_BYTES).is_none(), "the cap: the spare and three slots");
-        let streams: Vec<_> = (0..4).map(|_| stream()).collect();
-        let spares: Vec<_> = streams.iter().map(|s| pool.spare_for(s)).collect();
-        assert_eq!(spares.iter().filter(|s| s.is_some()).count(), 4, "twice the cap in all");
-        assert!(pool.spare_for(&stream()).is_none(), "none past twice the cap");
+        let again = pool.spare_for(&first).expect("the same spares");
+        assert!(Arc::ptr_eq(&spare, &again), "one ring per stream");
+        let held: Vec<Slot> = (0..2).map(|_| pool.try_take(SPARE_BYTES).expect("slot")).collect();
+        assert!(pool.try_take(SPARE_BYTES).is_none(), "the cap: two spares and two slots");
+        let streams: Vec<_> = (0..2).map(|_| stream()).collect();
+        for owner in &streams {
+            let got = pool.spare_for(owner).expect("spares past the cap");
+            assert_eq!(got.slots.len(), 2);
+        }
+        let late = stream();
+        assert!(pool.spare_for(&late).is_none(), "none past twice the cap");
         assert!(pool.try_take(SPARE_BYTES).is_none(), "ops stay within the cap");
-        assert_eq!(pool.spares_lent(), 5);
-        drop(held);
+        // One slot free: a stream that finds only one takes a ring of one.
+        pool.give_back(&held[0]);
+        assert_eq!(pool.spare_for(&late).expect("one spare").slots.len(), 1);
+        assert_eq!(pool.spares_lent(), 4);
     }
 
-    /// A spare goes back once its stream is gone and no op holds it: at once if never
-    /// used, else once its done word shows its last use; while an op holds it, it stays.
+    /// Spares go back once their stream is gone and no op holds them: at once if never
+    /// used, else each once its done word shows its last use; while an op holds them,
+    /// they stay.
     #[test]
-    fn a_spare_goes_back_after_its_stream_its_ops_and_its_last_copy() {
+    fn spares_go_back_after_their_stream_their_ops_and_their_last_copies() {
         let device: Arc<dyn Device> = CpuDevice::new(1);
-        let pool = SlotPool::new(device, true, 4 << 20, MAX_SLOT_BYTES);
-        // The cap is one slot of SPARE_BYTES: the spares' room is one more.
+        // A cap of 8 MiB: two slots of 4 MiB, four with spares (two rings).
+        let pool = SlotPool::new(device, true, 8 << 20, MAX_SLOT_BYTES);
         let unused_owner = stream();
-        let unused = pool.spare_for(&unused_owner).expect("a spare");
+        let unused = pool.spare_for(&unused_owner).expect("spares");
         let used_owner = stream();
-        let used = pool.spare_for(&used_owner).expect("a second spare");
+        let used = pool.spare_for(&used_owner).expect("a second ring");
         assert!(pool.spare_for(&stream()).is_none(), "twice the cap");
-        // Two uses queued on the second one's stream; an op still holds it.
-        let first_use = pool.next_use(&used.slot);
-        used.note_queued(first_use.generation);
-        let last_use = pool.next_use(&used.slot);
-        used.note_queued(last_use.generation);
+        // A use of each slot queued on the second ring's stream; an op still holds it.
+        let first_use = pool.next_use(&used.slots[0]);
+        used.note_queued(0, first_use.generation);
+        let second_use = pool.next_use(&used.slots[1]);
+        used.note_queued(1, second_use.generation);
         drop(unused);
         drop(unused_owner);
         drop(used_owner);
         let third = stream();
-        let spare = pool.spare_for(&third).expect("the never-used spare, back at once");
-        assert_eq!(pool.spares_lent(), 2, "the used one stays listed: an op holds it");
-        drop(spare);
-        drop(third);
-        // The op lets go: the used spare is pending until its last use is copied; the
-        // third stream's, never used, is free at once.
+        let spare = pool.spare_for(&third).expect("the never-used ring, back at once");
+        assert_eq!(spare.slots.len(), 2);
+        assert_eq!(pool.spares_lent(), 2, "the used ring stays listed: an op holds it");
+        // The op lets go: each used slot is pending until its last use is copied.
         drop(used);
         let fourth = stream();
-        let _fourths = pool.spare_for(&fourth).expect("the third stream's spare");
-        let fifth = stream();
-        assert!(pool.spare_for(&fifth).is_none(), "the used one waits for its copy");
+        assert!(pool.spare_for(&fourth).is_none(), "the used ring waits for its copies");
         stream_copied(&first_use);
-        assert!(pool.spare_for(&fifth).is_none(), "its last use is not copied yet");
-        stream_copied(&last_use);
-        assert!(pool.spare_for(&fifth).is_some(), "back once the last copy ran");
+        let one = pool.spare_for(&fourth).expect("the slot whose copy ran");
+        assert_eq!(one.slots[0].host_ptr, first_use.host_ptr);
+        assert_eq!(one.slots.len(), 1, "the other one's copy has not run");
+        let fifth = stream();
+        assert!(pool.spare_for(&fifth).is_none());
+        stream_copied(&second_use);
+        assert!(pool.spare_for(&fifth).is_some(), "back once its last copy ran");
     }
 
-    /// A spare whose done write was refused is never lent again, and its stream takes no
-    /// other (its ops take the engine's path).
+    /// A spare slot whose done write was refused is never lent again, and its stream
+    /// takes no other spares (its ops take the engine's path).
     #[test]
     fn a_lost_spare_is_never_lent_again() {
         let device: Arc<dyn Device> = CpuDevice::new(1);
         let pool = SlotPool::new(device, true, 16 << 20, MAX_SLOT_BYTES);
         let owner = stream();
-        let spare = pool.spare_for(&owner).expect("a spare");
-        spare.note_queued(7);
-        spare.note_lost();
-        spare.note_queued(9);
+        let spare = pool.spare_for(&owner).expect("spares");
+        spare.note_queued(0, 7);
+        spare.note_lost(1);
+        spare.note_queued(1, 9);
         drop(spare);
-        assert!(pool.spare_for(&owner).is_none(), "the stream's spare is lost");
+        assert!(pool.spare_for(&owner).is_none(), "the stream's spares are lost");
         drop(owner);
         assert!(pool.spare_for(&stream()).is_some(), "other streams take spares");
-        assert_eq!(pool.spares_lent(), 1, "the lost one is dropped with its stream");
+        assert_eq!(pool.spares_lent(), 1, "the lost ring is dropped with its stream");
     }
 }

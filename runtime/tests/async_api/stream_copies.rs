@@ -597,8 +597,9 @@ fn arena_chunks(rig: &Rig) -> u64 {
 }
 
 /// `all` with every slot of the size taken: reads that find no slot of their own go
-/// through their stream's spare slot in pieces of 4 MiB, each read when the stream reaches
-/// it (fully FIXED and with a late file offset; one reaching past the end of the file:
+/// through their stream's spare slots in pieces of 4 MiB, the first read when the stream
+/// reaches it, each later one read ahead at the arm of the one before it into the other
+/// slot of the ring (fully FIXED and with a late file offset; one reaching past the end of the file:
 /// short, the rest of its destination as it was). None takes the engine's path (no
 /// arena chunk, no device-side release), every byte lands where it should.
 #[test]
@@ -611,9 +612,10 @@ fn with_all_reads_that_find_no_slot_go_through_their_streams_spare() {
         let stats = t.rig.driver.async_stats();
         let before = (stream_copies(&t.rig), spare_ops(&t.rig), arena_chunks(&t.rig));
         let device_releases = stats.device_releases.load(Ordering::SeqCst);
+        let ahead_before = stats.read_ahead.load(Ordering::SeqCst);
         // (size, file offset submitted, file offset bound, buffer offset, bytes read):
         // the first takes the one 16 MiB slot, the 8 KiB one a small slot (sizes have
-        // their own slots), the others the spare (4 + 4 + 2 + 4 pieces; the last reaches
+        // their own slots), the others the spares (4 + 4 + 2 + 4 pieces; the last reaches
         // past the end of the file).
         let reads = [
             (16 * MIB, 0, 4096, 0, 16 * MIB),
@@ -630,22 +632,30 @@ fn with_all_reads_that_find_no_slot_go_through_their_streams_spare() {
         assert_eq!(arena_chunks(&t.rig) - before.2, 0, "{what}: nothing on the engine's path");
         let released_on_device = stats.device_releases.load(Ordering::SeqCst) - device_releases;
         assert_eq!(released_on_device, 0, "{what}: every release from the host");
+        // Each piece after an op's first is read ahead at the arm of the one before it,
+        // into the other slot of the stream's ring of two.
+        let ahead = stats.read_ahead.load(Ordering::SeqCst) - ahead_before;
+        assert_eq!(ahead, 3 + 3 + 1 + 3, "{what}: pieces read ahead");
         t.rig.set_dev_bytes(t.buffer, &old);
     }
 }
 
 /// The same for writes: with the one 16 MiB slot taken, writes from a FIXED source range
-/// have their stream copy each 4 MiB piece into the spare ahead of the piece's doorbell,
-/// and the engine writes the file from there. Several rounds reuse the stream's spare; a
-/// second stream gets a spare of its own. The file holds exactly the bytes written.
+/// have their stream copy each 4 MiB piece into a spare slot ahead of the piece's
+/// doorbell, and the engine writes the file from there. A later round reuses its streams'
+/// spares; each stream has spares of its own. The file holds exactly the bytes written.
 #[test]
 fn with_all_writes_that_find_no_slot_go_through_their_streams_spare() {
     let len = 96 * MIB;
     let t = Paused::with(Rig::with(1, all_exhausted_config()), "spare-writes", len, len);
     let fresh = pattern(89, len);
     t.rig.set_dev_bytes(t.buffer, &fresh);
+    // Two streams of each flags value; the third round finds the first one's streams and
+    // their spares again.
+    let pairs =
+        [15u32, 5].map(|flags| [t.rig.registered_stream(flags), t.rig.registered_stream(flags)]);
     for (round, flags) in [15u32, 5, 15].into_iter().enumerate() {
-        let streams = [t.rig.registered_stream(flags), t.rig.registered_stream(flags)];
+        let streams = pairs[usize::from(flags == 5)];
         let gates: Vec<_> = streams.iter().map(|&s| t.rig.pause(s).expect("pause")).collect();
         let before = (spare_ops(&t.rig), arena_chunks(&t.rig));
         let mut placed = Vec::new();

@@ -591,15 +591,16 @@ fn streams_made_while_long_ops_copied_in_pieces_hold_streams() {
     }
 }
 
-/// The same with the least slot cap (one 16 MiB slot of each large size) and ops of
-/// 16 MiB: nearly every op finds no slot of its own and goes through its stream's spare
-/// slot in 4 MiB pieces (`HIPFILE_STREAM_COPIES=all`, `async_op/slots.rs`), reads and
-/// writes, fully FIXED and with a late file offset. None may take the engine's path.
+/// The same with a small slot cap (32 MiB of each large size: two 16 MiB slots, room for
+/// eight streams' spares) and ops of 16 MiB: nearly every op finds no slot of its own and
+/// goes through its stream's spare slots in 4 MiB pieces (`HIPFILE_STREAM_COPIES=all`,
+/// `async_op/slots.rs`), reads and writes, fully FIXED and with a late file offset. None
+/// may take the engine's path.
 #[test]
 fn streams_made_while_ops_through_spare_slots_hold_streams() {
     let config = Config {
         stream_copies: StreamCopies::All,
-        stream_copy_cap_bytes: 16 * MIB,
+        stream_copy_cap_bytes: 32 * MIB,
         direct: hipfile_runtime::file::DirectPolicy::Off,
         ..small_config()
     };
