@@ -589,6 +589,68 @@ fn long_op_with_a_refused_piece(cap_bytes: usize, piece_bytes: usize) {
     }
 }
 
+/// With `all`, a slot size's pinned allocation that waits (on CUDA it can wait for as long
+/// as an application's `cuStreamCreate` waits for streams our ops hold) holds up nobody
+/// else: the pool lets its lock go while it allocates, so a second submission needing the
+/// same size (and every thread handing a slot of that size back: executors and the arm
+/// poller, on which releases depend) goes on. Here the first 1 MiB slot's allocation takes
+/// 2 s longer; a 1 MiB read on another stream submitted meanwhile returns at once (it
+/// allocates a slab of its own), and both reads land.
+#[test]
+fn a_slot_allocation_that_waits_holds_up_no_other_thread() {
+    let _serial = serial();
+    let config = Config {
+        stream_copies: hipfile_runtime::config::StreamCopies::All,
+        stream_copy_cap_bytes: 64 * MIB,
+        ..small_config()
+    };
+    let rig = Arc::new(Rig::with(1, config));
+    let data = pattern(25, 4 * MIB);
+    let file = TempFile::new("slot-alloc-waits", &data);
+    let fd = file.open_rw();
+    let handle = rig.register(&fd);
+    let buffer = rig.alloc(4 * MIB);
+    let streams = [rig.registered_stream(15), rig.registered_stream(15), rig.registered_stream(15)];
+    // The engine and the streams' words are allocated before the plan: its one delayed
+    // allocation is the first 1 MiB slab.
+    let warm = params(16 * KIB, 0, (3 * MIB) as i64);
+    rig.submit(Direction::Read, handle, buffer, &warm, streams[2]).expect("warm-up");
+    rig.sync(streams[2]);
+    let delay = Duration::from_secs(2);
+    let guard = fault::install(Plan {
+        seed: 0x514,
+        rules: vec![once(Site::PinnedAlloc, Fault::Delay(delay))],
+    });
+    let first = params(MIB, 0, 0);
+    let submitter = {
+        let (rig, first, stream) = (Arc::clone(&rig), Arc::clone(&first), streams[0]);
+        std::thread::spawn(move || {
+            let started = std::time::Instant::now();
+            rig.submit(Direction::Read, handle, buffer, &first, stream).expect("first read");
+            started.elapsed()
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    let second = params(MIB, MIB as i64, MIB as i64);
+    let started = std::time::Instant::now();
+    rig.submit(Direction::Read, handle, buffer, &second, streams[1]).expect("second read");
+    let second_submit = started.elapsed();
+    let first_submit = submitter.join().expect("submitter");
+    drop(guard);
+    assert!(
+        first_submit >= delay / 2,
+        "the delayed allocation was the first read's ({first_submit:?})"
+    );
+    assert!(
+        second_submit < Duration::from_secs(1),
+        "the second submission waited for the first one's allocation: {second_submit:?}"
+    );
+    rig.sync(streams[0]);
+    rig.sync(streams[1]);
+    assert_eq!((bytes(&first), bytes(&second)), (MIB as isize, MIB as isize));
+    assert_bytes(&rig.dev_bytes(buffer, 2 * MIB), &data[..2 * MIB], "both reads");
+}
+
 /// A rig with `HIPFILE_STREAM_COPIES=all`, a 1 MiB pattern file and a 1 MiB buffer
 /// holding other bytes, on which one 16 KiB read at file offset 8192 is submitted from
 /// another thread while the enqueue of its slot's copy takes 300 ms more (injected).

@@ -94,6 +94,8 @@ struct PoolState {
     next_generation: u32,
     /// A slab allocation failed: the pool stays at its size.
     alloc_failed: bool,
+    /// Slabs being allocated now, outside the lock (they count against the cap).
+    growing: usize,
 }
 
 /// A stream's spare slots (see the module's text): [`SPARE_RING`] slots (one where only one
@@ -229,13 +231,17 @@ impl SlotPool {
         &self,
         stream: &Arc<crate::stream::StreamState>,
     ) -> Option<Arc<SpareSlot>> {
-        let mut spares = self.spares.lock().unwrap_or_else(|p| p.into_inner());
-        self.take_back_spares(&mut spares, false);
-        if let Some((_, spare)) =
-            spares.iter().find(|(owner, _)| std::ptr::eq(owner.as_ptr(), Arc::as_ptr(stream)))
         {
-            return (!spare.lost()).then(|| Arc::clone(spare));
+            let mut spares = self.spares.lock().unwrap_or_else(|p| p.into_inner());
+            self.take_back_spares(&mut spares, false);
+            if let Some((_, spare)) =
+                spares.iter().find(|(owner, _)| std::ptr::eq(owner.as_ptr(), Arc::as_ptr(stream)))
+            {
+                return (!spare.lost()).then(|| Arc::clone(spare));
+            }
         }
+        // Taken without the list's lock (an allocation may wait: `SlotClass::grow`); the
+        // caller holds the stream's submit lock, so no other spare is taken for it now.
         let class = &self.classes[SPARE_CLASS];
         let slots: Vec<Slot> = (0..SPARE_RING).map_while(|_| class.try_take_spare()).collect();
         if slots.is_empty() {
@@ -243,6 +249,7 @@ impl SlotPool {
         }
         let last = Mutex::new(vec![SpareUse::Unused; slots.len()]);
         let spare = Arc::new(SpareSlot { slots, last });
+        let mut spares = self.spares.lock().unwrap_or_else(|p| p.into_inner());
         spares.push((Arc::downgrade(stream), Arc::clone(&spare)));
         Some(spare)
     }
@@ -332,27 +339,27 @@ impl SlotClass {
     }
 
     fn try_take(&self) -> Option<Slot> {
-        let mut state = self.lock();
-        if state.free.is_empty() {
-            self.reclaim(&mut state);
-        }
-        if state.free.is_empty() && !state.alloc_failed && state.slabs.len() < self.max_slabs() {
-            self.grow(&mut state);
-        }
-        let index = state.free.pop()?;
-        state.next_generation = state.next_generation.wrapping_add(1).max(1);
-        let generation = state.next_generation;
-        Some(self.slot(&state, index, generation))
+        self.take_up_to(self.max_slabs())
     }
 
     /// A slot for a stream's spare: as [`SlotClass::try_take`], growing past the cap up to
     /// twice it.
     fn try_take_spare(&self) -> Option<Slot> {
+        self.take_up_to(2 * self.max_slabs())
+    }
+
+    /// A free slot, reclaiming copied ones first and growing while fewer than `max_slabs`
+    /// slabs exist (or are being allocated).
+    fn take_up_to(&self, max_slabs: usize) -> Option<Slot> {
         let mut state = self.lock();
-        self.reclaim(&mut state);
-        if state.free.is_empty() && !state.alloc_failed && state.slabs.len() < 2 * self.max_slabs()
+        if state.free.is_empty() {
+            self.reclaim(&mut state);
+        }
+        if state.free.is_empty()
+            && !state.alloc_failed
+            && state.slabs.len() + state.growing < max_slabs
         {
-            self.grow(&mut state);
+            state = self.grow(state);
         }
         let index = state.free.pop()?;
         state.next_generation = state.next_generation.wrapping_add(1).max(1);
@@ -389,7 +396,35 @@ impl SlotClass {
         }
     }
 
-    fn grow(&self, state: &mut PoolState) {
+    /// Allocates one more slab with the lock let go: a pinned allocation may wait (on
+    /// CUDA, for as long as a `cuStreamCreate` of the application waits for streams our
+    /// ops hold), and the threads that hand slots back (executors, the arm poller) must
+    /// never wait for it (README, Known limits). Returns the lock, taken again.
+    fn grow<'a>(&'a self, mut state: MutexGuard<'a, PoolState>) -> MutexGuard<'a, PoolState> {
+        state.growing += 1;
+        drop(state);
+        let allocated = self.allocate_slab();
+        let mut state = self.lock();
+        state.growing -= 1;
+        match allocated {
+            Ok(slab) => {
+                let per_slab = self.slots_per_slab();
+                let first = state.slabs.len() * per_slab;
+                state.slabs.push(slab);
+                state.free.extend((first..first + per_slab).rev());
+            }
+            Err(error) => {
+                log::info!(
+                    "read staging slots: no more pinned memory ({error}); reads take the engine's path"
+                );
+                state.alloc_failed = true;
+            }
+        }
+        state
+    }
+
+    /// A slab of pinned memory and its page of done words (zeroed).
+    fn allocate_slab(&self) -> Result<Slab, crate::device::DeviceError> {
         let data = crate::device::injected_fault(crate::fault::Site::PinnedAlloc)
             .and_then(|()| self.device.alloc_pinned(self.slab_bytes()));
         let words = data.and_then(|data| match self.device.alloc_pinned(4096) {
@@ -400,22 +435,10 @@ impl SlotClass {
                 Err(error)
             }
         });
-        match words {
-            Ok((data, words)) => {
-                // SAFETY: a fresh page of pinned memory, not yet shared.
-                unsafe { words.host_ptr.write_bytes(0, 4096) };
-                let per_slab = self.slots_per_slab();
-                let first = state.slabs.len() * per_slab;
-                state.slabs.push(Slab { data, words });
-                state.free.extend((first..first + per_slab).rev());
-            }
-            Err(error) => {
-                log::info!(
-                    "read staging slots: no more pinned memory ({error}); reads take the engine's path"
-                );
-                state.alloc_failed = true;
-            }
-        }
+        let (data, words) = words?;
+        // SAFETY: a fresh page of pinned memory, not yet shared.
+        unsafe { words.host_ptr.write_bytes(0, 4096) };
+        Ok(Slab { data, words })
     }
 }
 
