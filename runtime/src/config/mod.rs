@@ -163,8 +163,9 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     (
         STREAM_COPIES,
         "async ops copied on the user's own stream through pinned slots: on (fully FIXED \
-         reads of 64 KiB or less submitted to an idle stream), all (fully FIXED reads and \
-         writes with a FIXED buffer offset and size, up to 16 MiB, on any stream) or \
+         reads of 64 KiB or less submitted to an idle stream), all (every op whose buffer \
+         offset and size stay as submitted, on any stream: up to 16 MiB in a slot, longer \
+         ones in pieces, ops past the slots' cap through their stream's spare slots) or \
          off; also 1/true, 0/false (default off)",
     ),
     (
