@@ -255,6 +255,10 @@ impl AsyncOp {
             (None, Some(SingleSlot(slot, slot_use))) => (Some(slot), Some(slot_use), None),
             (None, None) => (None, None, None),
         };
+        // A read staged into its slot was found prefetchable when its slot was chosen; a
+        // write to the file submitted on another stream since (no order between them)
+        // must not make its state machine refuse the prefetch it is already doing.
+        let eligible = eligible || slot_use == Some(stream_copy::SlotUse::StagedRead);
         let prefetch = slot.is_none() && eligible && state.admit_prefetch(parts.io.size_bytes());
         let hazard = match parts.direction {
             Direction::Write => {
