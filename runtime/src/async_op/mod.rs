@@ -62,7 +62,7 @@ use crate::file::{ChangeStamp, FileHandle, OpGuard};
 use crate::stream::StreamState;
 
 pub use params::{AsyncParams, ParamSource};
-pub(crate) use pieces::{LongSubmit, PieceSlot};
+pub(crate) use pieces::{PieceSlot, Submission};
 pub(crate) use prefetch::{Hazard, WriteHazardTable};
 pub(crate) use slots::SlotPool;
 pub(crate) use submit::{EnqueueError, OpParts};

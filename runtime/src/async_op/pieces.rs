@@ -39,8 +39,8 @@ use crate::error::Error;
 use crate::file::{FileHandle, OpGuard};
 use crate::stream::{StreamState, SubmitGuard};
 
-/// Slots a long op holds at most (its ring): 64 MiB, the default slot cap of the 16 MiB
-/// size (`HIPFILE_STREAM_COPY_MB`).
+/// Slots a long op holds at most (its ring): 64 MiB of 16 MiB pieces, the least default
+/// slot cap of that size (`HIPFILE_STREAM_COPY_MB`).
 pub(crate) const RING_SLOTS: usize = 4;
 
 /// What a piece's slot saw last, for the ring's return to the pool.
@@ -72,8 +72,8 @@ pub(crate) struct LongOp {
     piece_bytes: u64,
     pieces: usize,
     ring: Vec<Slot>,
-    /// The stream's spare, when the ring is that one slot: its uses are the spare's to
-    /// track, and it stays with the stream (the pool takes it back).
+    /// The stream's spare slots, when the ring is theirs: their uses are theirs to track,
+    /// and they stay with the stream (the pool takes them back).
     spare: Option<Arc<SpareSlot>>,
     state: Mutex<LongState>,
     /// Pieces read into their slot when the stream reaches them, until an earlier piece's
@@ -303,8 +303,9 @@ pub(crate) struct PieceSlot {
     pub(super) slot_use: SlotUse,
 }
 
-/// What a long op's submission needs besides the op itself.
-pub(crate) struct LongSubmit<'a> {
+/// What a submission needs besides the op itself: the driver, the engine, the stream and
+/// the resolved buffer.
+pub(crate) struct Submission<'a> {
     pub(crate) host: Arc<dyn OpHost>,
     pub(crate) engine: &'a Engine,
     pub(crate) state: &'a Arc<StreamState>,
@@ -319,15 +320,12 @@ impl AsyncOp {
     /// when the first piece could not be enqueued (nothing of the op runs); a later piece
     /// that cannot be enqueued ends the op, after the pieces before it, with the error.
     pub(crate) fn submit_long(
-        submit: LongSubmit<'_>,
+        submit: Submission<'_>,
         submit_lock: &mut SubmitGuard<'_>,
-        direction: Direction,
-        params: &Arc<dyn ParamSource>,
-        io: ValidIo,
-        file: &Arc<FileHandle>,
-        guard: &OpGuard,
+        whole: WholeOp<'_>,
     ) -> Option<Result<(), EnqueueError>> {
-        let LongSubmit { host, engine, state, buffer } = submit;
+        let Submission { host, engine, state, buffer } = submit;
+        let (_, _, io, _, _) = whole;
         let pool = host.slots().filter(|pool| pool.all_reads())?;
         let range_fixed = StreamFlags::FIXED_BUF_OFFSET | StreamFlags::FIXED_FILE_SIZE;
         let piece_bytes = pool.piece_bytes();
@@ -339,14 +337,8 @@ impl AsyncOp {
         }
         let pieces = io.size_bytes().div_ceil(piece_bytes) as usize;
         let ring = pool.try_take_ring(piece_bytes as usize, pieces.min(RING_SLOTS))?;
-        let submit = LongSubmit { host, engine, state, buffer };
-        Some(AsyncOp::submit_pieces(
-            submit,
-            submit_lock,
-            (direction, params, io, file, guard),
-            (ring, None),
-            piece_bytes,
-        ))
+        let submit = Submission { host, engine, state, buffer };
+        Some(AsyncOp::submit_pieces(submit, submit_lock, whole, (ring, None), piece_bytes))
     }
 
     /// For an op that found no slot of its own (`HIPFILE_STREAM_COPIES=all`, buffer offset
@@ -362,12 +354,11 @@ impl AsyncOp {
     /// op's next) takes the other one. `None` when the op may not or no spare
     /// can be had (the caller submits one op, which takes the engine's path).
     pub(crate) fn submit_through_spare(
-        submit: LongSubmit<'_>,
+        submit: Submission<'_>,
         submit_lock: &mut SubmitGuard<'_>,
         whole: WholeOp<'_>,
     ) -> Option<Result<(), EnqueueError>> {
-        let LongSubmit { host, engine, state, buffer } = submit;
-        let (direction, params, io, file, guard) = whole;
+        let Submission { host, engine, state, buffer } = submit;
         let pool = host.slots().filter(|pool| pool.all_reads())?;
         let range_fixed = StreamFlags::FIXED_BUF_OFFSET | StreamFlags::FIXED_FILE_SIZE;
         if !state.flags.contains(range_fixed)
@@ -377,11 +368,11 @@ impl AsyncOp {
         }
         let spare = pool.spare_for(state)?;
         let ring = spare.slots.clone();
-        let submit = LongSubmit { host: Arc::clone(&host), engine, state, buffer };
+        let submit = Submission { host: Arc::clone(&host), engine, state, buffer };
         let submitted = AsyncOp::submit_pieces(
             submit,
             submit_lock,
-            (direction, params, io, file, guard),
+            whole,
             (ring, Some(spare)),
             SPARE_BYTES as u64,
         );
@@ -395,13 +386,13 @@ impl AsyncOp {
     /// `piece_bytes` sharing `ring` (a ring of the pool, or the stream's spare as a ring of
     /// one).
     fn submit_pieces(
-        submit: LongSubmit<'_>,
+        submit: Submission<'_>,
         submit_lock: &mut SubmitGuard<'_>,
         whole: WholeOp<'_>,
         (ring, spare): (Vec<Slot>, Option<Arc<SpareSlot>>),
         piece_bytes: u64,
     ) -> Result<(), EnqueueError> {
-        let LongSubmit { host, engine, state, buffer } = submit;
+        let Submission { host, engine, state, buffer } = submit;
         let (direction, params, io, file, guard) = whole;
         let pool = host.slots().expect("pieces are submitted with a slot pool");
         let pieces = io.size_bytes().div_ceil(piece_bytes) as usize;
@@ -498,7 +489,8 @@ impl AsyncOp {
 }
 
 /// A whole op as submitted: direction, parameters, validated range, file, guard.
-type WholeOp<'a> = (Direction, &'a Arc<dyn ParamSource>, ValidIo, &'a Arc<FileHandle>, &'a OpGuard);
+pub(crate) type WholeOp<'a> =
+    (Direction, &'a Arc<dyn ParamSource>, ValidIo, &'a Arc<FileHandle>, &'a OpGuard);
 
 #[cfg(test)]
 mod tests {

@@ -42,6 +42,53 @@ pub(crate) struct EnqueueError {
 }
 
 impl AsyncOp {
+    /// Submits `whole` on its stream (the caller holds the stream's submit lock): as
+    /// pieces sharing a ring of slots when it is a long op that may (`pieces`), else as
+    /// one op with a slot of its own when one is free, else — with `all`, its device
+    /// range FIXED — through the stream's spare slots, else as one op on the engine's
+    /// path. `Err` when the submission is refused (nothing of the op runs, its sequence
+    /// numbers given back) or, for pieces past the first, as `pieces` says.
+    pub(crate) fn submit(
+        submit: super::Submission<'_>,
+        submit_lock: &mut crate::stream::SubmitGuard<'_>,
+        whole: super::pieces::WholeOp<'_>,
+    ) -> Result<(), EnqueueError> {
+        let super::Submission { host, engine, state, buffer } = submit;
+        let (direction, params, io, file, guard) = whole;
+        let long = super::Submission { host: Arc::clone(&host), engine, state, buffer };
+        if let Some(submitted) = AsyncOp::submit_long(long, submit_lock, whole) {
+            return submitted;
+        }
+        let sequence = submit_lock.next();
+        let single = AsyncOp::single_slot(&*host, state, buffer, (direction, &io, file, sequence));
+        if single.is_none() {
+            // No slot of its own: with `all`, an op whose device range is FIXED goes
+            // through its stream's spare slots, so that it too releases with no CUDA call.
+            submit_lock.undo();
+            let spare = super::Submission { host: Arc::clone(&host), engine, state, buffer };
+            if let Some(submitted) = AsyncOp::submit_through_spare(spare, submit_lock, whole) {
+                return submitted;
+            }
+            submit_lock.next();
+        }
+        let parts = OpParts {
+            direction,
+            params: Arc::clone(params),
+            io,
+            file: Arc::clone(file),
+            guard: guard.share(),
+            sequence,
+            piece: None,
+            single,
+        };
+        let op = AsyncOp::new(host, parts, state, buffer, engine.track_async_op());
+        let submitted = op.enqueue(engine);
+        if let Err(EnqueueError { nothing_queued: true, .. }) = &submitted {
+            submit_lock.undo();
+        }
+        submitted
+    }
+
     /// Enqueues the arm and the wait-value on the user's stream (the caller holds the
     /// stream's submit lock) and starts a prefetch when allowed.
     pub(crate) fn enqueue(self: &Arc<Self>, engine: &Engine) -> Result<(), EnqueueError> {

@@ -6,9 +6,7 @@ use std::sync::Arc;
 use hipfile_core::{Direction, OpError, ValidIo, validate};
 
 use super::{Driver, HandleId};
-use crate::async_op::{
-    AsyncOp, AsyncParams, EnqueueError, LongSubmit, OpHost, OpParts, ParamSource,
-};
+use crate::async_op::{AsyncOp, AsyncParams, EnqueueError, OpHost, ParamSource, Submission};
 use crate::buffer::ResolvedBuffer;
 use crate::device::StreamHandle;
 use crate::error::Error;
@@ -102,67 +100,9 @@ impl Driver {
         // Before the enqueue: once enqueued, the op may publish at any time.
         params.publish(0);
         let host: Arc<dyn OpHost> = Arc::clone(self) as Arc<dyn OpHost>;
-        let long = LongSubmit { host: Arc::clone(&host), engine, state: &state, buffer: &buffer };
-        let submitted = match AsyncOp::submit_long(
-            long,
-            &mut submit_lock,
-            direction,
-            &params,
-            io,
-            &file,
-            &guard,
-        ) {
-            // A long op copied on the stream in pieces (their sequences taken and given
-            // back by `submit_long`).
-            Some(submitted) => submitted,
-            None => {
-                let sequence = submit_lock.next();
-                let whole = (direction, &io, &file, sequence);
-                let single = AsyncOp::single_slot(&*host, &state, &buffer, whole);
-                // No slot of its own: with `all`, an op whose device range is FIXED goes
-                // through its stream's spare, so that it too releases with no CUDA call.
-                let spared = match single {
-                    Some(_) => None,
-                    None => {
-                        submit_lock.undo();
-                        let spare = LongSubmit {
-                            host: Arc::clone(&host),
-                            engine,
-                            state: &state,
-                            buffer: &buffer,
-                        };
-                        let whole = (direction, &params, io, &file, &guard);
-                        let spared = AsyncOp::submit_through_spare(spare, &mut submit_lock, whole);
-                        if spared.is_none() {
-                            submit_lock.next();
-                        }
-                        spared
-                    }
-                };
-                match spared {
-                    Some(submitted) => submitted,
-                    None => {
-                        let parts = OpParts {
-                            direction,
-                            params: Arc::clone(&params),
-                            io,
-                            file,
-                            guard,
-                            sequence,
-                            piece: None,
-                            single,
-                        };
-                        let op =
-                            AsyncOp::new(host, parts, &state, &buffer, engine.track_async_op());
-                        let submitted = op.enqueue(engine);
-                        if let Err(EnqueueError { nothing_queued: true, .. }) = &submitted {
-                            submit_lock.undo();
-                        }
-                        submitted
-                    }
-                }
-            }
-        };
+        let submit = Submission { host, engine, state: &state, buffer: &buffer };
+        let submitted =
+            AsyncOp::submit(submit, &mut submit_lock, (direction, &params, io, &file, &guard));
         let Err(EnqueueError { error, .. }) = submitted else {
             return Ok(());
         };
