@@ -8,7 +8,7 @@ rm -rf "$out"; mkdir -p "$out/tests"
 # The integration test crates of hipfile-runtime (runtime/tests: one per area, plus the
 # ones that need a process of their own).
 suites=(device_contract async_api sync_api async_sweep async_soak faults stats
-        start_anywhere write_short engine engine_overload engine_fallback)
+        start_anywhere write_short engine engine_overload engine_fallback arm_poller)
 for suite in "${suites[@]}"; do
   exe=$(cargo test --release -p hipfile-runtime --test "$suite" --no-run --message-format=json 2>/dev/null \
         | grep -o '"executable":"[^"]*"' | tail -1 | cut -d'"' -f4)

@@ -312,6 +312,18 @@ pub(crate) struct Submission<'a> {
     pub(crate) buffer: &'a ResolvedBuffer,
 }
 
+impl Submission<'_> {
+    /// Whether ops on this stream may go in pieces copied on it (`HIPFILE_STREAM_COPIES=all`,
+    /// buffer offset and size FIXED by the stream's flags, stream memory operations on the
+    /// device).
+    fn may_go_in_pieces(&self) -> bool {
+        let all = self.host.slots().is_some_and(|pool| pool.all_reads());
+        let range_fixed = StreamFlags::FIXED_BUF_OFFSET | StreamFlags::FIXED_FILE_SIZE;
+        let memops = self.host.device().supports_stream_memops(self.buffer.device_ordinal);
+        all && self.state.flags.contains(range_fixed) && memops
+    }
+}
+
 impl AsyncOp {
     /// Submits `io` as pieces sharing a ring of slots when it is a long op that may
     /// (`HIPFILE_STREAM_COPIES=all`, longer than the pool's piece size, buffer offset and size
@@ -324,15 +336,14 @@ impl AsyncOp {
         submit_lock: &mut SubmitGuard<'_>,
         whole: WholeOp<'_>,
     ) -> Option<Result<(), EnqueueError>> {
-        let Submission { host, engine, state, buffer } = submit;
         let (_, _, io, _, _) = whole;
-        let pool = host.slots().filter(|pool| pool.all_reads())?;
-        let range_fixed = StreamFlags::FIXED_BUF_OFFSET | StreamFlags::FIXED_FILE_SIZE;
+        if !submit.may_go_in_pieces() {
+            return None;
+        }
+        let Submission { host, engine, state, buffer } = submit;
+        let pool = host.slots()?;
         let piece_bytes = pool.piece_bytes();
-        if io.size_bytes() <= piece_bytes
-            || !state.flags.contains(range_fixed)
-            || !host.device().supports_stream_memops(buffer.device_ordinal)
-        {
+        if io.size_bytes() <= piece_bytes {
             return None;
         }
         let pieces = io.size_bytes().div_ceil(piece_bytes) as usize;
@@ -358,14 +369,11 @@ impl AsyncOp {
         submit_lock: &mut SubmitGuard<'_>,
         whole: WholeOp<'_>,
     ) -> Option<Result<(), EnqueueError>> {
-        let Submission { host, engine, state, buffer } = submit;
-        let pool = host.slots().filter(|pool| pool.all_reads())?;
-        let range_fixed = StreamFlags::FIXED_BUF_OFFSET | StreamFlags::FIXED_FILE_SIZE;
-        if !state.flags.contains(range_fixed)
-            || !host.device().supports_stream_memops(buffer.device_ordinal)
-        {
+        if !submit.may_go_in_pieces() {
             return None;
         }
+        let Submission { host, engine, state, buffer } = submit;
+        let pool = host.slots()?;
         let spare = pool.spare_for(state)?;
         let ring = spare.slots.clone();
         let submit = Submission { host: Arc::clone(&host), engine, state, buffer };

@@ -2,10 +2,9 @@
 //! backend `HIPFILE_DEVICE` selects (`cpu` by default, `cuda` in the GPU suite): one
 //! crate, one module per area. Tests that need a process of their own (they measure the
 //! whole process, change process-wide limits or inject faults) are separate crates:
-//! `async_soak`, `async_sweep`, `faults`, `stats`, `start_anywhere`, `write_short`,
-//! `engine`, `cpu_device`, `staging_range`.
+//! `arm_poller`, `async_soak`, `async_sweep`, `faults`, `stats`, `start_anywhere`,
+//! `write_short`, `engine`, `cpu_device`, `staging_range`.
 
-mod arm;
 mod batch;
 mod data_path_safety;
 mod direct;

@@ -1,8 +1,9 @@
 //! The arm poller (`runtime/src/arm.rs`): the thread that learns from each stream's
 //! doorbell word that the stream reached an op. It must arm ops in stream order on many
 //! streams at once, back off while streams hold their ops, and cost no CPU once no op
-//! waits. One test per process (this file), so that the only `hipfile-arm` thread is
-//! this test's.
+//! waits. A crate of its own with one test (this file), so that the only `hipfile-arm`
+//! thread of the process is this test's (inside `async_api` it counted every test's
+//! pollers and failed while stress tests ran beside it).
 
 use std::time::{Duration, Instant};
 
