@@ -488,6 +488,14 @@ impl AsyncOp {
                 // Earlier pieces may be running: the op ends after them, with the error.
                 log::error!("a long async op could not enqueue piece {index}: {}", error);
                 long.cut_short(index, Outcome::Library(error.code));
+                // The earlier piece's arm may have posted this piece's read ahead into a
+                // spare slot before the piece was abandoned; that read may still be
+                // running when the stream's next op reuses the slot. A pool ring goes
+                // back only after its pieces' jobs (the long op's drop); the stream's
+                // spares are retired instead (its later ops take the engine's path).
+                if let Some(spare) = &long.spare {
+                    spare.note_lost(index % long.ring.len());
+                }
                 break;
             }
         }
