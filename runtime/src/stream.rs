@@ -414,6 +414,11 @@ impl SubmitGuard<'_> {
         *self.0
     }
 
+    /// The sequence number [`SubmitGuard::next`] would take, not taken.
+    pub(crate) fn peek_next(&self) -> u32 {
+        self.0.wrapping_add(1)
+    }
+
     /// Gives the sequence number back (the enqueue failed before anything was queued).
     pub(crate) fn undo(&mut self) {
         *self.0 = self.0.wrapping_sub(1);

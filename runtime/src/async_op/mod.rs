@@ -233,9 +233,6 @@ impl AsyncOp {
     ) -> Arc<AsyncOp> {
         let range = prefetch::file_range(&parts.io);
         let hazards = host.write_hazards();
-        let eligible = parts.direction == Direction::Read
-            && state.flags.all_fixed()
-            && hazards.may_prefetch(&parts.file, range);
         let blocking_fallback = !host.device().supports_stream_memops(buffer.device_ordinal);
         // A read copied on its own stream stages into its slot, not the arenas: the
         // slots, not the prefetch window, bound what such reads hold. With
@@ -255,10 +252,13 @@ impl AsyncOp {
             (None, Some(SingleSlot(slot, slot_use))) => (Some(slot), Some(slot_use), None),
             (None, None) => (None, None, None),
         };
-        // A read staged into its slot was found prefetchable when its slot was chosen; a
-        // write to the file submitted on another stream since (no order between them)
-        // must not make its state machine refuse the prefetch it is already doing.
-        let eligible = eligible || slot_use == Some(stream_copy::SlotUse::StagedRead);
+        // Whether the op may read ahead of its stream. With a slot, that was decided when
+        // the slot was chosen: only a staged read does (the prefetch check is not run
+        // again, so a write of another stream submitted since cannot contradict it).
+        let eligible = match slot_use {
+            Some(slot_use) => slot_use == stream_copy::SlotUse::StagedRead,
+            None => AsyncOp::prefetchable(hazards, state, parts.direction, &parts.file, range),
+        };
         let prefetch = slot.is_none() && eligible && state.admit_prefetch(parts.io.size_bytes());
         let hazard = match parts.direction {
             Direction::Write => {
@@ -316,14 +316,27 @@ impl AsyncOp {
         buffer: &ResolvedBuffer,
         whole: (Direction, &ValidIo, &Arc<FileHandle>, u32),
     ) -> Option<SingleSlot> {
+        // Nothing to look up when the mode copies on no user stream (the default).
+        host.slots()?;
         let (direction, io, file, sequence) = whole;
-        let eligible = direction == Direction::Read
-            && state.flags.all_fixed()
-            && host.write_hazards().may_prefetch(file, prefetch::file_range(io));
+        let range = prefetch::file_range(io);
+        let eligible = AsyncOp::prefetchable(host.write_hazards(), state, direction, file, range);
         let blocking_fallback = !host.device().supports_stream_memops(buffer.device_ordinal);
         let whole = (direction, io, file, sequence);
         AsyncOp::wants_slot(host, blocking_fallback, eligible, state, whole)
             .map(|(slot, slot_use)| SingleSlot(slot, slot_use))
+    }
+
+    /// Whether a read may start before its stream reaches it: its size and offsets are all
+    /// FIXED and no unfinished write of ours overlaps its range.
+    fn prefetchable(
+        hazards: &WriteHazardTable,
+        state: &StreamState,
+        direction: Direction,
+        file: &Arc<FileHandle>,
+        range: hipfile_core::FileRange,
+    ) -> bool {
+        direction == Direction::Read && state.flags.all_fixed() && hazards.may_prefetch(file, range)
     }
 
     fn machine(&self) -> std::sync::MutexGuard<'_, OpMachine> {

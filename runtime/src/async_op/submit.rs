@@ -59,18 +59,17 @@ impl AsyncOp {
         if let Some(submitted) = AsyncOp::submit_long(long, submit_lock, whole) {
             return submitted;
         }
-        let sequence = submit_lock.next();
-        let single = AsyncOp::single_slot(&*host, state, buffer, (direction, &io, file, sequence));
+        let next = submit_lock.peek_next();
+        let single = AsyncOp::single_slot(&*host, state, buffer, (direction, &io, file, next));
         if single.is_none() {
             // No slot of its own: with `all`, an op whose device range is FIXED goes
             // through its stream's spare slots, so that it too releases with no CUDA call.
-            submit_lock.undo();
             let spare = super::Submission { host: Arc::clone(&host), engine, state, buffer };
             if let Some(submitted) = AsyncOp::submit_through_spare(spare, submit_lock, whole) {
                 return submitted;
             }
-            submit_lock.next();
         }
+        let sequence = submit_lock.next();
         let parts = OpParts {
             direction,
             params: Arc::clone(params),
