@@ -30,7 +30,7 @@ use hipfile_core::{
     Direction, OpError, Outcome, RawIo, StreamFlags, ValidIo, revalidate, validate,
 };
 
-use super::slots::{SPARE_BYTES, Slot, SpareSlot};
+use super::slots::{SPARE_BYTES, Slot, SpareSlot, StreamKey};
 use super::stream_copy::SlotUse;
 use super::{AsyncOp, EnqueueError, HostDropGuard, OpHost, OpParts, ParamSource};
 use crate::buffer::ResolvedBuffer;
@@ -72,6 +72,8 @@ pub(crate) struct LongOp {
     piece_bytes: u64,
     pieces: usize,
     ring: Vec<Slot>,
+    /// The stream the pieces copy on (the ring's slots are retired as its).
+    stream: StreamKey,
     /// The stream's spare slots, when the ring is theirs: their uses are theirs to track,
     /// and they stay with the stream (the pool takes them back).
     spare: Option<Arc<SpareSlot>>,
@@ -191,7 +193,9 @@ impl Drop for LongOp {
         for (slot, used) in self.ring.iter().zip(&state.ring_uses) {
             match *used {
                 RingUse::Unused => pool.give_back(slot),
-                RingUse::Queued(generation) => pool.retire(&slot.with_generation(generation)),
+                RingUse::Queued(generation) => {
+                    pool.retire(&slot.with_generation(generation), self.stream)
+                }
                 RingUse::Lost => pool.lose(),
                 RingUse::Returned => {}
             }
@@ -415,6 +419,7 @@ impl AsyncOp {
             page_size_bytes: host.page_size_bytes(),
             piece_bytes,
             pieces,
+            stream: StreamKey::of(state),
             state: Mutex::new(LongState {
                 bound: None,
                 results: vec![None; pieces],

@@ -26,7 +26,7 @@ use std::sync::atomic::Ordering;
 use hipfile_core::{Direction, OpError, OpEvent, Outcome, ValidIo};
 
 use super::AsyncOp;
-use super::slots::{MAX_SLOT_BYTES, SLOT_BYTES, Slot};
+use super::slots::{MAX_SLOT_BYTES, SLOT_BYTES, Slot, StreamKey};
 use crate::engine::{Completion, Engine, HostMemory, IoJob, JobEnd, PartJoiner};
 use crate::file::FileHandle;
 
@@ -205,11 +205,11 @@ impl AsyncOp {
         let pool = self.host.slots().expect("an op with a slot has a pool");
         match &self.piece {
             Some(piece) if piece.last_user_of_its_slot() => {
-                pool.retire(slot);
+                pool.retire(slot, StreamKey::of(&self.stream));
                 piece.long.note_returned(piece.ring_index());
             }
             Some(piece) => piece.long.note_queued(piece.ring_index(), slot.generation),
-            None => pool.retire(slot),
+            None => pool.retire(slot, StreamKey::of(&self.stream)),
         }
     }
 
