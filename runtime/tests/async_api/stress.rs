@@ -121,17 +121,26 @@ fn run_op(shared: &Arc<Shared>, rng: &mut Rng, lane: &mut Lane, id: usize) {
         && !refused
         && rng.below(2) == 0;
     let real_f = f;
+    // The stream is held until the offset is moved: without the gate a stream with nothing
+    // ahead may reach the op before the move (a loaded machine descheduling this thread
+    // between the submission and the store was enough on the cpu device), and the op then
+    // rightly reads the offset as submitted.
+    let mut gate = None;
     if late {
         f = rng.below(shared.shape.region - size + 1);
         if lane.flags.is_some_and(|flags| flags & 8 != 0) {
             f = f / 4096 * 4096;
         }
         p.file_offset_bytes.store((lane.base + f) as i64, Ordering::SeqCst);
+        gate = Some(rig.pause(lane.stream).expect("pause"));
     }
     let result = rig.submit(direction, shared.handle, shared.buffer, &p, lane.stream);
     if late {
         p.file_offset_bytes.store((lane.base + real_f) as i64, Ordering::SeqCst);
         f = real_f;
+    }
+    if let Some(gate) = gate {
+        gate.release();
     }
     if refused {
         if code(result) != OpError::InvalidValue {
