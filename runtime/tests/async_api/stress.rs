@@ -125,15 +125,14 @@ fn run_op(shared: &Arc<Shared>, rng: &mut Rng, lane: &mut Lane, id: usize) {
     // ahead may reach the op before the move (a loaded machine descheduling this thread
     // between the submission and the store was enough on the cpu device), and the op then
     // rightly reads the offset as submitted.
-    let mut gate = None;
     if late {
         f = rng.below(shared.shape.region - size + 1);
         if lane.flags.is_some_and(|flags| flags & 8 != 0) {
             f = f / 4096 * 4096;
         }
         p.file_offset_bytes.store((lane.base + f) as i64, Ordering::SeqCst);
-        gate = Some(rig.pause(lane.stream).expect("pause"));
     }
+    let gate = late.then(|| rig.pause(lane.stream).expect("pause"));
     let result = rig.submit(direction, shared.handle, shared.buffer, &p, lane.stream);
     if late {
         p.file_offset_bytes.store((lane.base + real_f) as i64, Ordering::SeqCst);
