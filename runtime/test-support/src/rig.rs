@@ -800,11 +800,15 @@ impl Watchdog {
         let driver = Arc::clone(driver);
         let thread = std::thread::spawn(move || {
             if let Err(mpsc::RecvTimeoutError::Timeout) = wait.recv_timeout(limit) {
-                eprintln!(
-                    "HANG: {what} did not finish within {} s\n{}",
+                // Straight to the process's stderr: the test harness captures `eprintln!`
+                // (of this thread too) and prints it only for a test that returns, which
+                // `exit` prevents (a CI run's HANG showed no report at all).
+                let report = format!(
+                    "HANG: {what} did not finish within {} s\n{}\n",
                     limit.as_secs(),
                     driver.pending_report()
                 );
+                let _ = std::io::Write::write_all(&mut std::io::stderr(), report.as_bytes());
                 std::process::exit(101);
             }
         });
