@@ -187,6 +187,9 @@ impl Driver {
                 engine.blocking_executor_count(),
                 engine.stats()
             );
+            for line in engine.describe_executors() {
+                let _ = writeln!(report, "    {line}");
+            }
         }
         if let Some(setting) = self.device.hardware_queue_setting() {
             let _ = writeln!(report, "  device: {setting}");

@@ -18,6 +18,7 @@ mod part_results;
 mod parts;
 mod queue;
 mod staging;
+mod watch;
 
 /// The primitives [`part_results`] is written against (loom's in its model test).
 mod sync {
@@ -188,6 +189,9 @@ pub struct Engine {
     executors: Vec<ExecutorLink>,
     /// Executors that run blocking I/O (their glommio executor could not start).
     blocking_executors: usize,
+    /// Where each glommio executor's jobs are (by executor index; a blocking executor's
+    /// stays at zero).
+    watches: Vec<Arc<watch::ExecutorWatch>>,
     fallback: Arc<FallbackPool>,
     stats: Arc<EngineStats>,
     chunk_bytes: usize,
@@ -291,6 +295,8 @@ impl Engine {
             Err(std::io::Error::other("turned off (HIPFILE_IO_URING=0 or PreferIOUring false)"))
         };
         let mut starting = Vec::with_capacity(config.executor_cpus.len());
+        let watches: Vec<Arc<watch::ExecutorWatch>> =
+            config.executor_cpus.iter().map(|_| Arc::default()).collect();
         for (index, &cpu) in config.executor_cpus.iter().enumerate() {
             let (sender, receiver) = queue::job_queue();
             if io_uring.is_err() {
@@ -313,6 +319,7 @@ impl Engine {
                 buffered_writes: config.buffered_writes,
                 receiver,
                 ready,
+                watch: Arc::clone(&watches[index]),
             };
             // An injected start failure (crate::fault) stands for a spawn that failed.
             let refused = crate::fault::at(crate::fault::Site::ExecutorStart).is_some();
@@ -373,6 +380,7 @@ impl Engine {
             device,
             executors,
             blocking_executors: blocking,
+            watches,
             fallback,
             stats,
             chunk_bytes: config.staging_chunk_bytes,
@@ -420,6 +428,21 @@ impl Engine {
     /// executor could not start (0 normally).
     pub fn blocking_executor_count(&self) -> usize {
         self.blocking_executors
+    }
+
+    /// One line per glommio executor: jobs received and ended, how many are in each
+    /// step now, its blocking calls (the pending report).
+    pub fn describe_executors(&self) -> Vec<String> {
+        let glommio = |index: &usize| {
+            matches!(
+                self.executors.get(*index).and_then(|link| link.thread.as_ref()),
+                Some(ExecutorThread::Glommio(_))
+            )
+        };
+        (0..self.watches.len())
+            .filter(glommio)
+            .map(|index| self.watches[index].describe(index))
+            .collect()
     }
 
     /// Counters.

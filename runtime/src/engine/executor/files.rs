@@ -4,6 +4,7 @@
 use std::cell::Cell;
 use std::io;
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::rc::Rc;
 use std::sync::{Arc, Weak};
 
@@ -40,7 +41,11 @@ impl Executor {
         {
             return Ok(Rc::clone(&entry.files));
         }
-        self.probe_device_once(file).await;
+        {
+            let _step = self.setup.watch.step(super::JobStep::Probe);
+            self.probe_device_once(file).await;
+        }
+        let _step = self.setup.watch.step(super::JobStep::Open);
         let mut options = OpenOptions::new();
         options.read(file.can_read()).write(file.can_write());
         let buffered = match options.dma_open(proc_fd_path(file.buffered_fd())).await {
@@ -77,7 +82,14 @@ impl Executor {
     /// that io_uring refuses are redone with blocking I/O (correct, slower).
     async fn probe_device_once(&self, file: &Arc<FileHandle>) {
         let device_id = file.device_id();
-        if !self.probed_devices.borrow_mut().insert(device_id) {
+        if self.probed_devices.borrow().contains(&device_id) {
+            return;
+        }
+        // One probe per device: a job that opens a file on the device while another job's
+        // probe runs waits for it here. Passing by would let glommio probe with that
+        // job's file (its first open on the device), the very thing the probe avoids.
+        let _probing = self.probe_lock.acquire_permit(1).await;
+        if self.probed_devices.borrow().contains(&device_id) {
             return;
         }
         // Always probe a file we know has data: the user's file may be empty, start with
@@ -86,8 +98,14 @@ impl Executor {
         let owner = Arc::clone(file);
         let probe = off_reactor(move || NonEmptyTmpFile::beside(owner.buffered_fd())).await;
         if let Some(probe) = probe {
-            let _ = OpenOptions::new().read(true).dma_open(proc_fd_path(probe.fd())).await;
+            if let Ok(opened) =
+                OpenOptions::new().read(true).dma_open(proc_fd_path(probe.fd())).await
+            {
+                let _ = opened.close().await;
+            }
+            probe.close_elsewhere();
         }
+        self.probed_devices.borrow_mut().insert(device_id);
     }
 }
 
@@ -95,37 +113,107 @@ fn proc_fd_path(fd: std::os::fd::RawFd) -> String {
     format!("/proc/self/fd/{fd}")
 }
 
-/// An anonymous (O_TMPFILE) file with one block of data, in the directory of another
-/// descriptor's file; used to give glommio's poll probe real data.
+/// An anonymous (O_TMPFILE) file with one block of data on disk, in the directory of
+/// another descriptor's file; used to give glommio's poll probe real data.
+///
+/// The block is written with O_DIRECT (or, where the file system refuses O_DIRECT,
+/// written and then `fdatasync`ed), so that no page of the file is dirty when glommio's
+/// probe reads it. An O_DIRECT read of a dirty page writes it back first and waits for
+/// that write, queued on the device behind whatever a heavy writer (a build, a
+/// checkpoint) dirtied: glommio's probe read then took over a minute (the kernel stack:
+/// io-wq in `folio_wait_writeback` under `iomap_dio_rw`), the first jobs of the executor
+/// waited for it and the executor spun on its poll ring meanwhile. A clean block is read at once (and on a device without poll
+/// queues refused at once, the block layer's answer that makes glommio say "no").
 struct NonEmptyTmpFile(std::os::fd::OwnedFd);
+
+/// Bytes of the probe's block (a multiple of every logical block size).
+const PROBE_BLOCK_BYTES: usize = 4096;
 
 impl NonEmptyTmpFile {
     fn beside(fd: std::os::fd::RawFd) -> Option<NonEmptyTmpFile> {
         let path = std::fs::read_link(proc_fd_path(fd)).ok()?;
         let dir = path.parent()?;
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .custom_flags_tmpfile()
-            .open(dir)
-            .ok()?;
+        let open = |direct: bool| {
+            let flags = libc::O_TMPFILE | if direct { libc::O_DIRECT } else { 0 };
+            std::fs::OpenOptions::new().read(true).write(true).custom_flags(flags).open(dir)
+        };
+        if let Ok(file) = open(true)
+            && write_direct_block(&file)
+        {
+            return Some(NonEmptyTmpFile(file.into()));
+        }
+        let file = open(false).ok()?;
         use std::io::Write;
-        (&file).write_all(&[0u8; 4096]).ok()?;
+        (&file).write_all(&[0u8; PROBE_BLOCK_BYTES]).ok()?;
+        file.sync_data().ok()?;
         Some(NonEmptyTmpFile(file.into()))
     }
 
     fn fd(&self) -> std::os::fd::RawFd {
         self.0.as_raw_fd()
     }
+
+    /// Closes the file on a short-lived thread of its own. Its last close frees its
+    /// block, and on a file system mounted with `discard` that waits for a discard behind
+    /// everything queued on the device (over a minute under a heavy writer): not on the
+    /// reactor, and not for the job that probed. Closed here if no thread can start.
+    fn close_elsewhere(self) {
+        let spawned = std::thread::Builder::new()
+            .name("hipfile-probe-close".into())
+            .spawn(move || drop(self));
+        if let Err(error) = spawned {
+            log::debug!("closing the poll probe's file on the executor: {error}");
+        }
+    }
 }
 
-trait TmpFileOption {
-    fn custom_flags_tmpfile(&mut self) -> &mut Self;
+/// Writes the probe's block through an O_DIRECT descriptor, from memory aligned to the
+/// block (the part of a buffer twice its size that starts at an aligned address).
+fn write_direct_block(file: &std::fs::File) -> bool {
+    use std::os::unix::fs::FileExt;
+    let buffer = vec![0u8; 2 * PROBE_BLOCK_BYTES];
+    let skip = buffer.as_ptr().align_offset(PROBE_BLOCK_BYTES);
+    let Some(block) = buffer.get(skip..skip.saturating_add(PROBE_BLOCK_BYTES)) else {
+        return false;
+    };
+    file.write_all_at(block, 0).is_ok()
 }
 
-impl TmpFileOption for std::fs::OpenOptions {
-    fn custom_flags_tmpfile(&mut self) -> &mut Self {
-        use std::os::unix::fs::OpenOptionsExt;
-        self.custom_flags(libc::O_TMPFILE)
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{FileExt as _, MetadataExt as _};
+
+    /// The probe's file holds one block on disk and none in the page cache, which an
+    /// O_DIRECT descriptor reads back whole (a file without blocks, or with a hole first,
+    /// fools glommio; a dirty page makes its read wait for writeback).
+    #[test]
+    fn the_probe_file_holds_one_block_on_disk() {
+        let dir = std::env::temp_dir();
+        let path = dir.join(format!("hipfile-probe-test-{}", std::process::id()));
+        let beside = std::fs::File::create(&path).unwrap();
+        let probe = NonEmptyTmpFile::beside(beside.as_raw_fd());
+        std::fs::remove_file(&path).unwrap();
+        let probe = probe.expect("no probe file made in the temporary directory");
+        let meta = std::fs::metadata(proc_fd_path(probe.fd())).unwrap();
+        assert_eq!(meta.len(), PROBE_BLOCK_BYTES as u64);
+        assert!(meta.blocks() * 512 >= PROBE_BLOCK_BYTES as u64, "{} blocks", meta.blocks());
+        let Ok(direct) = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(proc_fd_path(probe.fd()))
+        else {
+            eprintln!("skipped: {} has no O_DIRECT", dir.display());
+            return;
+        };
+        // Written past the page cache: no page of it there, so none is dirty (an O_DIRECT
+        // read of a dirty page waits for its writeback).
+        let (cached, pages) = crate::sys::cached_pages(probe.fd(), 0, meta.len()).unwrap();
+        assert_eq!(cached, 0, "{cached} of the probe's {pages} page(s) in the page cache");
+        let mut buffer = vec![1u8; 2 * PROBE_BLOCK_BYTES];
+        let skip = buffer.as_ptr().align_offset(PROBE_BLOCK_BYTES);
+        let block = &mut buffer[skip..skip + PROBE_BLOCK_BYTES];
+        assert_eq!(direct.read_at(block, 0).unwrap(), PROBE_BLOCK_BYTES);
+        assert!(block.iter().all(|&byte| byte == 0));
     }
 }

@@ -28,6 +28,7 @@ use hipfile_core::{
 
 use super::queue::{JobReceiver, Received};
 use super::staging::{Arena, FallbackChunk, FallbackPool, StagingBudget};
+use super::watch::{ExecutorWatch, JobStep};
 use super::{EnginePhaseCounters, EngineStats, IoJob, Phase};
 use crate::device::{Device, DeviceError, InternalStream};
 use crate::fault::{Fault, Site};
@@ -55,6 +56,15 @@ pub(super) struct Setup {
     pub(crate) receiver: JobReceiver,
     /// Told once the executor runs (its io_uring and arena are set up).
     pub(crate) ready: flume::Sender<()>,
+    /// Where its jobs are (the pending report).
+    pub(crate) watch: Arc<ExecutorWatch>,
+}
+
+thread_local! {
+    /// The watch of the executor running on this thread, set when it starts: counts the
+    /// blocking calls of [`off_reactor`], which is called from free functions too.
+    static WATCH: std::cell::RefCell<Option<Arc<ExecutorWatch>>> =
+        const { std::cell::RefCell::new(None) };
 }
 
 /// How long an executor keeps polling after its last work before it parks: a job posted
@@ -91,6 +101,8 @@ struct Executor {
     streams: RefCell<HashMap<u32, Rc<InternalStream>>>,
     files: RefCell<HashMap<usize, FileEntry>>,
     probed_devices: RefCell<HashSet<(u32, u32)>>,
+    /// Held while a device is probed ([`Executor::open_files`]).
+    probe_lock: glommio::sync::Semaphore,
     active_jobs: Cell<usize>,
     /// When `active_jobs` last rose from zero.
     busy_since: Cell<Instant>,
@@ -124,6 +136,7 @@ impl Executor {
             streams: RefCell::new(streams),
             files: RefCell::new(HashMap::new()),
             probed_devices: RefCell::new(HashSet::new()),
+            probe_lock: glommio::sync::Semaphore::new(1),
             active_jobs: Cell::new(0),
             busy_since: Cell::new(Instant::now()),
             detached_copies: Cell::new(0),
@@ -132,11 +145,13 @@ impl Executor {
     }
 
     async fn run(self: Rc<Self>) {
+        WATCH.with(|watch| *watch.borrow_mut() = Some(Arc::clone(&self.setup.watch)));
         self.open_utility_file().await;
         let _ = self.setup.ready.send(());
         while let Some(request) = self.setup.receiver.recv_async().await {
             match request {
                 Received::Io(job) => {
+                    self.setup.watch.job_received();
                     let me = Rc::clone(&self);
                     if me.active_jobs.get() == 0 {
                         me.busy_since.set(Instant::now());
@@ -144,6 +159,7 @@ impl Executor {
                     me.active_jobs.set(me.active_jobs.get() + 1);
                     glommio::spawn_local(async move {
                         me.run_job(job).await;
+                        me.setup.watch.job_ended();
                         me.active_jobs.set(me.active_jobs.get() - 1);
                         if me.active_jobs.get() == 0 {
                             me.phases().add_since(Phase::Busy, me.busy_since.get());
@@ -234,10 +250,14 @@ impl Executor {
             Ok((stream, files)) => {
                 let (outcome, device_error, copies) = match direction {
                     Direction::Read => {
+                        let _step = self.setup.watch.step(JobStep::Read);
                         let gate = job.arm_gate.as_ref();
                         self.read_range(file, &files, &stream, range, gate, &gate_opened).await
                     }
-                    Direction::Write => self.write_range(file, &files, &stream, range).await,
+                    Direction::Write => {
+                        let _step = self.setup.watch.step(JobStep::Write);
+                        self.write_range(file, &files, &stream, range).await
+                    }
                 };
                 (outcome, device_error, Some(stream), copies)
             }
@@ -258,7 +278,10 @@ impl Executor {
         mut copies: VecDeque<InFlightCopy>,
     ) {
         if job.wait_for_copies {
-            let waited = self.wait_all(&mut copies).await;
+            let waited = {
+                let _step = self.setup.watch.step(JobStep::Finish);
+                self.wait_all(&mut copies).await
+            };
             let (outcome, device_error) = match (outcome, waited) {
                 (Outcome::Bytes(_), Err(error)) => {
                     (Outcome::Library(OpError::HipDriverError), Some(error))
@@ -426,6 +449,8 @@ pub(super) fn os_outcome(error: &io::Error) -> Outcome {
 /// handed back), never borrow it: if the awaiting task were dropped, the call would
 /// still run to its end.
 async fn off_reactor<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> T {
+    let watch = WATCH.with(|watch| watch.borrow().clone());
+    let _call = watch.as_deref().map(ExecutorWatch::blocking_call);
     glommio::executor().spawn_blocking(work).await
 }
 

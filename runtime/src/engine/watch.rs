@@ -1,0 +1,141 @@
+//! Where each glommio executor's jobs are, for the pending report of a stuck stream:
+//! jobs received and ended, how many are now in each step, and the blocking calls
+//! (`off_reactor`) in flight. Cheap enough to stay on: a relaxed atomic add per step.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A step of a job that awaits something; a job counts in one step at a time (or none,
+/// between steps).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum JobStep {
+    /// The first open of a file system on this executor: glommio's poll probe.
+    Probe,
+    /// Opening the job's file through glommio.
+    Open,
+    /// Reading the file and copying to the device.
+    Read,
+    /// Copying from the device and writing the file.
+    Write,
+    /// Waiting for the job's copies before its completion.
+    Finish,
+}
+
+impl JobStep {
+    const ALL: [JobStep; 5] =
+        [JobStep::Probe, JobStep::Open, JobStep::Read, JobStep::Write, JobStep::Finish];
+
+    fn name(self) -> &'static str {
+        match self {
+            JobStep::Probe => "probing the file system",
+            JobStep::Open => "opening the file",
+            JobStep::Read => "reading",
+            JobStep::Write => "writing",
+            JobStep::Finish => "waiting for copies",
+        }
+    }
+}
+
+/// One executor's counters.
+#[derive(Debug, Default)]
+pub(crate) struct ExecutorWatch {
+    received: AtomicU64,
+    ended: AtomicU64,
+    in_step: [AtomicU64; JobStep::ALL.len()],
+    blocking_started: AtomicU64,
+    blocking_ended: AtomicU64,
+}
+
+impl ExecutorWatch {
+    pub(crate) fn job_received(&self) {
+        self.received.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn job_ended(&self) {
+        self.ended.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a job in `step` until the guard drops.
+    pub(crate) fn step(&self, step: JobStep) -> StepGuard<'_> {
+        let counter = &self.in_step[step as usize];
+        counter.fetch_add(1, Ordering::Relaxed);
+        StepGuard { counter }
+    }
+
+    /// Counts a blocking call in flight until the guard drops.
+    pub(crate) fn blocking_call(&self) -> BlockingCallGuard<'_> {
+        self.blocking_started.fetch_add(1, Ordering::Relaxed);
+        BlockingCallGuard { ended: &self.blocking_ended }
+    }
+
+    /// One line: `executor 0: 33 jobs received, 32 ended; now 1 probing the file
+    /// system; blocking calls 1 started, 0 ended`.
+    pub(crate) fn describe(&self, index: usize) -> String {
+        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        let mut line = format!(
+            "executor {index}: {} job(s) received, {} ended",
+            load(&self.received),
+            load(&self.ended)
+        );
+        let steps: Vec<String> = JobStep::ALL
+            .iter()
+            .filter(|&&step| load(&self.in_step[step as usize]) > 0)
+            .map(|&step| format!("{} {}", load(&self.in_step[step as usize]), step.name()))
+            .collect();
+        if !steps.is_empty() {
+            let _ = write!(line, "; now {}", steps.join(", "));
+        }
+        let _ = write!(
+            line,
+            "; blocking calls {} started, {} ended",
+            load(&self.blocking_started),
+            load(&self.blocking_ended)
+        );
+        line
+    }
+}
+
+pub(crate) struct StepGuard<'a> {
+    counter: &'a AtomicU64,
+}
+
+impl Drop for StepGuard<'_> {
+    fn drop(&mut self) {
+        self.counter.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+pub(crate) struct BlockingCallGuard<'a> {
+    ended: &'a AtomicU64,
+}
+
+impl Drop for BlockingCallGuard<'_> {
+    fn drop(&mut self) {
+        self.ended.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_job_counts_in_its_step_until_the_guard_drops() {
+        let watch = ExecutorWatch::default();
+        watch.job_received();
+        let probe = watch.step(JobStep::Probe);
+        let call = watch.blocking_call();
+        assert_eq!(
+            watch.describe(3),
+            "executor 3: 1 job(s) received, 0 ended; now 1 probing the file system; \
+             blocking calls 1 started, 0 ended"
+        );
+        drop(call);
+        drop(probe);
+        watch.job_ended();
+        assert_eq!(
+            watch.describe(3),
+            "executor 3: 1 job(s) received, 1 ended; blocking calls 1 started, 1 ended"
+        );
+    }
+}
