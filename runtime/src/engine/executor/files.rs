@@ -96,14 +96,12 @@ impl Executor {
         // a hole, or be growing under a parallel write, and each of those fools the probe.
         // Made off the reactor: it writes a block to the file system.
         let owner = Arc::clone(file);
-        let probe = off_reactor(move || NonEmptyTmpFile::beside(owner.buffered_fd())).await;
-        if let Some(probe) = probe {
-            if let Ok(opened) =
+        let probe = off_reactor(move || NonEmptyTmpFile::for_device_of(&owner)).await;
+        if let Some(probe) = probe
+            && let Ok(opened) =
                 OpenOptions::new().read(true).dma_open(proc_fd_path(probe.fd())).await
-            {
-                let _ = opened.close().await;
-            }
-            probe.close_elsewhere();
+        {
+            let _ = opened.close().await;
         }
         self.probed_devices.borrow_mut().insert(device_id);
     }
@@ -122,14 +120,41 @@ fn proc_fd_path(fd: std::os::fd::RawFd) -> String {
 /// that write, queued on the device behind whatever a heavy writer (a build, a
 /// checkpoint) dirtied: glommio's probe read then took over a minute (the kernel stack:
 /// io-wq in `folio_wait_writeback` under `iomap_dio_rw`), the first jobs of the executor
-/// waited for it and the executor spun on its poll ring meanwhile. A clean block is read at once (and on a device without poll
-/// queues refused at once, the block layer's answer that makes glommio say "no").
+/// waited for it and the executor spun on its poll ring meanwhile. A clean block is read
+/// at once (and on a device without poll queues refused at once, the block layer's answer
+/// that makes glommio say "no").
+///
+/// One per device for the life of the process ([`NonEmptyTmpFile::for_device_of`]):
+/// made once, not per executor and engine, and never closed, because its last close
+/// frees its block, which on a file system mounted with `discard` waits for a discard
+/// behind everything queued on the device (over a minute under a heavy writer, seen on an
+/// executor thread). The process holds one descriptor per device it probed.
 struct NonEmptyTmpFile(std::os::fd::OwnedFd);
+
+/// A probe file and the device (major, minor) it was made for.
+type DeviceProbe = ((u32, u32), Arc<NonEmptyTmpFile>);
+
+/// The probe files made so far.
+static PROBE_FILES: std::sync::Mutex<Vec<DeviceProbe>> = std::sync::Mutex::new(Vec::new());
 
 /// Bytes of the probe's block (a multiple of every logical block size).
 const PROBE_BLOCK_BYTES: usize = 4096;
 
 impl NonEmptyTmpFile {
+    /// The probe file of `file`'s device: the one made earlier in the process, or a new
+    /// one beside `file` (`None` if none can be made there; tried again next time).
+    /// Blocks (it may write a block): call it off the reactor.
+    fn for_device_of(file: &FileHandle) -> Option<Arc<NonEmptyTmpFile>> {
+        let device_id = file.device_id();
+        let mut made = PROBE_FILES.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some((_, probe)) = made.iter().find(|(device, _)| *device == device_id) {
+            return Some(Arc::clone(probe));
+        }
+        let probe = Arc::new(NonEmptyTmpFile::beside(file.buffered_fd())?);
+        made.push((device_id, Arc::clone(&probe)));
+        Some(probe)
+    }
+
     fn beside(fd: std::os::fd::RawFd) -> Option<NonEmptyTmpFile> {
         let path = std::fs::read_link(proc_fd_path(fd)).ok()?;
         let dir = path.parent()?;
@@ -151,19 +176,6 @@ impl NonEmptyTmpFile {
 
     fn fd(&self) -> std::os::fd::RawFd {
         self.0.as_raw_fd()
-    }
-
-    /// Closes the file on a short-lived thread of its own. Its last close frees its
-    /// block, and on a file system mounted with `discard` that waits for a discard behind
-    /// everything queued on the device (over a minute under a heavy writer): not on the
-    /// reactor, and not for the job that probed. Closed here if no thread can start.
-    fn close_elsewhere(self) {
-        let spawned = std::thread::Builder::new()
-            .name("hipfile-probe-close".into())
-            .spawn(move || drop(self));
-        if let Err(error) = spawned {
-            log::debug!("closing the poll probe's file on the executor: {error}");
-        }
     }
 }
 
