@@ -124,7 +124,6 @@ pub(crate) fn cached_pages(
     offset_bytes: u64,
     len_bytes: u64,
 ) -> io::Result<(u64, u64)> {
-    use std::sync::atomic::Ordering;
     let page = page_size_bytes();
     let first = offset_bytes / page;
     let end = offset_bytes.checked_add(len_bytes).ok_or(io::ErrorKind::InvalidInput)?;
@@ -132,11 +131,29 @@ pub(crate) fn cached_pages(
     if pages == 0 {
         return Ok((0, 0));
     }
+    if let Some(stat) = cachestat(fd, first * page, pages * page)? {
+        return Ok((stat[0].min(pages), pages));
+    }
+    mincore_pages(fd, first * page, pages, page)
+}
+
+/// `cachestat(2)` of `[offset_bytes, offset_bytes + len_bytes)`: its counters `nr_cache,
+/// nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted` (pages), or `None` where the
+/// kernel has no `cachestat` (before Linux 6.5, or refused by seccomp).
+///
+/// # Errors
+/// `cachestat` failed otherwise (a bad descriptor).
+fn cachestat(
+    fd: std::os::fd::RawFd,
+    offset_bytes: u64,
+    len_bytes: u64,
+) -> io::Result<Option<[u64; 5]>> {
+    use std::sync::atomic::Ordering;
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     if CACHESTAT_STATE.load(Ordering::Relaxed) != 2 {
         // struct cachestat_range { u64 off, len } and struct cachestat { u64 nr_cache,
         // nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted }.
-        let range = [first * page, pages * page];
+        let range = [offset_bytes, len_bytes];
         let mut stat = [0u64; 5];
         // SAFETY: cachestat(fd, &range, &stat, 0) reads the 16-byte range and writes the
         // 40-byte stat, both valid for the call.
@@ -144,7 +161,7 @@ pub(crate) fn cached_pages(
             unsafe { libc::syscall(SYS_CACHESTAT, fd, range.as_ptr(), stat.as_mut_ptr(), 0u32) };
         if result == 0 {
             CACHESTAT_STATE.store(1, Ordering::Relaxed);
-            return Ok((stat[0].min(pages), pages));
+            return Ok(Some(stat));
         }
         let error = io::Error::last_os_error();
         match error.raw_os_error() {
@@ -152,7 +169,41 @@ pub(crate) fn cached_pages(
             _ => return Err(error),
         }
     }
-    mincore_pages(fd, first * page, pages, page)
+    Ok(None)
+}
+
+/// Pages of `[offset_bytes, offset_bytes + len_bytes)` of `fd` that are dirty or under
+/// writeback in the page cache (`cachestat`); `None` where the kernel cannot tell.
+///
+/// # Errors
+/// `cachestat` failed (a bad descriptor).
+pub(crate) fn unwritten_pages(
+    fd: std::os::fd::RawFd,
+    offset_bytes: u64,
+    len_bytes: u64,
+) -> io::Result<Option<u64>> {
+    Ok(cachestat(fd, offset_bytes, len_bytes)?.map(|stat| stat[1] + stat[2]))
+}
+
+/// Where the first data of `fd` at or after `offset_bytes` starts (`lseek(SEEK_DATA)`:
+/// holes and, on file systems that track them, allocated but unwritten ranges are
+/// skipped); `None` when nothing but holes follows.
+///
+/// # Errors
+/// `lseek` failed otherwise (a file system without SEEK_DATA answers as if all data).
+pub(crate) fn first_data_at(fd: std::os::fd::RawFd, offset_bytes: u64) -> io::Result<Option<u64>> {
+    let offset = libc::off_t::try_from(offset_bytes).map_err(|_| io::ErrorKind::InvalidInput)?;
+    // SAFETY: lseek only reads the descriptor's state; it moves the descriptor's offset,
+    // which our positioned I/O (`pread`/`pwrite`, io_uring with offsets) never uses.
+    let at = unsafe { libc::lseek(fd, offset, libc::SEEK_DATA) };
+    if at < 0 {
+        let error = io::Error::last_os_error();
+        return match error.raw_os_error() {
+            Some(libc::ENXIO) => Ok(None),
+            _ => Err(error),
+        };
+    }
+    Ok(Some(at as u64))
 }
 
 /// [`cached_pages`] through a read-only shared mapping of the range and `mincore`.

@@ -92,14 +92,24 @@ impl Executor {
         if self.probed_devices.borrow().contains(&device_id) {
             return;
         }
-        // Always probe a file we know has data: the user's file may be empty, start with
-        // a hole, or be growing under a parallel write, and each of those fools the probe.
-        // Made off the reactor: it writes a block to the file system.
+        // Always probe a file we know has a clean block of data first: the user's file
+        // may be empty, start with a hole, or be growing under a parallel write, and each
+        // of those fools the probe or makes it wait ([`NonEmptyTmpFile`]). The user's
+        // file serves when its first block is such a block; else a probe file of ours.
+        // Decided off the reactor: it may write a block to the file system.
         let owner = Arc::clone(file);
-        let probe = off_reactor(move || NonEmptyTmpFile::for_device_of(&owner)).await;
-        if let Some(probe) = probe
-            && let Ok(opened) =
-                OpenOptions::new().read(true).dma_open(proc_fd_path(probe.fd())).await
+        let probe = off_reactor(move || ProbeTarget::for_file(&owner)).await;
+        let (fd, what) = match &probe {
+            Some(ProbeTarget::FirstBlockOf) => (Some(file.buffered_fd()), "the job's file"),
+            Some(ProbeTarget::TmpFile(tmp)) => (Some(tmp.fd()), "a probe file"),
+            None => (None, "the job's file, as glommio opens it (no probe file could be made)"),
+        };
+        log::debug!(
+            "executor {}: glommio's poll probe of device {device_id:?} reads {what}",
+            self.setup.index
+        );
+        if let Some(fd) = fd
+            && let Ok(opened) = OpenOptions::new().read(true).dma_open(proc_fd_path(fd)).await
         {
             let _ = opened.close().await;
         }
@@ -109,6 +119,36 @@ impl Executor {
 
 fn proc_fd_path(fd: std::os::fd::RawFd) -> String {
     format!("/proc/self/fd/{fd}")
+}
+
+/// What glommio's poll probe reads: a file whose first block is written, on disk and
+/// not dirty, on the device of the file a job opens.
+enum ProbeTarget {
+    /// The job's own file (its first block is such a block).
+    FirstBlockOf,
+    /// A probe file of ours.
+    TmpFile(Arc<NonEmptyTmpFile>),
+}
+
+impl ProbeTarget {
+    /// `None` when neither serves (no room or no permission beside the file).
+    fn for_file(file: &FileHandle) -> Option<ProbeTarget> {
+        if file.can_read() && first_block_is_clean_data(file.buffered_fd()) {
+            return Some(ProbeTarget::FirstBlockOf);
+        }
+        NonEmptyTmpFile::for_device_of(file).map(ProbeTarget::TmpFile)
+    }
+}
+
+/// Whether the file's first block holds written data (no hole, not merely allocated)
+/// that is neither dirty nor under writeback in the page cache. `false` where the kernel
+/// cannot tell (no `cachestat`) or the file is shorter than a block.
+fn first_block_is_clean_data(fd: std::os::fd::RawFd) -> bool {
+    let block = PROBE_BLOCK_BYTES as u64;
+    let long_enough = std::fs::metadata(proc_fd_path(fd)).is_ok_and(|meta| meta.len() >= block);
+    long_enough
+        && matches!(sys::first_data_at(fd, 0), Ok(Some(0)))
+        && matches!(sys::unwritten_pages(fd, 0, block), Ok(Some(0)))
 }
 
 /// An anonymous (O_TMPFILE) file with one block of data on disk, in the directory of
@@ -195,6 +235,46 @@ fn write_direct_block(file: &std::fs::File) -> bool {
 mod tests {
     use super::*;
     use std::os::unix::fs::{FileExt as _, MetadataExt as _};
+
+    /// A new file in the temporary directory (removed when the test's `File` is the last
+    /// reference), written with `write` at the given offsets, then synced when `sync`.
+    fn scratch_file(name: &str, writes: &[(u64, usize)], sync: bool) -> std::fs::File {
+        let path = std::env::temp_dir().join(format!("hipfile-{name}-{}", std::process::id()));
+        let file = std::fs::File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        std::fs::remove_file(&path).unwrap();
+        for &(offset, len) in writes {
+            file.write_all_at(&vec![7u8; len], offset).unwrap();
+        }
+        if sync {
+            file.sync_data().unwrap();
+        }
+        file
+    }
+
+    /// The job's own file serves the probe only when its first block is written data
+    /// that is clean: not a file whose first block was just written through the page
+    /// cache (dirty), starts with a hole, or is shorter than a block.
+    #[test]
+    fn only_a_clean_written_first_block_serves_the_probe() {
+        let clean = scratch_file("probe-clean", &[(0, 8192)], true);
+        if sys::unwritten_pages(clean.as_raw_fd(), 0, 4096).unwrap().is_none() {
+            eprintln!("skipped: this kernel has no cachestat (the probe file is used then)");
+            return;
+        }
+        assert!(first_block_is_clean_data(clean.as_raw_fd()));
+        let dirty = scratch_file("probe-dirty", &[(0, 8192)], false);
+        assert!(!first_block_is_clean_data(dirty.as_raw_fd()));
+        let hole_first = scratch_file("probe-hole", &[(1 << 20, 8192)], true);
+        assert!(!first_block_is_clean_data(hole_first.as_raw_fd()));
+        let short = scratch_file("probe-short", &[(0, 100)], true);
+        assert!(!first_block_is_clean_data(short.as_raw_fd()));
+    }
 
     /// The probe's file holds one block on disk and none in the page cache, which an
     /// O_DIRECT descriptor reads back whole (a file without blocks, or with a hole first,
