@@ -98,17 +98,13 @@ impl Executor {
         // file serves when its first block is such a block; else a probe file of ours.
         // Decided off the reactor: it may write a block to the file system.
         let owner = Arc::clone(file);
-        let probe = off_reactor(move || ProbeTarget::for_file(&owner)).await;
-        let (fd, what) = match &probe {
-            Some(ProbeTarget::FirstBlockOf) => (Some(file.buffered_fd()), "the job's file"),
-            Some(ProbeTarget::TmpFile(tmp)) => (Some(tmp.fd()), "a probe file"),
-            None => (None, "the job's file, as glommio opens it (no probe file could be made)"),
-        };
+        let probe = off_reactor(move || probe_target(&owner)).await;
+        let what = probe.map_or("the job's file, as glommio opens it (no probe file)", |p| p.1);
         log::debug!(
             "executor {}: glommio's poll probe of device {device_id:?} reads {what}",
             self.setup.index
         );
-        if let Some(fd) = fd
+        if let Some((fd, _)) = probe
             && let Ok(opened) = OpenOptions::new().read(true).dma_open(proc_fd_path(fd)).await
         {
             let _ = opened.close().await;
@@ -121,32 +117,24 @@ fn proc_fd_path(fd: std::os::fd::RawFd) -> String {
     format!("/proc/self/fd/{fd}")
 }
 
-/// What glommio's poll probe reads: a file whose first block is written, on disk and
-/// not dirty, on the device of the file a job opens.
-enum ProbeTarget {
-    /// The job's own file (its first block is such a block).
-    FirstBlockOf,
-    /// A probe file of ours.
-    TmpFile(Arc<NonEmptyTmpFile>),
-}
-
-impl ProbeTarget {
-    /// `None` when neither serves (no room or no permission beside the file).
-    fn for_file(file: &FileHandle) -> Option<ProbeTarget> {
-        if file.can_read() && first_block_is_clean_data(file.buffered_fd()) {
-            return Some(ProbeTarget::FirstBlockOf);
-        }
-        NonEmptyTmpFile::for_device_of(file).map(ProbeTarget::TmpFile)
+/// The descriptor glommio's poll probe reads, and what it is: a file whose first block is
+/// written, on disk and not dirty, on the device of `file` — `file` itself when its first
+/// block is such a block, else a probe file of ours. `None` when neither serves (no room
+/// or no permission beside the file). Blocks (it may write a block): off the reactor.
+fn probe_target(file: &FileHandle) -> Option<(std::os::fd::RawFd, &'static str)> {
+    let size_bytes = file.size_bytes().unwrap_or(0);
+    if file.can_read() && first_block_is_clean_data(file.buffered_fd(), size_bytes) {
+        return Some((file.buffered_fd(), "the job's file"));
     }
+    NonEmptyTmpFile::fd_for_device_of(file).map(|fd| (fd, "a probe file"))
 }
 
 /// Whether the file's first block holds written data (no hole, not merely allocated)
 /// that is neither dirty nor under writeback in the page cache. `false` where the kernel
-/// cannot tell (no `cachestat`) or the file is shorter than a block.
-fn first_block_is_clean_data(fd: std::os::fd::RawFd) -> bool {
+/// cannot tell (no `cachestat`) or the file (of `size_bytes`) is shorter than a block.
+fn first_block_is_clean_data(fd: std::os::fd::RawFd, size_bytes: u64) -> bool {
     let block = PROBE_BLOCK_BYTES as u64;
-    let long_enough = std::fs::metadata(proc_fd_path(fd)).is_ok_and(|meta| meta.len() >= block);
-    long_enough
+    size_bytes >= block
         && matches!(sys::first_data_at(fd, 0), Ok(Some(0)))
         && matches!(sys::unwritten_pages(fd, 0, block), Ok(Some(0)))
 }
@@ -164,35 +152,34 @@ fn first_block_is_clean_data(fd: std::os::fd::RawFd) -> bool {
 /// at once (and on a device without poll queues refused at once, the block layer's answer
 /// that makes glommio say "no").
 ///
-/// One per device for the life of the process ([`NonEmptyTmpFile::for_device_of`]):
+/// One per device for the life of the process ([`NonEmptyTmpFile::fd_for_device_of`]):
 /// made once, not per executor and engine, and never closed, because its last close
 /// frees its block, which on a file system mounted with `discard` waits for a discard
 /// behind everything queued on the device (over a minute under a heavy writer, seen on an
 /// executor thread). The process holds one descriptor per device it probed.
 struct NonEmptyTmpFile(std::os::fd::OwnedFd);
 
-/// A probe file and the device (major, minor) it was made for.
-type DeviceProbe = ((u32, u32), Arc<NonEmptyTmpFile>);
-
-/// The probe files made so far.
-static PROBE_FILES: std::sync::Mutex<Vec<DeviceProbe>> = std::sync::Mutex::new(Vec::new());
+/// The probe files made so far, by device (major, minor); never closed.
+static PROBE_FILES: std::sync::Mutex<Vec<((u32, u32), NonEmptyTmpFile)>> =
+    std::sync::Mutex::new(Vec::new());
 
 /// Bytes of the probe's block (a multiple of every logical block size).
 const PROBE_BLOCK_BYTES: usize = 4096;
 
 impl NonEmptyTmpFile {
-    /// The probe file of `file`'s device: the one made earlier in the process, or a new
-    /// one beside `file` (`None` if none can be made there; tried again next time).
-    /// Blocks (it may write a block): call it off the reactor.
-    fn for_device_of(file: &FileHandle) -> Option<Arc<NonEmptyTmpFile>> {
+    /// The descriptor of `file`'s device's probe file: the one made earlier in the
+    /// process, or a new one beside `file` (`None` if none can be made there; tried again
+    /// next time). Valid for the life of the process ([`PROBE_FILES`] never closes it).
+    fn fd_for_device_of(file: &FileHandle) -> Option<std::os::fd::RawFd> {
         let device_id = file.device_id();
         let mut made = PROBE_FILES.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if let Some((_, probe)) = made.iter().find(|(device, _)| *device == device_id) {
-            return Some(Arc::clone(probe));
+            return Some(probe.fd());
         }
-        let probe = Arc::new(NonEmptyTmpFile::beside(file.buffered_fd())?);
-        made.push((device_id, Arc::clone(&probe)));
-        Some(probe)
+        let probe = NonEmptyTmpFile::beside(file.buffered_fd())?;
+        let fd = probe.fd();
+        made.push((device_id, probe));
+        Some(fd)
     }
 
     fn beside(fd: std::os::fd::RawFd) -> Option<NonEmptyTmpFile> {
@@ -267,13 +254,13 @@ mod tests {
             eprintln!("skipped: this kernel has no cachestat (the probe file is used then)");
             return;
         }
-        assert!(first_block_is_clean_data(clean.as_raw_fd()));
+        assert!(first_block_is_clean_data(clean.as_raw_fd(), 8192));
         let dirty = scratch_file("probe-dirty", &[(0, 8192)], false);
-        assert!(!first_block_is_clean_data(dirty.as_raw_fd()));
+        assert!(!first_block_is_clean_data(dirty.as_raw_fd(), 8192));
         let hole_first = scratch_file("probe-hole", &[(1 << 20, 8192)], true);
-        assert!(!first_block_is_clean_data(hole_first.as_raw_fd()));
+        assert!(!first_block_is_clean_data(hole_first.as_raw_fd(), (1 << 20) + 8192));
         let short = scratch_file("probe-short", &[(0, 100)], true);
-        assert!(!first_block_is_clean_data(short.as_raw_fd()));
+        assert!(!first_block_is_clean_data(short.as_raw_fd(), 100));
     }
 
     /// The probe's file holds one block on disk and none in the page cache, which an
