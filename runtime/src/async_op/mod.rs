@@ -323,7 +323,7 @@ impl AsyncOp {
         let eligible = AsyncOp::prefetchable(host.write_hazards(), state, direction, file, range);
         let blocking_fallback = !host.device().supports_stream_memops(buffer.device_ordinal);
         let whole = (direction, io, file, sequence);
-        AsyncOp::wants_slot(host, blocking_fallback, eligible, state, whole)
+        AsyncOp::wants_slot(host, blocking_fallback, eligible, state, buffer.device_ordinal, whole)
             .map(|(slot, slot_use)| SingleSlot(slot, slot_use))
     }
 

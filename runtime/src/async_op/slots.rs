@@ -58,9 +58,15 @@ pub(crate) const SPARE_RING: usize = 2;
 #[derive(Clone, Copy)]
 pub(crate) struct Slot {
     class: usize,
+    /// `Some(ordinal)`: a slot of the engine's device memory on that device
+    /// (`HIPFILE_STREAM_COPY_SLOTS=device`, reads over [`SLOT_BYTES`]); `None`: pinned.
+    device: Option<u32>,
     index: usize,
-    /// The slot's bytes (pinned, portable: any context may copy from it).
+    /// The slot's bytes (pinned, portable: any context may copy from it); null for a slot
+    /// of device memory.
     pub(crate) host_ptr: *mut u8,
+    /// The device address of a device-memory slot's bytes (0 for a pinned slot).
+    device_data: u64,
     /// Written by the stream after its copy out of the slot.
     pub(crate) done_word: ReleaseWord,
     /// The value the stream writes into `done_word` for this use.
@@ -68,6 +74,12 @@ pub(crate) struct Slot {
 }
 
 impl Slot {
+    /// For a slot of the engine's device memory: the device address of its bytes (the
+    /// engine copies into it, the stream copies device → device out of it).
+    pub(crate) fn device_memory(&self) -> Option<u64> {
+        self.device.map(|_| self.device_data)
+    }
+
     /// The same slot, as of its use `generation`.
     pub(crate) fn with_generation(self, generation: u32) -> Slot {
         Slot { generation, ..self }
@@ -81,8 +93,14 @@ unsafe impl Send for Slot {}
 unsafe impl Sync for Slot {}
 
 struct Slab {
-    data: PinnedRegion,
+    data: SlabData,
     words: PinnedRegion,
+}
+
+/// A slab's bytes: pinned host memory, or the engine's device memory.
+enum SlabData {
+    Pinned(PinnedRegion),
+    Device(u64),
 }
 
 /// The stream a retired slot's last copy was enqueued on: the address of its
@@ -170,6 +188,10 @@ type Spares = Vec<(Weak<crate::stream::StreamState>, Arc<SpareSlot>)>;
 /// The driver's slots, by size (allocated on first use, a slab at a time).
 pub(crate) struct SlotPool {
     classes: [SlotClass; CLASS_BYTES.len()],
+    /// With `HIPFILE_STREAM_COPY_SLOTS=device`: per device ordinal, slots of the engine's
+    /// device memory for reads over [`SLOT_BYTES`] (the smaller sizes stay unused); empty
+    /// otherwise.
+    device_classes: Vec<[SlotClass; CLASS_BYTES.len()]>,
     spares: Mutex<Spares>,
     /// `HIPFILE_STREAM_COPIES=all`: every fully FIXED read inside the file, up to
     /// [`MAX_SLOT_BYTES`], on any stream; otherwise small reads on idle streams only.
@@ -183,12 +205,46 @@ impl SlotPool {
     /// Slots of every size, none allocated yet; `large_cap_bytes` bounds each size above
     /// [`SLOT_BYTES`] (`HIPFILE_STREAM_COPY_MB`), small sizes hold 16 MiB each; long ops
     /// go in pieces of `piece_bytes` (rounded up to a slot size of at least 1 MiB).
+    #[cfg(test)]
     pub(crate) fn new(
         device: Arc<dyn Device>,
         all_reads: bool,
         large_cap_bytes: usize,
         piece_bytes: usize,
     ) -> SlotPool {
+        SlotPool::with_memory(device, all_reads, large_cap_bytes, piece_bytes, false)
+    }
+
+    /// [`SlotPool::new`]; with `device_reads`, reads over [`SLOT_BYTES`] take slots of the
+    /// engine's device memory on their device (each size of each device up to
+    /// `large_cap_bytes`), pinned ones where the backend has none to give.
+    pub(crate) fn with_memory(
+        device: Arc<dyn Device>,
+        all_reads: bool,
+        large_cap_bytes: usize,
+        piece_bytes: usize,
+        device_reads: bool,
+    ) -> SlotPool {
+        let classes_of = |memory: Option<u32>| -> [SlotClass; CLASS_BYTES.len()] {
+            std::array::from_fn(|class| {
+                let slot_bytes = CLASS_BYTES[class];
+                let cap_bytes =
+                    if slot_bytes <= SLOT_BYTES { SMALL_CLASS_CAP_BYTES } else { large_cap_bytes };
+                SlotClass {
+                    device: Arc::clone(&device),
+                    class,
+                    memory,
+                    slot_bytes,
+                    cap_bytes,
+                    state: Mutex::new(PoolState::default()),
+                }
+            })
+        };
+        let device_classes = if device_reads && all_reads {
+            (0..device.device_count()).map(|ordinal| classes_of(Some(ordinal))).collect()
+        } else {
+            Vec::new()
+        };
         let piece_bytes = CLASS_BYTES
             .iter()
             .copied()
@@ -198,18 +254,8 @@ impl SlotPool {
             all_reads,
             piece_bytes,
             spares: Mutex::new(Vec::new()),
-            classes: std::array::from_fn(|class| {
-                let slot_bytes = CLASS_BYTES[class];
-                let cap_bytes =
-                    if slot_bytes <= SLOT_BYTES { SMALL_CLASS_CAP_BYTES } else { large_cap_bytes };
-                SlotClass {
-                    device: Arc::clone(&device),
-                    class,
-                    slot_bytes,
-                    cap_bytes,
-                    state: Mutex::new(PoolState::default()),
-                }
-            }),
+            classes: classes_of(None),
+            device_classes,
         }
     }
 
@@ -229,6 +275,29 @@ impl SlotPool {
     pub(crate) fn try_take(&self, len_bytes: usize) -> Option<Slot> {
         let class = CLASS_BYTES.iter().position(|&bytes| len_bytes <= bytes)?;
         self.classes[class].try_take()
+    }
+
+    /// A slot for a read of `len_bytes` into memory of device `device_ordinal`: one of the
+    /// engine's device memory there when the pool has them and the read is over
+    /// [`SLOT_BYTES`] (`HIPFILE_STREAM_COPY_SLOTS=device`), else — or when none is free or
+    /// can be made — a pinned one ([`SlotPool::try_take`]). Never blocks on a stream.
+    pub(crate) fn try_take_for_read(&self, len_bytes: usize, device_ordinal: u32) -> Option<Slot> {
+        if len_bytes > SLOT_BYTES
+            && let Some(classes) = self.device_classes.get(device_ordinal as usize)
+            && let Some(class) = CLASS_BYTES.iter().position(|&bytes| len_bytes <= bytes)
+            && let Some(slot) = classes[class].try_take()
+        {
+            return Some(slot);
+        }
+        self.try_take(len_bytes)
+    }
+
+    /// The class a slot of this pool belongs to.
+    fn class_of(&self, slot: &Slot) -> &SlotClass {
+        match slot.device {
+            None => &self.classes[slot.class],
+            Some(ordinal) => &self.device_classes[ordinal as usize][slot.class],
+        }
     }
 
     /// `count` free slots of at least `len_bytes` each, or none (a ring for the pieces of
@@ -315,7 +384,7 @@ impl SlotPool {
     /// The same slot for its next use by the op that holds it (a ring's piece): a new
     /// generation, so that its done word tells this use from the earlier ones.
     pub(crate) fn next_use(&self, slot: &Slot) -> Slot {
-        let class = &self.classes[slot.class];
+        let class = self.class_of(slot);
         let mut state = class.lock();
         state.next_generation = state.next_generation.wrapping_add(1).max(1);
         class.slot(&state, slot.index, state.next_generation)
@@ -323,13 +392,13 @@ impl SlotPool {
 
     /// Gives back a slot whose stream copy was never enqueued.
     pub(crate) fn give_back(&self, slot: &Slot) {
-        self.classes[slot.class].lock().free.push(slot.index);
+        self.class_of(slot).lock().free.push(slot.index);
     }
 
     /// The copy out of `slot` and its done write are enqueued on `stream`: lend it again
     /// once the done word shows `slot.generation`.
     pub(crate) fn retire(&self, slot: &Slot, stream: StreamKey) {
-        let mut state = self.classes[slot.class].lock();
+        let mut state = self.class_of(slot).lock();
         let entry = (slot.index, slot.generation);
         match state.pending.iter_mut().rev().find(|pending| pending.stream == stream) {
             Some(pending) => pending.slots.push_back(entry),
@@ -348,6 +417,8 @@ impl SlotPool {
 struct SlotClass {
     device: Arc<dyn Device>,
     class: usize,
+    /// `Some(ordinal)`: slabs of the engine's device memory on that device; `None`: pinned.
+    memory: Option<u32>,
     slot_bytes: usize,
     /// The most pinned bytes of slabs of this size (at least one slab).
     cap_bytes: usize,
@@ -409,15 +480,28 @@ impl SlotClass {
         let per_slab = self.slots_per_slab();
         let slab = &slabs[index / per_slab];
         let within = index % per_slab;
-        // SAFETY: `within` < slots per slab: the slot and its word lie inside the slab.
-        let host_ptr = unsafe { slab.data.host_ptr.add(within * self.slot_bytes) };
+        let (host_ptr, device_data) = match slab.data {
+            // SAFETY: `within` < slots per slab: the slot lies inside the slab.
+            SlabData::Pinned(data) => (unsafe { data.host_ptr.add(within * self.slot_bytes) }, 0),
+            SlabData::Device(base) => {
+                (std::ptr::null_mut(), base + (within * self.slot_bytes) as u64)
+            }
+        };
         // SAFETY: as above; words are 4-byte aligned in a page-aligned region.
         let word_ptr = unsafe { slab.words.host_ptr.cast::<u32>().add(within) };
         let done_word = ReleaseWord {
             host_ptr: word_ptr,
             device_addr: slab.words.device_addr + 4 * within as u64,
         };
-        Slot { class: self.class, index, host_ptr, done_word, generation }
+        Slot {
+            class: self.class,
+            device: self.memory,
+            index,
+            host_ptr,
+            device_data,
+            done_word,
+            generation,
+        }
     }
 
     /// Moves pending slots whose copy has run to the free list: each stream's oldest
@@ -478,15 +562,22 @@ impl SlotClass {
         state
     }
 
-    /// A slab of pinned memory and its page of done words (zeroed).
+    /// A slab of pinned memory (or the engine's device memory) and its page of done words
+    /// (pinned, zeroed).
     fn allocate_slab(&self) -> Result<Slab, crate::device::DeviceError> {
-        let data = crate::device::injected_fault(crate::fault::Site::PinnedAlloc)
-            .and_then(|()| self.device.alloc_pinned(self.slab_bytes()));
+        let data = crate::device::injected_fault(crate::fault::Site::PinnedAlloc).and_then(|()| {
+            match self.memory {
+                None => self.device.alloc_pinned(self.slab_bytes()).map(SlabData::Pinned),
+                Some(ordinal) => {
+                    self.device.alloc_engine_device(ordinal, self.slab_bytes()).map(SlabData::Device)
+                }
+            }
+        });
         let words = data.and_then(|data| match self.device.alloc_pinned(4096) {
             Ok(words) => Ok((data, words)),
             Err(error) => {
                 // SAFETY: allocated just above, never used.
-                unsafe { self.device.free_pinned(data) };
+                unsafe { self.free_data(data) };
                 Err(error)
             }
         });
@@ -503,6 +594,25 @@ impl Drop for SlotPool {
     fn drop(&mut self) {
         let mut spares = std::mem::take(self.spares.get_mut().unwrap_or_else(|p| p.into_inner()));
         self.take_back_spares(&mut spares, true);
+    }
+}
+
+impl SlotClass {
+    /// Frees a slab's bytes.
+    ///
+    /// # Safety
+    /// `data` came from [`SlotClass::allocate_slab`] of this class, is freed once, and no
+    /// copy still uses it.
+    unsafe fn free_data(&self, data: SlabData) {
+        match (data, self.memory) {
+            // SAFETY: the caller's contract.
+            (SlabData::Pinned(region), _) => unsafe { self.device.free_pinned(region) },
+            // SAFETY: the caller's contract (allocated on this class's device).
+            (SlabData::Device(addr), Some(ordinal)) => unsafe {
+                self.device.free_engine_device(ordinal, addr)
+            },
+            (SlabData::Device(_), None) => unreachable!("a pinned class holds pinned slabs"),
+        }
     }
 }
 
@@ -523,16 +633,17 @@ impl Drop for SlotClass {
                 busy[slot / per_slab] = true;
             }
         }
-        for (slab, busy) in state.slabs.drain(..).zip(busy) {
+        let slabs = std::mem::take(&mut state.slabs);
+        for (slab, busy) in slabs.into_iter().zip(busy) {
             if busy {
                 log::warn!(
                     "a read staging slab is leaked: a stream has not yet run its copy out of it"
                 );
                 continue;
             }
-            // SAFETY: from alloc_pinned on this device; no copy still reads it.
+            // SAFETY: from this class's allocations on this device; no copy still reads it.
             unsafe {
-                self.device.free_pinned(slab.data);
+                self.free_data(slab.data);
                 self.device.free_pinned(slab.words);
             }
         }
@@ -580,6 +691,50 @@ mod tests {
             pool.give_back(&slot);
         }
         assert!(pool.try_take(MAX_SLOT_BYTES + 1).is_none());
+    }
+
+    /// With device slots: reads over 64 KiB take slots of the engine's device memory on the
+    /// read's device (a distinct range per slot, up to the size's cap, then pinned ones),
+    /// reads of at most 64 KiB and every other take pinned slots; a slot given back is lent
+    /// again; without device slots no read gets one.
+    #[test]
+    fn with_device_slots_large_reads_take_device_memory_of_their_device() {
+        let cpu = CpuDevice::new(2);
+        let device: Arc<dyn Device> = cpu.clone();
+        let pool = SlotPool::with_memory(Arc::clone(&device), true, 32 << 20, MAX_SLOT_BYTES, true);
+        let small = pool.try_take_for_read(SLOT_BYTES, 1).expect("small");
+        assert!(small.device_memory().is_none() && !small.host_ptr.is_null(), "64 KiB: pinned");
+        let write = pool.try_take(1 << 20).expect("write");
+        assert!(write.device_memory().is_none(), "try_take: pinned");
+        let mut taken = Vec::new();
+        for ordinal in [0, 1] {
+            // 32 MiB of 16 MiB slots per device: two of device memory, then pinned ones.
+            for _ in 0..2 {
+                let slot = pool.try_take_for_read(MAX_SLOT_BYTES, ordinal).expect("slot");
+                let addr = slot.device_memory().expect("device memory");
+                assert!(slot.host_ptr.is_null());
+                let info = device.pointer_info(addr).expect("tracked");
+                assert_eq!(info.device_ordinal, ordinal, "on the read's device");
+                taken.push(slot);
+            }
+        }
+        let mut ranges: Vec<u64> = taken.iter().filter_map(Slot::device_memory).collect();
+        ranges.sort_unstable();
+        assert!(ranges.windows(2).all(|w| w[1] - w[0] >= MAX_SLOT_BYTES as u64), "distinct");
+        let past_cap = pool.try_take_for_read(MAX_SLOT_BYTES, 0).expect("a pinned one");
+        assert!(past_cap.device_memory().is_none(), "past the device cap: pinned");
+        pool.give_back(&taken[0]);
+        let again = pool.try_take_for_read(MAX_SLOT_BYTES, 0).expect("given back");
+        assert_eq!(again.device_memory(), taken[0].device_memory(), "lent again");
+        let plain = SlotPool::with_memory(device, true, 32 << 20, MAX_SLOT_BYTES, false);
+        let slot = plain.try_take_for_read(MAX_SLOT_BYTES, 0).expect("slot");
+        assert!(slot.device_memory().is_none(), "device slots off");
+        for slot in [small, write, past_cap, again].iter().chain(&taken[1..]) {
+            pool.give_back(slot);
+        }
+        plain.give_back(&slot);
+        drop((pool, plain));
+        assert_eq!(cpu.stats().invalid_releases, 0, "every slab freed as allocated");
     }
 
     /// Every slot of `slot_bytes` up to its size's cap; none past it.

@@ -90,6 +90,7 @@ impl AsyncOp {
         blocking_fallback: bool,
         prefetchable: bool,
         state: &crate::stream::StreamState,
+        device_ordinal: u32,
         (direction, io, file, sequence): (Direction, &ValidIo, &Arc<FileHandle>, u32),
     ) -> Option<(Slot, SlotUse)> {
         if blocking_fallback {
@@ -112,7 +113,11 @@ impl AsyncOp {
             (Direction::Write, true) if fits => SlotUse::Write,
             _ => return None,
         };
-        pool.try_take(size_bytes as usize).map(|slot| (slot, wanted))
+        let slot = match direction {
+            Direction::Read => pool.try_take_for_read(size_bytes as usize, device_ordinal),
+            Direction::Write => pool.try_take(size_bytes as usize),
+        };
+        slot.map(|slot| (slot, wanted))
     }
 
     /// At arm, for an op whose device range its stream does not fix: whether the bound
@@ -245,13 +250,22 @@ impl AsyncOp {
         // device range was validated at submission.
         let copied =
             crate::device::injected_fault(crate::fault::Site::DeviceCopy).and_then(|()| unsafe {
-                device.copy_on_stream(
-                    handle,
-                    self.direction,
-                    self.submitted.device_addr(),
-                    slot.host_ptr,
-                    len,
-                )
+                match slot.device_memory() {
+                    // Only reads take slots of device memory (`SlotPool::try_take_for_read`).
+                    Some(slot_addr) => device.copy_device_on_stream(
+                        handle,
+                        self.submitted.device_addr(),
+                        slot_addr,
+                        len,
+                    ),
+                    None => device.copy_on_stream(
+                        handle,
+                        self.direction,
+                        self.submitted.device_addr(),
+                        slot.host_ptr,
+                        len,
+                    ),
+                }
             });
         // Unqueued, the slot stays the op's (`SLOT_HELD`): a staged read may be writing
         // into it; the op gives it back when it is dropped, after its jobs.
@@ -294,13 +308,18 @@ impl AsyncOp {
                 guard,
                 direction: Direction::Read,
                 file_offset_bytes: io.file_offset_bytes() + offset,
-                device_addr: io.device_addr() + offset,
+                // A slot of device memory is filled as the engine's own path fills a
+                // destination: through its staging, then a copy (done once it completed).
+                device_addr: slot.device_memory().map_or(io.device_addr(), |addr| addr) + offset,
                 len_bytes: len,
                 device_ordinal: self.device_ordinal,
-                wait_for_copies: false,
+                wait_for_copies: slot.device_memory().is_some(),
                 arm_gate: None,
-                // SAFETY: parts lie inside the op, which the slot holds whole.
-                host_memory: Some(HostMemory::new(unsafe { slot.host_ptr.add(offset as usize) })),
+                host_memory: match slot.device_memory() {
+                    Some(_) => None,
+                    // SAFETY: parts lie inside the op, which the slot holds whole.
+                    None => Some(HostMemory::new(unsafe { slot.host_ptr.add(offset as usize) })),
+                },
                 may_start: None,
                 done: Completion::new(Arc::clone(self.host.device()), done),
             };
@@ -498,17 +517,24 @@ impl AsyncOp {
             return outcome;
         }
         let device = self.host.device();
+        let destination = self.submitted.device_addr() + read;
+        let len = (size - read) as usize;
         // SAFETY: the slot is ours until the release; the device range is the op's
         // validated destination, which the held stream no longer writes.
         let filled = unsafe {
-            device.copy_now(
-                self.device_ordinal,
-                Direction::Write,
-                self.submitted.device_addr() + read,
-                slot.host_ptr.add(read as usize),
-                (size - read) as usize,
-                true,
-            )
+            match slot.device_memory() {
+                Some(slot_addr) => {
+                    device.copy_device_now(self.device_ordinal, slot_addr + read, destination, len)
+                }
+                None => device.copy_now(
+                    self.device_ordinal,
+                    Direction::Write,
+                    destination,
+                    slot.host_ptr.add(read as usize),
+                    len,
+                    true,
+                ),
+            }
         };
         match filled {
             Ok(()) => outcome,

@@ -36,6 +36,8 @@ const BUFFERED_WRITES: &str = "HIPFILE_BUFFERED_WRITES";
 const STREAM_COPIES: &str = "HIPFILE_STREAM_COPIES";
 const STREAM_COPY_MB: &str = "HIPFILE_STREAM_COPY_MB";
 const STREAM_COPY_PIECE_MB: &str = "HIPFILE_STREAM_COPY_PIECE_MB";
+const STREAM_COPY_SLOTS: &str = "HIPFILE_STREAM_COPY_SLOTS";
+const REASON_STREAM_COPY_SLOTS: &str = "must be pinned or device";
 const REASON_BUFFERED_WRITES: &str = "must be thread or io_uring";
 const REASON_ON_OFF: &str = "must be 1/on/true or 0/off/false";
 const REASON_STREAM_COPIES: &str = "must be 1/on/true, 0/off/false or all";
@@ -180,6 +182,13 @@ pub const ENV_VARS: &[(&str, &str)] = &[
          whose buffer offset and size are FIXED, 1, 4 or 16 (default 16)",
     ),
     (
+        STREAM_COPY_SLOTS,
+        "with HIPFILE_STREAM_COPIES=all: the memory of the slots of reads over 64 KiB, \
+         pinned (the engine reads the file into them, the stream copies host -> device) or \
+         device (the engine's own device memory: the engine reads through its arena and \
+         copies into them, the stream copies device -> device); default pinned",
+    ),
+    (
         BUFFERED_WRITES,
         "how executors write page-cache (not O_DIRECT) chunks: thread (pwrite on the \
          executor's blocking thread) or io_uring (default thread)",
@@ -222,6 +231,23 @@ pub enum StreamCopies {
     /// `cuStreamCreate` waiting for held streams cannot stall it (README "Known limits").
     /// Not yet measured on a GPU.
     All,
+}
+
+/// The memory of the slots of reads over 64 KiB under [`StreamCopies::All`]
+/// (`HIPFILE_STREAM_COPY_SLOTS`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum StreamCopySlots {
+    /// Pinned host memory (`pinned`, the default): the engine reads the file straight
+    /// into the slot, the stream copies host → device.
+    #[default]
+    Pinned,
+    /// Device memory of the engine's own (its context on CUDA), on the op's device
+    /// (`device`): the engine reads through its staging arena and copies into the slot as
+    /// on its own path, the stream copies device → device. The slots' footprint is then
+    /// GPU memory, and the host side reads into the arena's few, reused chunks instead of
+    /// as many slots as ops in flight. Writes and reads of at most 64 KiB keep pinned
+    /// slots. A backend without engine device memory (rocm today) uses pinned slots.
+    Device,
 }
 
 /// Which device backend to use (`HIPFILE_DEVICE`).
@@ -308,6 +334,9 @@ pub struct Config {
     /// 16): an op longer than that goes as pieces sharing a ring of four slots of that
     /// size, and the stream copies each piece as soon as it is read.
     pub stream_copy_piece_bytes: usize,
+    /// With [`StreamCopies::All`]: the memory of read slots over 64 KiB
+    /// (`HIPFILE_STREAM_COPY_SLOTS`, default pinned; [`StreamCopySlots`]).
+    pub stream_copy_slots: StreamCopySlots,
 }
 
 /// The default of `HIPFILE_STREAM_COPY_MB` on a machine of `physical_bytes` of memory
@@ -471,6 +500,17 @@ impl Config {
                 reason: REASON_STREAM_COPY_PIECE_MB,
             });
         }
+        config.stream_copy_slots = match get(STREAM_COPY_SLOTS).as_deref().map(str::trim) {
+            None | Some("pinned") => StreamCopySlots::Pinned,
+            Some("device") => StreamCopySlots::Device,
+            Some(other) => {
+                return Err(ConfigError {
+                    variable: STREAM_COPY_SLOTS,
+                    value: other.to_string(),
+                    reason: REASON_STREAM_COPY_SLOTS,
+                });
+            }
+        };
         config.buffered_writes = match get(BUFFERED_WRITES).as_deref().map(str::trim) {
             None | Some("thread") => BufferedWrites::Thread,
             Some("io_uring") => BufferedWrites::IoUring,
@@ -569,6 +609,7 @@ impl Config {
             stream_copy_cap_bytes: default_stream_copy_mib(crate::sys::physical_memory_bytes())
                 * MIB,
             stream_copy_piece_bytes: DEFAULT_STREAM_COPY_PIECE_MB * MIB,
+            stream_copy_slots: StreamCopySlots::Pinned,
         }
     }
 

@@ -467,6 +467,49 @@ pub trait DeviceCopies {
         let _ = (device_ordinal, direction, device_addr, host, len_bytes, ops_may_hold_streams);
         Err(DeviceError::new(DeviceError::HIP_ERROR_NOT_SUPPORTED, "copy_now"))
     }
+
+    /// Allocates `len_bytes` of the engine's own device memory on `device_ordinal`
+    /// (`HIPFILE_STREAM_COPY_SLOTS=device`): on CUDA in the engine's context, so that
+    /// copies into it never wait for the application's streams or for a call of the
+    /// application waiting for them. Copies on internal streams write it like any device
+    /// memory; [`StreamMemoryOps::copy_device_on_stream`] reads it from a user stream.
+    ///
+    /// # Errors
+    /// Not supported by the backend, out of device memory, or the backend failed.
+    fn alloc_engine_device(&self, device_ordinal: u32, len_bytes: usize) -> Result<u64, DeviceError> {
+        let _ = (device_ordinal, len_bytes);
+        Err(DeviceError::new(DeviceError::HIP_ERROR_NOT_SUPPORTED, "engine device memory"))
+    }
+
+    /// Frees memory from [`DeviceCopies::alloc_engine_device`].
+    ///
+    /// # Safety
+    /// `addr` came from `alloc_engine_device` on `device_ordinal`, is freed once, and no
+    /// enqueued copy still uses it.
+    unsafe fn free_engine_device(&self, device_ordinal: u32, addr: u64) {
+        let _ = (device_ordinal, addr);
+    }
+
+    /// Copies `len_bytes` device → device on `device_ordinal` on a stream of the engine's
+    /// and returns once the copy is complete (the rare fills of a device slot from the
+    /// destination: a read that came back short).
+    ///
+    /// # Errors
+    /// Not supported, invalid addresses, or the backend failed.
+    ///
+    /// # Safety
+    /// Both ranges are device memory of `device_ordinal` the caller may read (source) or
+    /// write (target) for the call.
+    unsafe fn copy_device_now(
+        &self,
+        device_ordinal: u32,
+        target: u64,
+        source: u64,
+        len_bytes: usize,
+    ) -> Result<(), DeviceError> {
+        let _ = (device_ordinal, target, source, len_bytes);
+        Err(DeviceError::new(DeviceError::HIP_ERROR_NOT_SUPPORTED, "copy_device_now"))
+    }
 }
 
 /// Events recorded on internal streams, polled for completion.
@@ -592,6 +635,27 @@ pub trait StreamMemoryOps {
     ) -> Result<(), DeviceError> {
         let _ = (stream, direction, device_addr, host, len_bytes);
         Err(DeviceError::new(DeviceError::HIP_ERROR_NOT_SUPPORTED, "copies on user streams"))
+    }
+
+    /// Enqueues on a user stream a device → device copy of `len_bytes` from `source` (the
+    /// engine's device memory, [`DeviceCopies::alloc_engine_device`]) to `target` (memory
+    /// of the application), run when the stream reaches it, in stream order.
+    ///
+    /// # Errors
+    /// Not supported, unknown stream, invalid addresses, or the backend failed.
+    ///
+    /// # Safety
+    /// `source` stays allocated until the copy has run and holds the bytes by then; the
+    /// target range is memory the application asked to be written.
+    unsafe fn copy_device_on_stream(
+        &self,
+        stream: StreamHandle,
+        target: u64,
+        source: u64,
+        len_bytes: usize,
+    ) -> Result<(), DeviceError> {
+        let _ = (stream, target, source, len_bytes);
+        Err(DeviceError::new(DeviceError::HIP_ERROR_NOT_SUPPORTED, "device copies on user streams"))
     }
 
     /// Blocks until every op enqueued on a user stream has completed (tests, tools,

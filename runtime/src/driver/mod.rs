@@ -27,7 +27,7 @@ use hipfile_core::OpError;
 use crate::arm::ArmPoller;
 use crate::async_op::{AsyncStats, OpHost, SlotPool, WriteHazardTable};
 use crate::buffer::RegisteredBuffer;
-use crate::config::{Config, StreamCopies};
+use crate::config::{Config, StreamCopies, StreamCopySlots};
 use crate::device::Device;
 use crate::engine::Engine;
 use crate::error::Error;
@@ -87,11 +87,12 @@ impl Driver {
         let slots = (config.stream_copies != StreamCopies::Off && device.copies_on_user_streams())
             .then(|| {
                 let all = config.stream_copies == StreamCopies::All;
-                SlotPool::new(
+                SlotPool::with_memory(
                     Arc::clone(&device),
                     all,
                     config.stream_copy_cap_bytes,
                     config.stream_copy_piece_bytes,
+                    config.stream_copy_slots == StreamCopySlots::Device,
                 )
             });
         Arc::new(Driver {

@@ -46,6 +46,7 @@ pub fn config(cpus: &[usize]) -> Config {
         stream_copies: hipfile_runtime::config::StreamCopies::Off,
         stream_copy_cap_bytes: 64 << 20,
         stream_copy_piece_bytes: 16 << 20,
+        stream_copy_slots: hipfile_runtime::config::StreamCopySlots::Pinned,
     };
     config.validate().expect("test config is valid");
     config

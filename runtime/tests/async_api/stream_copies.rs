@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 
 use hipfile_core::OpError;
 use hipfile_runtime::AsyncParams;
-use hipfile_runtime::config::{Config, StreamCopies};
+use hipfile_runtime::config::{Config, StreamCopies, StreamCopySlots};
 use hipfile_runtime::file::DirectPolicy;
 
 use super::paused::Paused;
@@ -292,6 +292,89 @@ fn with_all_every_fixed_read_is_copied_on_its_stream() {
     // The sizes, the read past the end, the long one's two pieces, and the unfixed one
     // (its parameters did not move: it keeps its slot).
     assert_eq!(copied, sizes.len() as u64 + 1 + 2 + 1, "every read");
+}
+
+/// `HIPFILE_STREAM_COPIES=all` with `HIPFILE_STREAM_COPY_SLOTS=device`: fully FIXED reads
+/// over 64 KiB take slots of the engine's device memory, which the engine fills through
+/// its staging arena (no `pread` straight into a slot), and their stream copies device →
+/// device behind the op's wait; reads of at most 64 KiB keep pinned slots. All queued on
+/// one held stream (so their release is a host store after the fill, no CUDA call): those
+/// inside the file staged at once, one of 256 KiB reaching past the end of the file read
+/// when the stream reaches it (short: its slot is filled from the destination past the
+/// bytes read, which therefore stay as they were), and a plain stream's unfixed read. Every
+/// byte lands where it should.
+#[test]
+fn with_device_slots_reads_over_64_kib_are_filled_by_the_engine_and_copied_on_their_stream() {
+    let config = Config {
+        stream_copies: StreamCopies::All,
+        stream_copy_slots: StreamCopySlots::Device,
+        ..small_config()
+    };
+    let rig = Rig::with(1, config);
+    let file_len = 24 * MIB;
+    let t = Paused::with(rig, "stream-copies-device-slots", file_len, 24 * MIB);
+    let old = pattern(95, 24 * MIB);
+    t.rig.set_dev_bytes(t.buffer, &old);
+    let fixed = t.rig.registered_stream(15);
+    let plain = t.rig.registered_stream(0);
+    let gate = t.rig.pause(fixed).expect("pause");
+    let before = stream_copies(&t.rig);
+    let read_before = t.rig.driver.file(t.handle).expect("file").counters().read_bytes();
+    let preads = || t.rig.driver.engine().expect("engine").stats().host_memory_preads;
+    let (preads_before, chunks_before) = (preads(), arena_chunks(&t.rig));
+    let copied_other = || t.rig.cpu.as_ref().map(|cpu| cpu.stats().bytes_copied_other);
+    let other_before = copied_other();
+    let small = [4096, 64 * KIB];
+    let large = [64 * KIB + 4096, 256 * KIB + 4096, MIB, 3 * MIB, 16 * MIB];
+    let mut placed = Vec::new();
+    let mut at = 0usize;
+    for (i, &size) in small.iter().chain(&large).enumerate() {
+        let file_offset = (i * 5 + 1) * 4096;
+        let p = params(size, file_offset as i64, at as i64);
+        read(&t, &p, fixed);
+        placed.push((p, size, size, file_offset, at));
+        at += size + 4096;
+    }
+    let staged: usize = small.iter().chain(&large).sum();
+    wait_until("the reads inside the file staged", || {
+        t.rig.driver.file(t.handle).expect("file").counters().read_bytes() - read_before
+            == staged as u64
+    });
+    // The small ones straight into their pinned slots, the large ones through the arena.
+    assert_eq!(preads() - preads_before, small.len() as u64, "a pread per small read only");
+    let chunks = arena_chunks(&t.rig) - chunks_before;
+    let least: usize = large.iter().map(|size| size.div_ceil(256 * KIB)).sum();
+    assert!(chunks >= least as u64, "{chunks} arena chunks for the large reads (at least {least})");
+    // Past the end of the file (short: 4 KiB of 256 KiB; read at arm), and unfixed.
+    let later = [(256 * KIB, file_len - 4096, 4096, fixed), (MIB, 8192, MIB, plain)];
+    for &(size, file_offset, want, stream) in &later {
+        let p = params(size, file_offset as i64, at as i64);
+        read(&t, &p, stream);
+        placed.push((p, size, want, file_offset, at));
+        at += size + 4096;
+    }
+    assert!(at <= 24 * MIB);
+    assert_eq!(bytes(&placed[0].0), 0, "held: nothing done yet");
+    gate.release();
+    t.rig.sync(fixed);
+    t.rig.sync(plain);
+    let got = t.rig.dev_bytes(t.buffer, at);
+    for (p, size, want, file_offset, at) in &placed {
+        assert_eq!(bytes(p), *want as isize, "{want} bytes at file offset {file_offset}");
+        let what = format!("{want} bytes at file offset {file_offset}");
+        assert_bytes(&got[*at..at + want], &t.data[*file_offset..file_offset + want], &what);
+        let past = format!("{what}: the destination past the bytes read");
+        assert_bytes(&got[at + want..at + size], &old[at + want..at + size], &past);
+    }
+    assert_eq!(stream_copies(&t.rig) - before, placed.len() as u64, "every read");
+    // On the cpu device: the device → device copies out of the slots (and the short
+    // read's fill of its slot from the destination) are what the device copied besides
+    // host ↔ device.
+    if let (Some(after), Some(before)) = (copied_other(), other_before) {
+        let device_slots: usize = large.iter().sum::<usize>() + 256 * KIB + MIB;
+        let fill = 256 * KIB - 4096;
+        assert_eq!(after - before, (device_slots + fill) as u64, "device → device bytes");
+    }
 }
 
 /// `HIPFILE_STREAM_COPIES=all`: a read whose destination range is FIXED but whose file

@@ -116,6 +116,10 @@ fn is_device(memory_type: MemoryType) -> bool {
     memory_type == MemoryType::Device
 }
 
+fn is_device_or_managed(memory_type: MemoryType) -> bool {
+    matches!(memory_type, MemoryType::Device | MemoryType::Managed)
+}
+
 fn is_pinned_host(memory_type: MemoryType) -> bool {
     memory_type == MemoryType::Host
 }
@@ -245,6 +249,8 @@ pub(super) enum CopyRule {
     DeviceToHost,
     /// Both sides in tracked allocations of any type.
     AnyTracked,
+    /// Source in one device allocation, target in one device or managed allocation.
+    DeviceToDevice,
 }
 
 /// Which counter an executed copy adds to.
@@ -282,6 +288,12 @@ impl CopyRule {
                     (MemoryType::Device, MemoryType::Host) => CopyPath::DeviceToHost,
                     _ => CopyPath::Other,
                 })
+            }
+            CopyRule::DeviceToDevice => {
+                let what = "copy target not in device memory";
+                check_range(map, target, len_bytes, is_device_or_managed, what)?;
+                check_range(map, source, len_bytes, is_device, "copy source not in device memory")?;
+                Ok(CopyPath::Other)
             }
         }
     }

@@ -459,6 +459,33 @@ impl DeviceCopies for CpuDevice {
         // SAFETY: same contract as `stream_write_value32`.
         unsafe { self.stream_write_value32(StreamHandle(stream.raw()), word_device_addr, value) }
     }
+
+    fn alloc_engine_device(&self, device_ordinal: u32, len_bytes: usize) -> Result<u64, DeviceError> {
+        self.malloc_device(device_ordinal, len_bytes)
+    }
+
+    unsafe fn free_engine_device(&self, _device_ordinal: u32, addr: u64) {
+        // SAFETY: the caller's contract: ours, freed once, no copy still uses it.
+        if unsafe { self.free_device(addr) }.is_err() {
+            self.count_invalid_release();
+        }
+    }
+
+    unsafe fn copy_device_now(
+        &self,
+        device_ordinal: u32,
+        target: u64,
+        source: u64,
+        len_bytes: usize,
+    ) -> Result<(), DeviceError> {
+        self.check_ordinal(device_ordinal)?;
+        let stream = self.create_stream(device_ordinal)?.0;
+        let enqueued =
+            self.enqueue_copy(stream, target, source, len_bytes, CopyRule::DeviceToDevice);
+        let synced = self.synchronize_stream(StreamHandle(stream));
+        let destroyed = self.destroy_stream(StreamHandle(stream));
+        enqueued.and(synced).and(destroyed)
+    }
 }
 
 impl StreamMemoryOps for CpuDevice {
@@ -515,6 +542,16 @@ impl StreamMemoryOps for CpuDevice {
                 self.enqueue_copy(stream.0, host, device_addr, len_bytes, CopyRule::DeviceToHost)
             }
         }
+    }
+
+    unsafe fn copy_device_on_stream(
+        &self,
+        stream: StreamHandle,
+        target: u64,
+        source: u64,
+        len_bytes: usize,
+    ) -> Result<(), DeviceError> {
+        self.enqueue_copy(stream.0, target, source, len_bytes, CopyRule::DeviceToDevice)
     }
 
     fn synchronize_stream(&self, stream: StreamHandle) -> Result<(), DeviceError> {

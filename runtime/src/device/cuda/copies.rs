@@ -3,6 +3,7 @@
 //! engine and primary contexts, `HIPFILE_CUDA_CALLER_COPY`), and the rule that bounces a
 //! host → device copy through a stream's device scratch (`HIPFILE_CUDA_MIN_COPY_BYTES`).
 
+use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use hipfile_core::Direction;
@@ -179,7 +180,11 @@ impl CudaDevice {
         len_bytes: usize,
         bounce: bool,
     ) -> Result<(), DeviceError> {
-        if bounce && len_bytes < self.min_copy_bytes && self.engine_isolated(entry.ordinal) {
+        if bounce
+            && len_bytes < self.min_copy_bytes
+            && self.engine_isolated(entry.ordinal)
+            && !is_engine_device_memory(target, len_bytes)
+        {
             // SAFETY: the caller's contract.
             return unsafe { self.copy_through_scratch(entry, target, source, len_bytes) };
         }
@@ -370,4 +375,64 @@ impl DeviceCopies for CudaDevice {
             }
         })
     }
+
+    fn alloc_engine_device(&self, device_ordinal: u32, len_bytes: usize) -> Result<u64, DeviceError> {
+        let addr =
+            self.in_engine_context(device_ordinal, || result::mem_alloc(&self.api, len_bytes))?;
+        engine_device_memory().insert(addr, len_bytes);
+        Ok(addr)
+    }
+
+    unsafe fn free_engine_device(&self, device_ordinal: u32, addr: u64) {
+        engine_device_memory().remove(&addr);
+        let _ = self.in_engine_context(device_ordinal, || {
+            // SAFETY: the caller's contract: ours, freed once, no copy still uses it.
+            let _ = unsafe { result::mem_free_status(&self.api, addr) };
+            Ok(())
+        });
+    }
+
+    unsafe fn copy_device_now(
+        &self,
+        device_ordinal: u32,
+        target: u64,
+        source: u64,
+        len_bytes: usize,
+    ) -> Result<(), DeviceError> {
+        self.in_engine_context(device_ordinal, || {
+            let pool = &self.caller_streams[device_ordinal as usize];
+            let pooled = pool.lock().unwrap_or_else(|p| p.into_inner()).pop();
+            let entry = match pooled {
+                Some(entry) => entry,
+                None => self.prepared_entry(device_ordinal, true)?,
+            };
+            // SAFETY: the caller's contract (valid device ranges); our stream, of the
+            // engine context, which is current.
+            let enqueued = unsafe {
+                result::memcpy_dtod_async(&self.api, target, source, len_bytes, entry.stream)
+            };
+            // SAFETY: our stream.
+            let synced = unsafe { result::stream_synchronize(&self.api, entry.stream) };
+            pool.lock().unwrap_or_else(|p| p.into_inner()).push(entry);
+            enqueued.and(synced)
+        })
+    }
+}
+
+/// The engine's own device memory ([`DeviceCopies::alloc_engine_device`]) of every device
+/// of the process, by base address: host → device copies into it need no bounce through
+/// a scratch (copies into the engine context's memory scale and never wait for the
+/// application's streams).
+static ENGINE_DEVICE_MEMORY: Mutex<BTreeMap<u64, usize>> = Mutex::new(BTreeMap::new());
+
+fn engine_device_memory() -> std::sync::MutexGuard<'static, BTreeMap<u64, usize>> {
+    ENGINE_DEVICE_MEMORY.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Whether `addr..addr + len_bytes` lies inside one allocation of engine device memory.
+fn is_engine_device_memory(addr: u64, len_bytes: usize) -> bool {
+    let memory = engine_device_memory();
+    memory.range(..=addr).next_back().is_some_and(|(&base, &len)| {
+        addr.checked_add(len_bytes as u64).is_some_and(|end| end <= base + len as u64)
+    })
 }

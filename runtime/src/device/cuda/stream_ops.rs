@@ -65,9 +65,8 @@ impl StreamMemoryOps for CudaDevice {
         host: *mut u8,
         len_bytes: usize,
     ) -> Result<(), DeviceError> {
-        self.ensure_any_current()?;
         let cu_stream = stream.0 as CUstream;
-        let enqueue = || {
+        self.enqueue_on_user_stream(cu_stream, || {
             // SAFETY: the caller's contract (pinned portable host memory, live until the
             // copy ran; a valid device range).
             unsafe {
@@ -88,24 +87,23 @@ impl StreamMemoryOps for CudaDevice {
                     ),
                 }
             }
-        };
-        let first = enqueue();
-        if first.is_ok() {
-            return first;
-        }
-        // The stream may belong to another context than the calling thread's current one:
-        // enqueue in the stream's own context, leaving the thread's as it was.
-        // SAFETY: a user stream handle; an invalid one yields an error code.
-        let Ok(context) = (unsafe { result::stream_get_ctx(&self.api, cu_stream) }) else {
-            return first;
-        };
-        // SAFETY: the stream's context, pushed and popped around one call.
-        unsafe { result::ctx_push_current(&self.api, context) }?;
-        let pushed = enqueue();
-        // SAFETY: pops what we pushed.
-        let _ = unsafe { result::ctx_pop_current_status(&self.api) };
-        super::contexts::forget_current_context();
-        pushed
+        })
+    }
+
+    unsafe fn copy_device_on_stream(
+        &self,
+        stream: StreamHandle,
+        target: u64,
+        source: u64,
+        len_bytes: usize,
+    ) -> Result<(), DeviceError> {
+        let cu_stream = stream.0 as CUstream;
+        self.enqueue_on_user_stream(cu_stream, || {
+            // SAFETY: the caller's contract (engine device memory live until the copy ran;
+            // a valid target range). Unified addressing lets a stream of the application's
+            // context copy from memory of the engine context on the same device.
+            unsafe { result::memcpy_dtod_async(&self.api, target, source, len_bytes, cu_stream) }
+        })
     }
 
     unsafe fn stream_write_then_wait_value32(
@@ -167,5 +165,33 @@ impl StreamMemoryOps for CudaDevice {
         self.ensure_any_current()?;
         // SAFETY: a user stream handle; invalid ones yield an error code.
         unsafe { result::stream_query(&self.api, stream.0 as CUstream) }
+    }
+}
+
+impl CudaDevice {
+    /// Runs `enqueue` (an enqueue on the user stream `cu_stream`) with a context current;
+    /// if it fails, once more in the stream's own context (it may belong to another
+    /// context than the calling thread's current one), leaving the thread's as it was.
+    fn enqueue_on_user_stream(
+        &self,
+        cu_stream: CUstream,
+        enqueue: impl Fn() -> Result<(), DeviceError>,
+    ) -> Result<(), DeviceError> {
+        self.ensure_any_current()?;
+        let first = enqueue();
+        if first.is_ok() {
+            return first;
+        }
+        // SAFETY: a user stream handle; an invalid one yields an error code.
+        let Ok(context) = (unsafe { result::stream_get_ctx(&self.api, cu_stream) }) else {
+            return first;
+        };
+        // SAFETY: the stream's context, pushed and popped around one call.
+        unsafe { result::ctx_push_current(&self.api, context) }?;
+        let pushed = enqueue();
+        // SAFETY: pops what we pushed.
+        let _ = unsafe { result::ctx_pop_current_status(&self.api) };
+        super::contexts::forget_current_context();
+        pushed
     }
 }
