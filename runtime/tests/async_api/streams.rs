@@ -547,6 +547,23 @@ fn streams_made_while_reads_copied_on_their_streams_hold_streams() {
     assert_eq!(copies, 8 * 4 * 6, "every read copied on its own stream");
 }
 
+/// The same with reads of 256 KiB in slots of the engine's device memory
+/// (`HIPFILE_STREAM_COPY_SLOTS=device`): the engine fills the slot through its staging and
+/// a copy into its own memory, the stream copies device → device behind the op's wait, and
+/// the release is a host write once the fill completed. Every read must have been copied
+/// on its stream.
+#[test]
+fn streams_made_while_reads_copied_from_device_slots_hold_streams() {
+    let config = Config {
+        stream_copies: StreamCopies::All,
+        stream_copy_slots: hipfile_runtime::config::StreamCopySlots::Device,
+        ..small_config()
+    };
+    let flags = [Some(15), Some(5), Some(7), Some(13)];
+    let copies = streams_made_during(Rig::with(1, config), Direction::Read, 4, 256 * KIB, flags);
+    assert_eq!(copies, 8 * 4 * 6, "every read copied on its own stream");
+}
+
 /// The same with writes whose bytes their stream copies into a slot ahead of their
 /// doorbell (`HIPFILE_STREAM_COPIES=all`, buffer offset and size FIXED).
 #[test]

@@ -502,4 +502,16 @@ fn stream_copies_are_off_unless_asked_for() {
         );
         assert!(error.to_string().contains("1, 4 or 16"), "{bad:?}: {error}");
     }
+    // The memory of large read slots: pinned unless set.
+    use hipfile_runtime::config::StreamCopySlots;
+    assert_eq!(parse_ok(&[]).stream_copy_slots, StreamCopySlots::Pinned);
+    for (raw, want) in [("pinned", StreamCopySlots::Pinned), (" device ", StreamCopySlots::Device)] {
+        let got = parse_ok(&[("HIPFILE_STREAM_COPY_SLOTS", raw)]).stream_copy_slots;
+        assert_eq!(got, want, "{raw:?}");
+    }
+    for bad in ["gpu", "Device", "1"] {
+        let error =
+            rejected(&[("HIPFILE_STREAM_COPY_SLOTS", bad)], &cpus(4), "HIPFILE_STREAM_COPY_SLOTS");
+        assert!(error.to_string().contains("pinned or device"), "{bad:?}: {error}");
+    }
 }

@@ -1,0 +1,86 @@
+#!/bin/bash
+# Slots of the engine's device memory (HIPFILE_STREAM_COPIES=all with
+# HIPFILE_STREAM_COPY_SLOTS=device) on the H200, in the order of what decides:
+# (a) benches/probes/device_slot_probe.c: can a stream of the application's context copy
+#     device -> device out of the engine context's memory (bytes, rate), and does a read's
+#     copy already queued that way run while another thread's cuStreamCreate waits for
+#     the held streams (and the engine's path, as the control, not);
+# (b) the lock checks (an application thread creating 200 streams while ops hold 8
+#     streams): reads through device slots, through pinned slots, the engine's path;
+#     a run past 45 s is a HANG;
+# (c) the device-slot test and the other stream-copy tests of async_api on CUDA;
+# (d) speed, one binary, one run: 16 MiB hot reads at 1, 8 and 16 streams under off,
+#     all (pinned slots), all (device slots), off again, with --profile;
+# (e) the never-hang sweep under all + device slots.
+# STEPS picks sections (default "a b c d"; e is a call of its own). Usage, with
+# target/gpu-bundle built (tests/gpu/make-bundle.sh):
+#   OUT=dir benches/scripts/h200-device-slots.sh
+#   OUT=dir STEPS=e benches/scripts/h200-device-slots.sh
+set -u
+cd "$(dirname "$0")/../.." || exit 1
+out=${OUT:-/tmp/hf-device-slots}; mkdir -p "$out"
+bundle=target/gpu-bundle
+chmod +x "$bundle"/tests/* "$bundle"/bin/*
+bench=$bundle/bin/hipfile-bench
+cuda=${CUDA_HOME:-/usr/local/cuda}
+steps=" ${STEPS:-a b c d} "
+t0=$(date +%s)
+elapsed() { echo "[$(( $(date +%s) - t0 )) s]"; }
+export HIPFILE_DEVICE=cuda
+
+if [[ $steps == *" a "* ]]; then
+  echo "== (a) device slot probe $(elapsed)"
+  gcc -std=c11 -O2 -I"$cuda/include" benches/probes/device_slot_probe.c -o /tmp/hf-dsp \
+    -L"$cuda/lib64/stubs" -lcuda -lpthread -ldl || echo "probe: build failed"
+  for mode in cross lock control; do
+    CUDA_DEVICE_MAX_CONNECTIONS=32 timeout -s KILL 45 /tmp/hf-dsp 16 4 "$mode"
+    echo "exit $?"
+  done 2>&1 | tee "$out/probe.txt"
+fi
+
+if [[ $steps == *" b "* ]]; then
+  echo "== (b) lock checks $(elapsed)"
+  for test in streams::streams_made_while_reads_copied_from_device_slots_hold_streams \
+              streams::streams_made_while_reads_copied_on_their_streams_hold_streams \
+              streams::streams_made_while_ops_hold_streams; do
+    timeout -s KILL 45 "$bundle/tests/async_api" --test-threads=1 --exact "$test" \
+      > /tmp/hf-lock.log 2>&1
+    rc=$?
+    case $rc in 0) verdict=PASS;; 137) verdict=HANG;; *) verdict="FAIL ($rc)";; esac
+    echo "$verdict $test"
+    [ "$rc" = 0 ] || grep -E "panicked|HANG:|async:" /tmp/hf-lock.log | head -4
+  done 2>&1 | tee "$out/lock.txt"
+fi
+
+if [[ $steps == *" c "* ]]; then
+  echo "== (c) stream-copy tests on CUDA $(elapsed)"
+  timeout -s KILL 120 "$bundle/tests/async_api" --test-threads=1 stream_copies \
+    > "$out/stream-copies-tests.txt" 2>&1
+  echo "exit $?"; grep -E "^test |test result" "$out/stream-copies-tests.txt" | grep -vE "\.\.\. ok$"
+fi
+
+if [[ $steps == *" d "* ]]; then
+  echo "== (d) hot reads, off / all pinned / all device / off $(elapsed)"
+  run() {
+    local name=$1; shift
+    env "$@" timeout -s KILL 90 "$bench" --mode read --streams 1,8,16 --io-size 16M \
+      --no-baselines --profile --file /tmp/hf-ds.dat > "$out/read-$name.txt" 2>&1
+    echo "$name (exit $?):"; grep -E "^READ +ASYNC" "$out/read-$name.txt"
+  }
+  run off-1 HIPFILE_STREAM_COPIES=off
+  run all-pinned HIPFILE_STREAM_COPIES=all HIPFILE_STREAM_COPY_SLOTS=pinned
+  run all-device HIPFILE_STREAM_COPIES=all HIPFILE_STREAM_COPY_SLOTS=device
+  run off-2 HIPFILE_STREAM_COPIES=off
+  rm -f /tmp/hf-ds.dat
+fi
+
+if [[ $steps == *" e "* ]]; then
+  echo "== (e) sweep under all + device slots $(elapsed)"
+  HIPFILE_STREAM_COPIES=all HIPFILE_STREAM_COPY_SLOTS=device timeout -s KILL 400 "$bench" \
+    --mode sweep --streams 1,4,16,24,32,33,64,128 --io-size 4K,1M,4M,16M --ops-per-stream 4 \
+    --case-timeout 30 > "$out/sweep-all-device.txt" 2>&1
+  echo "exit $?: $(grep -c PASS "$out/sweep-all-device.txt") PASS"
+  grep -E "HANG|FAIL|WRONG" "$out/sweep-all-device.txt" | head
+  tail -2 "$out/sweep-all-device.txt"
+fi
+echo "== done $(elapsed)"
