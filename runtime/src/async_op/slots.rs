@@ -565,14 +565,16 @@ impl SlotClass {
     /// A slab of pinned memory (or the engine's device memory) and its page of done words
     /// (pinned, zeroed).
     fn allocate_slab(&self) -> Result<Slab, crate::device::DeviceError> {
-        let data = crate::device::injected_fault(crate::fault::Site::PinnedAlloc).and_then(|()| {
-            match self.memory {
-                None => self.device.alloc_pinned(self.slab_bytes()).map(SlabData::Pinned),
-                Some(ordinal) => {
-                    self.device.alloc_engine_device(ordinal, self.slab_bytes()).map(SlabData::Device)
-                }
-            }
-        });
+        let data =
+            crate::device::injected_fault(crate::fault::Site::PinnedAlloc).and_then(
+                |()| match self.memory {
+                    None => self.device.alloc_pinned(self.slab_bytes()).map(SlabData::Pinned),
+                    Some(ordinal) => self
+                        .device
+                        .alloc_engine_device(ordinal, self.slab_bytes())
+                        .map(SlabData::Device),
+                },
+            );
         let words = data.and_then(|data| match self.device.alloc_pinned(4096) {
             Ok(words) => Ok((data, words)),
             Err(error) => {

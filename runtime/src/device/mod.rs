@@ -476,7 +476,11 @@ pub trait DeviceCopies {
     ///
     /// # Errors
     /// Not supported by the backend, out of device memory, or the backend failed.
-    fn alloc_engine_device(&self, device_ordinal: u32, len_bytes: usize) -> Result<u64, DeviceError> {
+    fn alloc_engine_device(
+        &self,
+        device_ordinal: u32,
+        len_bytes: usize,
+    ) -> Result<u64, DeviceError> {
         let _ = (device_ordinal, len_bytes);
         Err(DeviceError::new(DeviceError::HIP_ERROR_NOT_SUPPORTED, "engine device memory"))
     }

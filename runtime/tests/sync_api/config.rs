@@ -505,7 +505,8 @@ fn stream_copies_are_off_unless_asked_for() {
     // The memory of large read slots: pinned unless set.
     use hipfile_runtime::config::StreamCopySlots;
     assert_eq!(parse_ok(&[]).stream_copy_slots, StreamCopySlots::Pinned);
-    for (raw, want) in [("pinned", StreamCopySlots::Pinned), (" device ", StreamCopySlots::Device)] {
+    for (raw, want) in [("pinned", StreamCopySlots::Pinned), (" device ", StreamCopySlots::Device)]
+    {
         let got = parse_ok(&[("HIPFILE_STREAM_COPY_SLOTS", raw)]).stream_copy_slots;
         assert_eq!(got, want, "{raw:?}");
     }

@@ -460,7 +460,11 @@ impl DeviceCopies for CpuDevice {
         unsafe { self.stream_write_value32(StreamHandle(stream.raw()), word_device_addr, value) }
     }
 
-    fn alloc_engine_device(&self, device_ordinal: u32, len_bytes: usize) -> Result<u64, DeviceError> {
+    fn alloc_engine_device(
+        &self,
+        device_ordinal: u32,
+        len_bytes: usize,
+    ) -> Result<u64, DeviceError> {
         self.malloc_device(device_ordinal, len_bytes)
     }
 

@@ -376,7 +376,11 @@ impl DeviceCopies for CudaDevice {
         })
     }
 
-    fn alloc_engine_device(&self, device_ordinal: u32, len_bytes: usize) -> Result<u64, DeviceError> {
+    fn alloc_engine_device(
+        &self,
+        device_ordinal: u32,
+        len_bytes: usize,
+    ) -> Result<u64, DeviceError> {
         let addr =
             self.in_engine_context(device_ordinal, || result::mem_alloc(&self.api, len_bytes))?;
         engine_device_memory().insert(addr, len_bytes);
