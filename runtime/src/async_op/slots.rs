@@ -202,9 +202,7 @@ pub(crate) struct SlotPool {
 }
 
 impl SlotPool {
-    /// Slots of every size, none allocated yet; `large_cap_bytes` bounds each size above
-    /// [`SLOT_BYTES`] (`HIPFILE_STREAM_COPY_MB`), small sizes hold 16 MiB each; long ops
-    /// go in pieces of `piece_bytes` (rounded up to a slot size of at least 1 MiB).
+    /// Pinned slots only ([`SlotPool::with_memory`] without device slots; tests).
     #[cfg(test)]
     pub(crate) fn new(
         device: Arc<dyn Device>,
@@ -215,9 +213,12 @@ impl SlotPool {
         SlotPool::with_memory(device, all_reads, large_cap_bytes, piece_bytes, false)
     }
 
-    /// [`SlotPool::new`]; with `device_reads`, reads over [`SLOT_BYTES`] take slots of the
-    /// engine's device memory on their device (each size of each device up to
-    /// `large_cap_bytes`), pinned ones where the backend has none to give.
+    /// Slots of every size, none allocated yet; `large_cap_bytes` bounds each size above
+    /// [`SLOT_BYTES`] (`HIPFILE_STREAM_COPY_MB`), small sizes hold 16 MiB each; long ops
+    /// go in pieces of `piece_bytes` (rounded up to a slot size of at least 1 MiB). With
+    /// `device_reads`, reads over [`SLOT_BYTES`] take slots of the engine's device memory
+    /// on their device (each size of each device up to `large_cap_bytes`), pinned ones
+    /// where the backend has none to give.
     pub(crate) fn with_memory(
         device: Arc<dyn Device>,
         all_reads: bool,
