@@ -11,8 +11,12 @@
 # (c) the device-slot test and the other stream-copy tests of async_api on CUDA;
 # (d) speed, one binary, one run: 16 MiB hot reads at 1, 8 and 16 streams under off,
 #     all (pinned slots), all (device slots), off again, with --profile;
-# (e) the never-hang sweep under all + device slots.
-# STEPS picks sections (default "a b c d"; e is a call of its own). Usage, with
+# (e) the never-hang sweep under all + device slots;
+# (f) A/B of two builds under all + device slots, interleaved with off (BASE: the other
+#     build's hipfile-bench, e.g. target/ab/bench-base carried beside the bundle), two
+#     rounds: the first A/B still open is the arena admission of reads ahead into device
+#     slots (fifteenth session, commit dfe968b) against the build before it (b14d70b).
+# STEPS picks sections (default "a b c d"; e and f are calls of their own). Usage, with
 # target/gpu-bundle built (tests/gpu/make-bundle.sh):
 #   OUT=dir benches/scripts/h200-device-slots.sh
 #   OUT=dir STEPS=e benches/scripts/h200-device-slots.sh
@@ -82,5 +86,22 @@ if [[ $steps == *" e "* ]]; then
   echo "exit $?: $(grep -c PASS "$out/sweep-all-device.txt") PASS"
   grep -E "HANG|FAIL|WRONG" "$out/sweep-all-device.txt" | head
   tail -2 "$out/sweep-all-device.txt"
+fi
+if [[ $steps == *" f "* ]]; then
+  echo "== (f) A/B of device slots: ${BASE:-no BASE given} against the bundle $(elapsed)"
+  ab() {
+    local name=$1 binary=$2; shift 2
+    env "$@" timeout -s KILL 60 "$binary" --mode read --streams 1,8,16 --io-size 16M \
+      --no-baselines --profile --file /tmp/hf-ds.dat > "$out/ab-$name.txt" 2>&1
+    echo "$name (exit $?): $(grep -E '^READ +ASYNC' "$out/ab-$name.txt" | awk '{printf "%s=%s ", $3, $5}')"
+  }
+  device=(HIPFILE_STREAM_COPIES=all HIPFILE_STREAM_COPY_SLOTS=device)
+  for round in 1 2; do
+    ab "off-$round" "$bench" HIPFILE_STREAM_COPIES=off
+    [ -n "${BASE:-}" ] && ab "base-$round" "$BASE" "${device[@]}"
+    ab "new-$round" "$bench" "${device[@]}"
+  done
+  ab off-3 "$bench" HIPFILE_STREAM_COPIES=off
+  rm -f /tmp/hf-ds.dat
 fi
 echo "== done $(elapsed)"

@@ -164,6 +164,14 @@ pub fn describe_env(env: &Env, path: &Path, size: u64, args: &RunArgs) {
         c.pinned_cap_bytes() >> 20,
         c.direct
     );
+    if c.stream_copies != hipfile_runtime::config::StreamCopies::Off {
+        println!(
+            "stream copies: {:?}, slots of reads over 64 KiB {:?}, {} MiB per slot size",
+            c.stream_copies,
+            c.stream_copy_slots,
+            c.stream_copy_cap_bytes >> 20
+        );
+    }
     println!(
         "file: {} ({} MiB, {}), {}{}",
         path.display(),
