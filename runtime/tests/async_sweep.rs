@@ -108,10 +108,14 @@ struct Sweep {
 impl Sweep {
     /// A rig over the selected backend whose driver is still closed.
     fn new(tag: &str) -> Sweep {
+        Sweep::with_config(tag, sweep_config())
+    }
+
+    fn with_config(tag: &str, config: Config) -> Sweep {
         let cap = case_cap_bytes();
         let contents = pattern(0x5EED, cap);
         let file = TempFile::new(tag, &contents);
-        let rig = Rig::closed(1, sweep_config());
+        let rig = Rig::closed(1, config);
         let handle = rig.register(&file.open_rw());
         let buffer = rig.alloc(cap);
         Sweep { rig, file, handle, buffer, contents, cases: 0 }
@@ -239,6 +243,22 @@ sweep_tests! {
     sweep_writes_1m: Direction::Write, MIB, gpu_only = false;
     sweep_writes_4m: Direction::Write, 4 * MIB, gpu_only = true;
     sweep_writes_16m: Direction::Write, 16 * MIB, gpu_only = true;
+}
+
+/// The never-hang configuration with slots of device memory (`HIPFILE_STREAM_COPIES=all`,
+/// `HIPFILE_STREAM_COPY_SLOTS=device`): 1 MiB reads, every stream count and flag set,
+/// through slots of the engine's device memory (filled through the arena, copied device →
+/// device on their stream; ops on streams that fix nothing take theirs for the range as
+/// submitted, which does not move here) or, past the slots' cap, pinned slots and spares —
+/// every byte verified.
+#[test]
+fn sweep_reads_1m_through_device_slots() {
+    let config = Config {
+        stream_copies: hipfile_runtime::config::StreamCopies::All,
+        stream_copy_slots: hipfile_runtime::config::StreamCopySlots::Device,
+        ..sweep_config()
+    };
+    Sweep::with_config("device-slots", config).every_count_and_flag_set(Direction::Read, MIB);
 }
 
 /// The application holds every third stream on its own gate while the others run, at

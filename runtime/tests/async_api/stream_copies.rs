@@ -223,6 +223,40 @@ fn blocking_executors_read_straight_into_the_slot() {
     assert!(blocking >= 2, "served by blocking executors: {blocking}");
 }
 
+/// A read submitted by a test: its parameters, size, bytes expected, file offset and
+/// buffer offset.
+type Placed = (Arc<AsyncParams>, usize, usize, usize, usize);
+
+/// Submits `later` reads (size, file offset, bytes expected, stream) one after another
+/// from buffer offset `at`, each 4 KiB past the one before; returns the offset past them.
+fn submit_later(
+    t: &Paused,
+    later: &[(usize, usize, usize, hipfile_runtime::device::StreamHandle)],
+    placed: &mut Vec<Placed>,
+    mut at: usize,
+) -> usize {
+    for &(size, file_offset, want, stream) in later {
+        let p = params(size, file_offset as i64, at as i64);
+        read(t, &p, stream);
+        placed.push((p, size, want, file_offset, at));
+        at += size + 4096;
+    }
+    at
+}
+
+/// Checks every placed read: `*bytes_p`, the file's bytes where it read, and the
+/// destination past them as it was (`old`).
+fn check_placed(t: &Paused, placed: &[Placed], old: &[u8], end: usize) {
+    let got = t.rig.dev_bytes(t.buffer, end);
+    for (p, size, want, file_offset, at) in placed {
+        assert_eq!(bytes(p), *want as isize, "{want} bytes at file offset {file_offset}");
+        let what = format!("{want} bytes at file offset {file_offset}");
+        assert_bytes(&got[*at..at + want], &t.data[*file_offset..file_offset + want], &what);
+        let past = format!("{what}: the destination past the bytes read");
+        assert_bytes(&got[at + want..at + size], &old[at + want..at + size], &past);
+    }
+}
+
 /// `HIPFILE_STREAM_COPIES=all`: fully FIXED reads of up to 16 MiB are copied on their own
 /// stream also behind ops in flight (all queued on one held stream), so their release is a
 /// host write and needs no CUDA call — those inside the file staged at once, one reaching
@@ -269,25 +303,13 @@ fn with_all_every_fixed_read_is_copied_on_its_stream() {
         (16 * MIB + 4096, 4096, 16 * MIB + 4096, fixed),
         (64 * KIB, 8192, 64 * KIB, plain),
     ];
-    for &(size, file_offset, want, stream) in &later {
-        let p = params(size, file_offset as i64, at as i64);
-        read(&t, &p, stream);
-        placed.push((p, size, want, file_offset, at));
-        at += size + 4096;
-    }
+    at = submit_later(&t, &later, &mut placed, at);
     assert!(at <= 40 * MIB);
     assert_eq!(bytes(&placed[0].0), 0, "held: nothing done yet");
     gate.release();
     t.rig.sync(fixed);
     t.rig.sync(plain);
-    let got = t.rig.dev_bytes(t.buffer, at);
-    for (p, size, want, file_offset, at) in &placed {
-        assert_eq!(bytes(p), *want as isize, "{want} bytes at file offset {file_offset}");
-        let what = format!("{want} bytes at file offset {file_offset}");
-        assert_bytes(&got[*at..at + want], &t.data[*file_offset..file_offset + want], &what);
-        let past = format!("{what}: the destination past the bytes read");
-        assert_bytes(&got[at + want..at + size], &old[at + want..at + size], &past);
-    }
+    check_placed(&t, &placed, &old, at);
     let copied = stream_copies(&t.rig) - before;
     // The sizes, the read past the end, the long one's two pieces, and the unfixed one
     // (its parameters did not move: it keeps its slot).
@@ -347,25 +369,13 @@ fn with_device_slots_reads_over_64_kib_are_filled_by_the_engine_and_copied_on_th
     assert!(chunks >= least as u64, "{chunks} arena chunks for the large reads (at least {least})");
     // Past the end of the file (short: 4 KiB of 256 KiB; read at arm), and unfixed.
     let later = [(256 * KIB, file_len - 4096, 4096, fixed), (MIB, 8192, MIB, plain)];
-    for &(size, file_offset, want, stream) in &later {
-        let p = params(size, file_offset as i64, at as i64);
-        read(&t, &p, stream);
-        placed.push((p, size, want, file_offset, at));
-        at += size + 4096;
-    }
+    at = submit_later(&t, &later, &mut placed, at);
     assert!(at <= 24 * MIB);
     assert_eq!(bytes(&placed[0].0), 0, "held: nothing done yet");
     gate.release();
     t.rig.sync(fixed);
     t.rig.sync(plain);
-    let got = t.rig.dev_bytes(t.buffer, at);
-    for (p, size, want, file_offset, at) in &placed {
-        assert_eq!(bytes(p), *want as isize, "{want} bytes at file offset {file_offset}");
-        let what = format!("{want} bytes at file offset {file_offset}");
-        assert_bytes(&got[*at..at + want], &t.data[*file_offset..file_offset + want], &what);
-        let past = format!("{what}: the destination past the bytes read");
-        assert_bytes(&got[at + want..at + size], &old[at + want..at + size], &past);
-    }
+    check_placed(&t, &placed, &old, at);
     assert_eq!(stream_copies(&t.rig) - before, placed.len() as u64, "every read");
     // On the cpu device: the device → device copies out of the slots (and the short
     // read's fill of its slot from the destination) are what the device copied besides
