@@ -350,6 +350,9 @@ impl AsyncOp {
     /// The stream reached the op (or it was abandoned): a read ahead into its device slot
     /// now reads as a reached op.
     pub(super) fn note_reached(&self) {
+        if self.slot.and_then(|slot| slot.device_memory()).is_none() {
+            return;
+        }
         let mut ahead = self.slot_ahead.lock().unwrap_or_else(|p| p.into_inner());
         ahead.0 = true;
         ahead.1 = None;

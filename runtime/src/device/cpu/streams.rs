@@ -427,27 +427,15 @@ impl DeviceCopies for CpuDevice {
         if ops_may_hold_streams {
             bump(&self.shared.stats.caller_copies_while_ops_hold_streams, 1);
         }
-        let pooled = {
-            let mut pool = lock(&self.caller_streams);
-            let index = pool.iter().position(|&(ordinal, _)| ordinal == device_ordinal);
-            index.map(|index| pool.swap_remove(index).1)
-        };
-        let stream = match pooled {
-            Some(stream) => stream,
-            None => self.create_stream(device_ordinal)?.0,
-        };
         let host = host as usize as u64;
-        let enqueued = match direction {
+        self.on_caller_stream(device_ordinal, |stream| match direction {
             Direction::Read => {
                 self.enqueue_copy(stream, device_addr, host, len_bytes, CopyRule::HostToDevice)
             }
             Direction::Write => {
                 self.enqueue_copy(stream, host, device_addr, len_bytes, CopyRule::DeviceToHost)
             }
-        };
-        let synced = self.synchronize_stream(StreamHandle(stream));
-        lock(&self.caller_streams).push((device_ordinal, stream));
-        enqueued.and(synced)
+        })
     }
 
     unsafe fn write_value32_internal(
@@ -483,12 +471,33 @@ impl DeviceCopies for CpuDevice {
         len_bytes: usize,
     ) -> Result<(), DeviceError> {
         self.check_ordinal(device_ordinal)?;
-        let stream = self.create_stream(device_ordinal)?.0;
-        let enqueued =
-            self.enqueue_copy(stream, target, source, len_bytes, CopyRule::DeviceToDevice);
+        self.on_caller_stream(device_ordinal, |stream| {
+            self.enqueue_copy(stream, target, source, len_bytes, CopyRule::DeviceToDevice)
+        })
+    }
+}
+
+impl CpuDevice {
+    /// Runs `enqueue` on a pooled stream of `device_ordinal` (made when none is free),
+    /// waits for the stream, and gives it back: the copies that return once complete.
+    fn on_caller_stream(
+        &self,
+        device_ordinal: u32,
+        enqueue: impl FnOnce(usize) -> Result<(), DeviceError>,
+    ) -> Result<(), DeviceError> {
+        let pooled = {
+            let mut pool = lock(&self.caller_streams);
+            let index = pool.iter().position(|&(ordinal, _)| ordinal == device_ordinal);
+            index.map(|index| pool.swap_remove(index).1)
+        };
+        let stream = match pooled {
+            Some(stream) => stream,
+            None => self.create_stream(device_ordinal)?.0,
+        };
+        let enqueued = enqueue(stream);
         let synced = self.synchronize_stream(StreamHandle(stream));
-        let destroyed = self.destroy_stream(StreamHandle(stream));
-        enqueued.and(synced).and(destroyed)
+        lock(&self.caller_streams).push((device_ordinal, stream));
+        enqueued.and(synced)
     }
 }
 

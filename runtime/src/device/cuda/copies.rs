@@ -4,7 +4,8 @@
 //! host → device copy through a stream's device scratch (`HIPFILE_CUDA_MIN_COPY_BYTES`).
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, RwLock};
 
 use hipfile_core::Direction;
 
@@ -85,6 +86,30 @@ impl CudaDevice {
         len_bytes: usize,
         bounce: bool,
     ) -> Result<(), DeviceError> {
+        self.on_pooled_stream(pool, ordinal, bounce, |entry| match direction {
+            // SAFETY: the caller's contract (pinned host memory, valid device range); the
+            // stream's context is current; bounced only in the engine context.
+            Direction::Read => unsafe {
+                self.copy_host_to_device(entry, device_addr, host.cast_const(), len_bytes, bounce)
+            },
+            // SAFETY: the caller's contract (pinned host memory, valid device range).
+            Direction::Write => unsafe {
+                result::memcpy_dtoh_async(&self.api, host, device_addr, len_bytes, entry.stream)
+            },
+        })
+    }
+
+    /// Runs `enqueue` on a stream of `pool` (made in the current context when the pool is
+    /// empty, with its scratch when `bounce`), synchronizes it — even after a failed
+    /// enqueue, so that nothing of ours still uses the caller's memory when we return —
+    /// and gives the stream back.
+    fn on_pooled_stream(
+        &self,
+        pool: &Mutex<Vec<InternalEntry>>,
+        ordinal: u32,
+        bounce: bool,
+        enqueue: impl FnOnce(&InternalEntry) -> Result<(), DeviceError>,
+    ) -> Result<(), DeviceError> {
         let pooled = pool.lock().unwrap_or_else(|p| p.into_inner()).pop();
         let entry = match pooled {
             Some(entry) => entry,
@@ -92,21 +117,9 @@ impl CudaDevice {
             // context's pool is made when the engine starts: prepare_data_path.)
             None => self.prepared_entry(ordinal, bounce)?,
         };
-        let stream = entry.stream;
-        let enqueued = match direction {
-            // SAFETY: the caller's contract (pinned host memory, valid device range); the
-            // stream's context is current; bounced only in the engine context.
-            Direction::Read => unsafe {
-                self.copy_host_to_device(&entry, device_addr, host.cast_const(), len_bytes, bounce)
-            },
-            // SAFETY: the caller's contract (pinned host memory, valid device range).
-            Direction::Write => unsafe {
-                result::memcpy_dtoh_async(&self.api, host, device_addr, len_bytes, stream)
-            },
-        };
-        // SAFETY: our stream. Synchronized even after a failed enqueue, so that nothing
-        // of ours still uses the host memory when we return.
-        let synced = unsafe { result::stream_synchronize(&self.api, stream) };
+        let enqueued = enqueue(&entry);
+        // SAFETY: our stream.
+        let synced = unsafe { result::stream_synchronize(&self.api, entry.stream) };
         pool.lock().unwrap_or_else(|p| p.into_inner()).push(entry);
         enqueued.and(synced)
     }
@@ -383,12 +396,12 @@ impl DeviceCopies for CudaDevice {
     ) -> Result<u64, DeviceError> {
         let addr =
             self.in_engine_context(device_ordinal, || result::mem_alloc(&self.api, len_bytes))?;
-        engine_device_memory().insert(addr, len_bytes);
+        note_engine_device_memory(addr, Some(len_bytes));
         Ok(addr)
     }
 
     unsafe fn free_engine_device(&self, device_ordinal: u32, addr: u64) {
-        engine_device_memory().remove(&addr);
+        note_engine_device_memory(addr, None);
         let _ = self.in_engine_context(device_ordinal, || {
             // SAFETY: the caller's contract: ours, freed once, no copy still uses it.
             let _ = unsafe { result::mem_free_status(&self.api, addr) };
@@ -405,20 +418,13 @@ impl DeviceCopies for CudaDevice {
     ) -> Result<(), DeviceError> {
         self.in_engine_context(device_ordinal, || {
             let pool = &self.caller_streams[device_ordinal as usize];
-            let pooled = pool.lock().unwrap_or_else(|p| p.into_inner()).pop();
-            let entry = match pooled {
-                Some(entry) => entry,
-                None => self.prepared_entry(device_ordinal, true)?,
-            };
-            // SAFETY: the caller's contract (valid device ranges); our stream, of the
-            // engine context, which is current.
-            let enqueued = unsafe {
-                result::memcpy_dtod_async(&self.api, target, source, len_bytes, entry.stream)
-            };
-            // SAFETY: our stream.
-            let synced = unsafe { result::stream_synchronize(&self.api, entry.stream) };
-            pool.lock().unwrap_or_else(|p| p.into_inner()).push(entry);
-            enqueued.and(synced)
+            self.on_pooled_stream(pool, device_ordinal, true, |entry| {
+                // SAFETY: the caller's contract (valid device ranges); our stream, of the
+                // engine context, which is current.
+                unsafe {
+                    result::memcpy_dtod_async(&self.api, target, source, len_bytes, entry.stream)
+                }
+            })
         })
     }
 }
@@ -427,15 +433,32 @@ impl DeviceCopies for CudaDevice {
 /// of the process, by base address: host → device copies into it need no bounce through
 /// a scratch (copies into the engine context's memory scale and never wait for the
 /// application's streams).
-static ENGINE_DEVICE_MEMORY: Mutex<BTreeMap<u64, usize>> = Mutex::new(BTreeMap::new());
+static ENGINE_DEVICE_MEMORY: RwLock<BTreeMap<u64, usize>> = RwLock::new(BTreeMap::new());
 
-fn engine_device_memory() -> std::sync::MutexGuard<'static, BTreeMap<u64, usize>> {
-    ENGINE_DEVICE_MEMORY.lock().unwrap_or_else(|p| p.into_inner())
+/// Allocations in [`ENGINE_DEVICE_MEMORY`]: every engine copy asks
+/// [`is_engine_device_memory`], and without device slots (the default) the answer is one
+/// relaxed load, no lock.
+static ENGINE_DEVICE_ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
+
+fn note_engine_device_memory(addr: u64, len_bytes: Option<usize>) {
+    let mut memory = ENGINE_DEVICE_MEMORY.write().unwrap_or_else(|p| p.into_inner());
+    match len_bytes {
+        Some(len) => {
+            memory.insert(addr, len);
+        }
+        None => {
+            memory.remove(&addr);
+        }
+    }
+    ENGINE_DEVICE_ALLOCATIONS.store(memory.len(), Ordering::Relaxed);
 }
 
 /// Whether `addr..addr + len_bytes` lies inside one allocation of engine device memory.
 fn is_engine_device_memory(addr: u64, len_bytes: usize) -> bool {
-    let memory = engine_device_memory();
+    if ENGINE_DEVICE_ALLOCATIONS.load(Ordering::Relaxed) == 0 {
+        return false;
+    }
+    let memory = ENGINE_DEVICE_MEMORY.read().unwrap_or_else(|p| p.into_inner());
     memory.range(..=addr).next_back().is_some_and(|(&base, &len)| {
         addr.checked_add(len_bytes as u64).is_some_and(|end| end <= base + len as u64)
     })
