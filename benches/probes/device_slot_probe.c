@@ -18,6 +18,13 @@
  *    host. Do the held streams' copies run, their done words appear, the creator go on,
  *    and every byte match? Control: the same with the copy into the application's buffer
  *    enqueued by the engine on its own stream after the fill (today's default path).
+ * 3. free (and free-create: with a creator thread blocked in cuStreamCreate first): with
+ *    HELD application streams held on wait-values (nothing queued reads engine memory),
+ *    does freeing engine-context device memory return, by cuMemFree and by
+ *    cuMemFreeAsync + cuMemPoolTrimTo on an engine stream (stream-ordered allocation)? And
+ *    while a free has not returned, does a copy into engine memory on another thread
+ *    (the engine filling a slot) still complete? (Can a slot pool give device memory back
+ *    while ops hold streams, or only when none does?)
  * One line per fact on stdout; every wait is bounded (a line saying WAITS instead).
  */
 #define _GNU_SOURCE
@@ -184,6 +191,120 @@ static void lock(int held, size_t bytes, int control) {
     fflush(stdout);
 }
 
+/* 3. Freeing engine device memory while application streams are held. */
+struct free_job {
+    int async; /* 0: cuMemFree, 1: cuMemFreeAsync + trim */
+    CUdeviceptr ptr;
+    CUstream stream;
+    volatile double took_s; /* < 0 while not returned */
+    volatile int result;
+};
+
+static void *freer(void *arg) {
+    struct free_job *job = arg;
+    CHECK(cuCtxSetCurrent(engine));
+    double t0 = now_s();
+    CUresult r;
+    if (job->async) {
+        r = cuMemFreeAsync(job->ptr, job->stream);
+        if (r == CUDA_SUCCESS) r = cuStreamSynchronize(job->stream);
+        CUmemoryPool pool;
+        CUdevice dev;
+        if (r == CUDA_SUCCESS) r = cuCtxGetDevice(&dev);
+        if (r == CUDA_SUCCESS) r = cuDeviceGetDefaultMemPool(&pool, dev);
+        if (r == CUDA_SUCCESS) r = cuMemPoolTrimTo(pool, 0);
+    } else {
+        r = cuMemFree(job->ptr);
+    }
+    job->result = (int)r;
+    job->took_s = now_s() - t0;
+    return NULL;
+}
+
+static void free_while_held(int held, int with_creator) {
+    CUstream app_streams[MAX_HELD], engine_stream;
+    CUdeviceptr words_dev, done_dev, fill;
+    uint32_t *words, *done;
+    unsigned char *host;
+    size_t bytes = 16 << 20;
+    CHECK(cuCtxSetCurrent(engine));
+    CHECK(cuStreamCreate(&engine_stream, CU_STREAM_NON_BLOCKING));
+    CHECK(cuMemHostAlloc((void **)&host, bytes, CU_MEMHOSTALLOC_PORTABLE));
+    CHECK(cuMemHostAlloc((void **)&words, 4096, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP));
+    CHECK(cuMemHostAlloc((void **)&done, 4096, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP));
+    CHECK(cuMemHostGetDevicePointer(&words_dev, words, 0));
+    CHECK(cuMemHostGetDevicePointer(&done_dev, done, 0));
+    memset(words, 0, 4096);
+    memset(done, 0, 4096);
+    CHECK(cuMemAlloc(&fill, bytes));
+    struct free_job jobs[2] = {{0}, {0}};
+    jobs[0].took_s = jobs[1].took_s = -2; /* -2: not started */
+    CHECK(cuMemAlloc(&jobs[0].ptr, bytes));
+    jobs[1].async = 1;
+    jobs[1].stream = engine_stream;
+    CHECK(cuMemAllocAsync(&jobs[1].ptr, bytes, engine_stream));
+    CHECK(cuStreamSynchronize(engine_stream));
+    CHECK(cuCtxSetCurrent(primary));
+    for (int i = 0; i < held; i++) {
+        CHECK(cuStreamCreate(&app_streams[i], CU_STREAM_NON_BLOCKING));
+        CHECK(cuStreamWaitValue32(app_streams[i], words_dev + 4 * i, 1, CU_STREAM_WAIT_VALUE_GEQ));
+        CHECK(cuStreamWriteValue32(app_streams[i], done_dev + 4 * i, 1, 0));
+    }
+    printf("free%s: %d application streams held\n", with_creator ? " (creator blocked first)" : "", held);
+    double start = now_s();
+    if (with_creator) {
+        creator_done = 0;
+        creator_count = 0;
+        pthread_t t;
+        pthread_create(&t, NULL, creator, NULL);
+        int blocked = 0;
+        while (!creator_done && now_s() - start < 60) {
+            if (creator_count > 0 && now_s() - creator_last_start > 2.0) { blocked = 1; break; }
+            usleep(10000);
+        }
+        printf("  creator: %s after %d streams\n", blocked ? "blocked in cuStreamCreate" : "not blocked", creator_count);
+    }
+    for (int j = 0; j < 2; j++) {
+        const char *name = jobs[j].async ? "cuMemFreeAsync + cuMemPoolTrimTo" : "cuMemFree";
+        jobs[j].took_s = -1;
+        pthread_t t;
+        pthread_create(&t, NULL, freer, &jobs[j]);
+        double t0 = now_s();
+        while (jobs[j].took_s < 0 && now_s() - t0 < 3.0) usleep(1000);
+        if (jobs[j].took_s >= 0) {
+            printf("  %s of engine memory: returned %d in %.3f ms while held\n", name, jobs[j].result, jobs[j].took_s * 1e3);
+            continue;
+        }
+        printf("  %s of engine memory: WAITS (3 s) while held\n", name);
+        /* Does the engine still fill a slot while that free waits? */
+        CHECK(cuCtxSetCurrent(engine));
+        double c0 = now_s();
+        CHECK(cuMemcpyHtoDAsync(fill, host, bytes, engine_stream));
+        CUevent ev;
+        CHECK(cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING));
+        CHECK(cuEventRecord(ev, engine_stream));
+        volatile int ok = 0;
+        while (now_s() - c0 < 3.0) {
+            if (cuEventQuery(ev) == CUDA_SUCCESS) { ok = 1; break; }
+            usleep(1000);
+        }
+        printf("  engine-memory copy meanwhile: %s (%.2f ms)\n", ok ? "completes" : "WAITS (3 s)", (now_s() - c0) * 1e3);
+        break; /* the other free would queue behind this one */
+    }
+    for (int i = 0; i < held; i++) __atomic_store_n(&words[i], 1, __ATOMIC_RELEASE);
+    int finished = wait_words(done, held, 10.0);
+    printf("  streams done after release: %d of %d\n", finished, held);
+    double t0 = now_s();
+    for (int j = 0; j < 2; j++) {
+        if (jobs[j].took_s != -1) continue; /* not started, or returned while held */
+        while (jobs[j].took_s < 0 && now_s() - t0 < 5.0) usleep(1000);
+        printf("  %s: %s\n", jobs[j].async ? "cuMemFreeAsync + trim" : "cuMemFree",
+               jobs[j].took_s >= 0 ? "returned after the release" : "still waiting 5 s after the release");
+    }
+    creator_done = 1;
+    fflush(stdout);
+}
+
 int main(int argc, char **argv) {
     int held = argc > 1 ? atoi(argv[1]) : 16;
     size_t bytes = (size_t)(argc > 2 ? atoi(argv[2]) : 4) << 20;
@@ -208,6 +329,11 @@ int main(int argc, char **argv) {
     CUstream app_stream;
     CHECK(cuMemAlloc(&app, cross_bytes));
     CHECK(cuStreamCreate(&app_stream, CU_STREAM_NON_BLOCKING));
+    if (strncmp(what, "free", 4) == 0) {
+        free_while_held(held, strcmp(what, "free-create") == 0);
+        fflush(stdout);
+        _exit(0);
+    }
     if (strcmp(what, "lock") != 0) cross(cross_bytes, slot, app, app_stream, host);
     if (strcmp(what, "cross") != 0) lock(held, bytes, strcmp(what, "control") == 0);
     fflush(stdout);

@@ -16,6 +16,14 @@
 #     build's hipfile-bench, e.g. target/ab/bench-base carried beside the bundle), two
 #     rounds: the first A/B still open is the arena admission of reads ahead into device
 #     slots (fifteenth session, commit dfe968b) against the build before it (b14d70b).
+# (g) the device slots' cap (HIPFILE_STREAM_COPY_DEVICE_MB, sixteenth session): 16 MiB hot
+#     reads at 1, 8 and 16 streams under all + device slots with caps CAPS (default
+#     "256 512 1024 2048"), off before and after;
+# (h) all + device slots as a default candidate against off, two rounds, one binary: hot
+#     reads 16 MiB at 1/8/16 streams and 64 MiB at 1/8, writes 16 MiB at 8, random 4 KiB
+#     and 64 KiB reads at 8 streams, the 4 KiB round trip (CANDIDATE: its environment).
+# PROBE_MODES picks (a)'s modes (default "cross lock control"; also free and
+# free-create: freeing engine device memory while application streams are held).
 # STEPS picks sections (default "a b c d"; e and f are calls of their own). Usage, with
 # target/gpu-bundle built (tests/gpu/make-bundle.sh):
 #   OUT=dir benches/scripts/h200-device-slots.sh
@@ -36,7 +44,7 @@ if [[ $steps == *" a "* ]]; then
   echo "== (a) device slot probe $(elapsed)"
   gcc -std=c11 -O2 -I"$cuda/include" benches/probes/device_slot_probe.c -o /tmp/hf-dsp \
     -L"$cuda/lib64/stubs" -lcuda -lpthread -ldl || echo "probe: build failed"
-  for mode in cross lock control; do
+  for mode in ${PROBE_MODES:-cross lock control}; do
     CUDA_DEVICE_MAX_CONNECTIONS=32 timeout -s KILL 45 /tmp/hf-dsp 16 4 "$mode"
     echo "exit $?"
   done 2>&1 | tee "$out/probe.txt"
@@ -103,5 +111,47 @@ if [[ $steps == *" f "* ]]; then
   done
   ab off-3 "$bench" HIPFILE_STREAM_COPIES=off
   rm -f /tmp/hf-ds.dat
+fi
+if [[ $steps == *" g "* ]]; then
+  echo "== (g) device slots' cap $(elapsed)"
+  capped() {
+    local name=$1; shift
+    env "$@" timeout -s KILL 60 "$bench" --mode read --streams 1,8,16 --io-size 16M \
+      --no-baselines --profile --file /tmp/hf-ds.dat > "$out/cap-$name.txt" 2>&1
+    echo "$name (exit $?): $(grep -E '^READ +ASYNC' "$out/cap-$name.txt" | awk '{printf "%s=%s ", $3, $5}')"
+  }
+  capped off-1 HIPFILE_STREAM_COPIES=off
+  for cap in ${CAPS:-256 512 1024 2048}; do
+    capped "device-$cap" HIPFILE_STREAM_COPIES=all HIPFILE_STREAM_COPY_SLOTS=device \
+      HIPFILE_STREAM_COPY_DEVICE_MB="$cap" HIPFILE_STREAM_COPY_MB="$(( cap > 1024 ? cap : 1024 ))"
+  done
+  capped off-2 HIPFILE_STREAM_COPIES=off
+  rm -f /tmp/hf-ds.dat
+fi
+
+if [[ $steps == *" h "* ]]; then
+  echo "== (h) default candidate (${CANDIDATE:-HIPFILE_STREAM_COPIES=all HIPFILE_STREAM_COPY_SLOTS=device}) against off $(elapsed)"
+  file=/tmp/hf-cand.dat
+  variant() {
+    local name=$1; shift
+    local log=$out/cand-$name.txt
+    : > "$log"
+    env "$@" timeout -s KILL 60 "$bench" --mode read --streams 1,8,16 --io-size 16M --no-baselines \
+      --file "$file" --file-size 2G >> "$log" 2>&1
+    env "$@" timeout -s KILL 60 "$bench" --mode read --streams 1,8 --io-size 64M --reps 2 --no-baselines \
+      --file "$file" --file-size 2G >> "$log" 2>&1
+    env "$@" timeout -s KILL 60 "$bench" --mode write --streams 8 --io-size 16M --no-baselines \
+      --file "$file" --file-size 2G >> "$log" 2>&1
+    env "$@" timeout -s KILL 60 "$bench" --mode randread --io-size 4K,64K --streams 8 --reps 1 --no-baselines \
+      --file "$file" --file-size 2G >> "$log" 2>&1
+    env "$@" timeout -s KILL 40 "$bench" --latency --no-baselines --file "$file" --file-size 256M >> "$log" 2>&1
+    echo "$name:"; grep -E "^(READ|WRITE|RANDREAD) +ASYNC|round trip|submit call" "$log" | head -20
+  }
+  read -r -a candidate <<< "${CANDIDATE:-HIPFILE_STREAM_COPIES=all HIPFILE_STREAM_COPY_SLOTS=device}"
+  for round in 1 2; do
+    variant "off-$round" HIPFILE_STREAM_COPIES=off
+    variant "cand-$round" "${candidate[@]}"
+  done
+  rm -f "$file"
 fi
 echo "== done $(elapsed)"

@@ -166,10 +166,15 @@ pub fn describe_env(env: &Env, path: &Path, size: u64, args: &RunArgs) {
     );
     if c.stream_copies != hipfile_runtime::config::StreamCopies::Off {
         println!(
-            "stream copies: {:?}, slots of reads over 64 KiB {:?}, {} MiB per slot size",
+            "stream copies: {:?}, slots of reads over 64 KiB {:?}, {} MiB per slot size{}",
             c.stream_copies,
             c.stream_copy_slots,
-            c.stream_copy_cap_bytes >> 20
+            c.stream_copy_cap_bytes >> 20,
+            if c.stream_copy_slots == hipfile_runtime::config::StreamCopySlots::Device {
+                format!(", {} MiB of device slots per device", c.stream_copy_device_cap_bytes >> 20)
+            } else {
+                String::new()
+            }
         );
     }
     println!(

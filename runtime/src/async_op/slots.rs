@@ -28,6 +28,7 @@
 //! rather than freed under a stream that may still read them.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use crate::device::{Device, PinnedRegion};
@@ -210,23 +211,28 @@ impl SlotPool {
         large_cap_bytes: usize,
         piece_bytes: usize,
     ) -> SlotPool {
-        SlotPool::with_memory(device, all_reads, large_cap_bytes, piece_bytes, false)
+        SlotPool::with_memory(device, all_reads, large_cap_bytes, piece_bytes, None)
     }
 
     /// Slots of every size, none allocated yet; `large_cap_bytes` bounds each size above
     /// [`SLOT_BYTES`] (`HIPFILE_STREAM_COPY_MB`), small sizes hold 16 MiB each; long ops
     /// go in pieces of `piece_bytes` (rounded up to a slot size of at least 1 MiB). With
-    /// `device_reads`, reads over [`SLOT_BYTES`] take slots of the engine's device memory
-    /// on their device (each size of each device up to `large_cap_bytes`), pinned ones
-    /// where the backend has none to give.
+    /// `device_cap_bytes`, reads over [`SLOT_BYTES`] take slots of the engine's device
+    /// memory on their device (each size up to `large_cap_bytes`, all sizes of one device
+    /// together up to `device_cap_bytes`: `HIPFILE_STREAM_COPY_DEVICE_MB`), pinned ones
+    /// where the backend has none to give or the device's cap is reached.
     pub(crate) fn with_memory(
         device: Arc<dyn Device>,
         all_reads: bool,
         large_cap_bytes: usize,
         piece_bytes: usize,
-        device_reads: bool,
+        device_cap_bytes: Option<usize>,
     ) -> SlotPool {
         let classes_of = |memory: Option<u32>| -> [SlotClass; CLASS_BYTES.len()] {
+            // One budget for all the sizes of a device's memory.
+            let budget = memory.zip(device_cap_bytes).map(|(_, cap_bytes)| {
+                Arc::new(DeviceBudget { cap_bytes, used_bytes: AtomicUsize::new(0) })
+            });
             std::array::from_fn(|class| {
                 let slot_bytes = CLASS_BYTES[class];
                 let cap_bytes =
@@ -237,11 +243,12 @@ impl SlotPool {
                     memory,
                     slot_bytes,
                     cap_bytes,
+                    budget: budget.clone(),
                     state: Mutex::new(PoolState::default()),
                 }
             })
         };
-        let device_classes = if device_reads && all_reads {
+        let device_classes = if device_cap_bytes.is_some() && all_reads {
             (0..device.device_count()).map(|ordinal| classes_of(Some(ordinal))).collect()
         } else {
             Vec::new()
@@ -423,7 +430,31 @@ struct SlotClass {
     slot_bytes: usize,
     /// The most pinned bytes of slabs of this size (at least one slab).
     cap_bytes: usize,
+    /// Slots of device memory: the bytes all sizes of that device may hold together.
+    budget: Option<Arc<DeviceBudget>>,
     state: Mutex<PoolState>,
+}
+
+/// The device memory that the slots of one device hold, all sizes together, and its cap
+/// (`HIPFILE_STREAM_COPY_DEVICE_MB`).
+struct DeviceBudget {
+    cap_bytes: usize,
+    used_bytes: AtomicUsize,
+}
+
+impl DeviceBudget {
+    /// Counts `bytes` more if they fit the cap.
+    fn reserve(&self, bytes: usize) -> bool {
+        self.used_bytes
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
+                used.checked_add(bytes).filter(|&after| after <= self.cap_bytes)
+            })
+            .is_ok()
+    }
+
+    fn release(&self, bytes: usize) {
+        self.used_bytes.fetch_sub(bytes, Ordering::Relaxed);
+    }
 }
 
 impl SlotClass {
@@ -464,6 +495,7 @@ impl SlotClass {
         if state.free.is_empty()
             && !state.alloc_failed
             && state.slabs.len() + state.growing < max_slabs
+            && self.budget.as_ref().is_none_or(|budget| budget.reserve(self.slab_bytes()))
         {
             state = self.grow(state);
         }
@@ -554,6 +586,9 @@ impl SlotClass {
                 state.free.extend((first..first + per_slab).rev());
             }
             Err(error) => {
+                if let Some(budget) = &self.budget {
+                    budget.release(self.slab_bytes());
+                }
                 log::info!(
                     "read staging slots: no more pinned memory ({error}); reads take the engine's path"
                 );
@@ -704,7 +739,13 @@ mod tests {
     fn with_device_slots_large_reads_take_device_memory_of_their_device() {
         let cpu = CpuDevice::new(2);
         let device: Arc<dyn Device> = cpu.clone();
-        let pool = SlotPool::with_memory(Arc::clone(&device), true, 32 << 20, MAX_SLOT_BYTES, true);
+        let pool = SlotPool::with_memory(
+            Arc::clone(&device),
+            true,
+            32 << 20,
+            MAX_SLOT_BYTES,
+            Some(1 << 30),
+        );
         let small = pool.try_take_for_read(SLOT_BYTES, 1).expect("small");
         assert!(small.device_memory().is_none() && !small.host_ptr.is_null(), "64 KiB: pinned");
         let write = pool.try_take(1 << 20).expect("write");
@@ -729,7 +770,7 @@ mod tests {
         pool.give_back(&taken[0]);
         let again = pool.try_take_for_read(MAX_SLOT_BYTES, 0).expect("given back");
         assert_eq!(again.device_memory(), taken[0].device_memory(), "lent again");
-        let plain = SlotPool::with_memory(device, true, 32 << 20, MAX_SLOT_BYTES, false);
+        let plain = SlotPool::with_memory(device, true, 32 << 20, MAX_SLOT_BYTES, None);
         let slot = plain.try_take_for_read(MAX_SLOT_BYTES, 0).expect("slot");
         assert!(slot.device_memory().is_none(), "device slots off");
         for slot in [small, write, past_cap, again].iter().chain(&taken[1..]) {
@@ -737,6 +778,52 @@ mod tests {
         }
         plain.give_back(&slot);
         drop((pool, plain));
+        assert_eq!(cpu.stats().invalid_releases, 0, "every slab freed as allocated");
+    }
+
+    /// The device cap bounds all sizes of one device together (each size's own cap still
+    /// holds), not the other device's; past it reads take pinned slots; a failed
+    /// allocation gives its reservation back.
+    #[test]
+    fn device_slots_of_all_sizes_share_their_devices_cap() {
+        let cpu = CpuDevice::new(2);
+        let device: Arc<dyn Device> = cpu.clone();
+        // Each size up to 32 MiB, each device up to 40 MiB of device slots.
+        let pool = SlotPool::with_memory(
+            Arc::clone(&device),
+            true,
+            32 << 20,
+            MAX_SLOT_BYTES,
+            Some(40 << 20),
+        );
+        let mut taken = Vec::new();
+        let mut take = |len_bytes: usize, ordinal: u32| {
+            let slot = pool.try_take_for_read(len_bytes, ordinal).expect("a slot");
+            let on_device = slot.device_memory().is_some();
+            taken.push(slot);
+            on_device
+        };
+        assert!(take(MAX_SLOT_BYTES, 0) && take(MAX_SLOT_BYTES, 0), "32 MiB of 16 MiB slots");
+        assert!(!take(MAX_SLOT_BYTES, 0), "the size's own cap: pinned");
+        assert!(take(4 << 20, 0) && take(4 << 20, 0), "40 MiB on device 0");
+        assert!(!take(4 << 20, 0) && !take(1 << 20, 0), "device 0's cap reached: pinned");
+        assert!(take(4 << 20, 1) && take(MAX_SLOT_BYTES, 1), "device 1 has its own cap");
+        for slot in &taken {
+            pool.give_back(slot);
+        }
+        let device_bytes: usize = (0..2)
+            .map(|ordinal| {
+                pool.device_classes[ordinal]
+                    .iter()
+                    .map(|class| {
+                        class.budget.as_ref().expect("budget").used_bytes.load(Ordering::Relaxed)
+                    })
+                    .max()
+                    .unwrap_or(0)
+            })
+            .sum();
+        assert_eq!(device_bytes, (40 << 20) + (20 << 20), "what each device's slots hold");
+        drop(pool);
         assert_eq!(cpu.stats().invalid_releases, 0, "every slab freed as allocated");
     }
 

@@ -37,6 +37,9 @@ const STREAM_COPIES: &str = "HIPFILE_STREAM_COPIES";
 const STREAM_COPY_MB: &str = "HIPFILE_STREAM_COPY_MB";
 const STREAM_COPY_PIECE_MB: &str = "HIPFILE_STREAM_COPY_PIECE_MB";
 const STREAM_COPY_SLOTS: &str = "HIPFILE_STREAM_COPY_SLOTS";
+const STREAM_COPY_DEVICE_MB: &str = "HIPFILE_STREAM_COPY_DEVICE_MB";
+/// Default of `HIPFILE_STREAM_COPY_DEVICE_MB`.
+const DEFAULT_STREAM_COPY_DEVICE_MB: usize = 1024;
 const REASON_STREAM_COPY_SLOTS: &str = "must be pinned or device";
 const REASON_BUFFERED_WRITES: &str = "must be thread or io_uring";
 const REASON_ON_OFF: &str = "must be 1/on/true or 0/off/false";
@@ -189,6 +192,12 @@ pub const ENV_VARS: &[(&str, &str)] = &[
          copies into them, the stream copies device -> device); default pinned",
     ),
     (
+        STREAM_COPY_DEVICE_MB,
+        "with HIPFILE_STREAM_COPY_SLOTS=device: the most MiB of the engine's device memory \
+         that the slots of one device hold, all sizes together, at least 16 (default 1024); \
+         reads past it take pinned slots",
+    ),
+    (
         BUFFERED_WRITES,
         "how executors write page-cache (not O_DIRECT) chunks: thread (pwrite on the \
          executor's blocking thread) or io_uring (default thread)",
@@ -337,6 +346,10 @@ pub struct Config {
     /// With [`StreamCopies::All`]: the memory of read slots over 64 KiB
     /// (`HIPFILE_STREAM_COPY_SLOTS`, default pinned; [`StreamCopySlots`]).
     pub stream_copy_slots: StreamCopySlots,
+    /// With [`StreamCopySlots::Device`]: the most bytes of the engine's device memory that
+    /// the slots of one device hold, all sizes together (`HIPFILE_STREAM_COPY_DEVICE_MB`);
+    /// reads past it take pinned slots.
+    pub stream_copy_device_cap_bytes: usize,
 }
 
 /// The default of `HIPFILE_STREAM_COPY_MB` on a machine of `physical_bytes` of memory
@@ -511,6 +524,13 @@ impl Config {
                 });
             }
         };
+        config.stream_copy_device_cap_bytes = parse_mib(
+            STREAM_COPY_DEVICE_MB,
+            get(STREAM_COPY_DEVICE_MB),
+            DEFAULT_STREAM_COPY_DEVICE_MB,
+            16,
+            REASON_STREAM_COPY_MB,
+        )?;
         config.buffered_writes = match get(BUFFERED_WRITES).as_deref().map(str::trim) {
             None | Some("thread") => BufferedWrites::Thread,
             Some("io_uring") => BufferedWrites::IoUring,
@@ -610,6 +630,7 @@ impl Config {
                 * MIB,
             stream_copy_piece_bytes: DEFAULT_STREAM_COPY_PIECE_MB * MIB,
             stream_copy_slots: StreamCopySlots::Pinned,
+            stream_copy_device_cap_bytes: DEFAULT_STREAM_COPY_DEVICE_MB * MIB,
         }
     }
 

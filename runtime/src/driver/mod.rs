@@ -92,7 +92,8 @@ impl Driver {
                     all,
                     config.stream_copy_cap_bytes,
                     config.stream_copy_piece_bytes,
-                    config.stream_copy_slots == StreamCopySlots::Device,
+                    (config.stream_copy_slots == StreamCopySlots::Device)
+                        .then_some(config.stream_copy_device_cap_bytes),
                 )
             });
         Arc::new(Driver {

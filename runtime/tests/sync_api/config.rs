@@ -515,4 +515,17 @@ fn stream_copies_are_off_unless_asked_for() {
             rejected(&[("HIPFILE_STREAM_COPY_SLOTS", bad)], &cpus(4), "HIPFILE_STREAM_COPY_SLOTS");
         assert!(error.to_string().contains("pinned or device"), "{bad:?}: {error}");
     }
+    // The device slots' cap per device: 1 GiB unless set, at least 16 MiB.
+    assert_eq!(parse_ok(&[]).stream_copy_device_cap_bytes, 1 << 30);
+    for (raw, mib) in [("16", 16), (" 256 ", 256), ("4096", 4096)] {
+        let got = parse_ok(&[("HIPFILE_STREAM_COPY_DEVICE_MB", raw)]).stream_copy_device_cap_bytes;
+        assert_eq!(got, mib << 20, "{raw:?}");
+    }
+    for bad in ["0", "8", "-1", "lots"] {
+        rejected(
+            &[("HIPFILE_STREAM_COPY_DEVICE_MB", bad)],
+            &cpus(4),
+            "HIPFILE_STREAM_COPY_DEVICE_MB",
+        );
+    }
 }
