@@ -87,6 +87,8 @@ pub fn open_env(
         );
     }
     let direct = decide_direct(config.direct, dir);
+    // What the driver runs with (`Auto` settings resolved for the device).
+    let config = Config::clone(&driver.config());
     Ok(Env { device, backend, driver, config, direct })
 }
 

@@ -171,7 +171,7 @@ pub const ENV_VARS: &[(&str, &str)] = &[
          reads of 64 KiB or less submitted to an idle stream), all (every op whose buffer \
          offset and size stay as submitted, on any stream: up to 16 MiB in a slot, longer \
          ones in pieces, ops past the slots' cap through their stream's spare slots) or \
-         off; also 1/true, 0/false (default off)",
+         off; also 1/true, 0/false (default: all on cuda, off on the cpu and rocm devices)",
     ),
     (
         STREAM_COPY_MB,
@@ -189,7 +189,8 @@ pub const ENV_VARS: &[(&str, &str)] = &[
         "with HIPFILE_STREAM_COPIES=all: the memory of the slots of reads over 64 KiB, \
          pinned (the engine reads the file into them, the stream copies host -> device) or \
          device (the engine's own device memory: the engine reads through its arena and \
-         copies into them, the stream copies device -> device); default pinned",
+         copies into them, the stream copies device -> device); default device on cuda, \
+         pinned elsewhere",
     ),
     (
         STREAM_COPY_DEVICE_MB,
@@ -222,8 +223,12 @@ pub enum BufferedWrites {
 /// (`HIPFILE_STREAM_COPIES`; `async_op::slots`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum StreamCopies {
-    /// None: the engine copies every read (`off`, the default).
+    /// The backend's choice (unset, the default; [`Config::resolve_for_device`]): `all`
+    /// on CUDA, where the engine's own copies can be held up by an application thread's
+    /// `cuStreamCreate` (README, Known limits), `off` elsewhere.
     #[default]
+    Auto,
+    /// None: the engine copies every read (`off`).
     Off,
     /// Fully FIXED reads of at most 64 KiB submitted to an idle stream (`on`): on the H200
     /// it took 3-10 µs off a lone 4 KiB read and cost 18-22 % of the small random reads
@@ -246,9 +251,13 @@ pub enum StreamCopies {
 /// (`HIPFILE_STREAM_COPY_SLOTS`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum StreamCopySlots {
-    /// Pinned host memory (`pinned`, the default): the engine reads the file straight
-    /// into the slot, the stream copies host → device.
+    /// The backend's choice (unset, the default; [`Config::resolve_for_device`]):
+    /// `device` where the backend has engine device memory and a device → device copy is
+    /// cheaper than a second host pass (CUDA), `pinned` elsewhere.
     #[default]
+    Auto,
+    /// Pinned host memory (`pinned`): the engine reads the file straight into the slot,
+    /// the stream copies host → device.
     Pinned,
     /// Device memory of the engine's own (its context on CUDA), on the op's device
     /// (`device`): the engine reads through its staging arena and copies into the slot as
@@ -485,6 +494,7 @@ impl Config {
         config.allow_compat_mode = parse_hipfile_bool(lookup(ALLOW_COMPAT_MODE)).unwrap_or(true);
         config.use_io_uring = on_off(IO_URING, get(IO_URING), true)?;
         config.stream_copies = match get(STREAM_COPIES).as_deref().map(str::trim) {
+            None => StreamCopies::Auto,
             Some("all") => StreamCopies::All,
             raw => match on_off(STREAM_COPIES, raw.map(str::to_string), false) {
                 Ok(true) => StreamCopies::Idle,
@@ -514,7 +524,8 @@ impl Config {
             });
         }
         config.stream_copy_slots = match get(STREAM_COPY_SLOTS).as_deref().map(str::trim) {
-            None | Some("pinned") => StreamCopySlots::Pinned,
+            None => StreamCopySlots::Auto,
+            Some("pinned") => StreamCopySlots::Pinned,
             Some("device") => StreamCopySlots::Device,
             Some(other) => {
                 return Err(ConfigError {
@@ -560,6 +571,18 @@ impl Config {
                 Config::default()
             })
         })
+    }
+
+    /// The same configuration with the backend's choices in place of
+    /// [`StreamCopies::Auto`] and [`StreamCopySlots::Auto`] (what a driver over `device`
+    /// runs with: `Driver::new` resolves its configuration so).
+    pub fn resolve_for_device(&mut self, device: &dyn crate::device::Device) {
+        if self.stream_copies == StreamCopies::Auto {
+            self.stream_copies = device.default_stream_copies();
+        }
+        if self.stream_copy_slots == StreamCopySlots::Auto {
+            self.stream_copy_slots = device.default_stream_copy_slots();
+        }
     }
 
     /// Checks the ranges of every field and the relations between them (staging holds 2
@@ -625,11 +648,11 @@ impl Config {
             allow_compat_mode: true,
             use_io_uring: true,
             buffered_writes: BufferedWrites::Thread,
-            stream_copies: StreamCopies::Off,
+            stream_copies: StreamCopies::Auto,
             stream_copy_cap_bytes: default_stream_copy_mib(crate::sys::physical_memory_bytes())
                 * MIB,
             stream_copy_piece_bytes: DEFAULT_STREAM_COPY_PIECE_MB * MIB,
-            stream_copy_slots: StreamCopySlots::Pinned,
+            stream_copy_slots: StreamCopySlots::Auto,
             stream_copy_device_cap_bytes: DEFAULT_STREAM_COPY_DEVICE_MB * MIB,
         }
     }

@@ -617,6 +617,21 @@ pub trait StreamMemoryOps {
         false
     }
 
+    /// Which async ops copy on the user's own stream when `HIPFILE_STREAM_COPIES` is
+    /// unset ([`Config::resolve_for_device`](crate::config::Config::resolve_for_device)):
+    /// `all` where the engine's own copies can be held up by the application's streams
+    /// (CUDA), `off` where they cannot.
+    fn default_stream_copies(&self) -> crate::config::StreamCopies {
+        crate::config::StreamCopies::Off
+    }
+
+    /// The memory of read slots over 64 KiB when `HIPFILE_STREAM_COPY_SLOTS` is unset:
+    /// `device` where engine device memory exists and a device → device copy costs less
+    /// than a second pass over host memory (CUDA), `pinned` elsewhere.
+    fn default_stream_copy_slots(&self) -> crate::config::StreamCopySlots {
+        crate::config::StreamCopySlots::Pinned
+    }
+
     /// Enqueues on a user stream a copy of `len_bytes` between pinned host memory at
     /// `host` and the device address `device_addr`: host → device for
     /// [`Direction::Read`], device → host for `Write`; run

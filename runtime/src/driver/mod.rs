@@ -80,7 +80,8 @@ impl std::fmt::Debug for Driver {
 
 impl Driver {
     /// A driver over `device`.
-    pub fn new(config: Config, device: Arc<dyn Device>) -> Arc<Driver> {
+    pub fn new(mut config: Config, device: Arc<dyn Device>) -> Arc<Driver> {
+        config.resolve_for_device(&*device);
         // By default prefetches may hold half the staging arenas; the other half serves
         // the ops the streams have reached (stream.rs, PrefetchBudget).
         let prefetch_cap_bytes = config.prefetch_cap_bytes() as u64;

@@ -136,11 +136,12 @@ fn a_staged_read_sees_a_rewrite_made_while_its_stream_was_held() {
     }
 }
 
-/// Reads with parameters that are not all FIXED, and every read with stream copies off
-/// (the default), take the engine's path (and are right).
+/// Reads with parameters that are not all FIXED, and every read with stream copies off,
+/// take the engine's path (and are right).
 #[test]
 fn unfixed_reads_and_the_switch_off_take_the_engines_path() {
-    for (rig, flags) in [(on(), 0u32), (on(), 3), (Rig::new(), 7)] {
+    let off = || Rig::with(1, Config { stream_copies: StreamCopies::Off, ..small_config() });
+    for (rig, flags) in [(on(), 0u32), (on(), 3), (off(), 7)] {
         let t = Paused::with(rig, "stream-copies-off", MIB, MIB);
         let stream = t.rig.registered_stream(flags);
         let before = stream_copies(&t.rig);
@@ -155,6 +156,42 @@ fn unfixed_reads_and_the_switch_off_take_the_engines_path() {
         );
         assert_eq!(stream_copies(&t.rig), before, "flags {flags}: not copied on the stream");
     }
+}
+
+/// Unset, stream copies are the backend's choice: `all` through device slots on CUDA
+/// (where the engine's own path can meet the `cuStreamCreate` cycle), off on the cpu
+/// device; a driver runs with the choice made, a setting given is kept, and a fully
+/// FIXED 1 MiB read under the default is copied on its stream exactly where the choice
+/// says so.
+#[test]
+fn unset_stream_copies_are_the_backends_choice() {
+    let t = Paused::with(Rig::new(), "stream-copies-default", 4 * MIB, 2 * MIB);
+    let config = t.rig.driver.config();
+    let (copies, slots) = match t.rig.backend() {
+        "cuda" => (StreamCopies::All, StreamCopySlots::Device),
+        _ => (StreamCopies::Off, StreamCopySlots::Pinned),
+    };
+    assert_eq!((config.stream_copies, config.stream_copy_slots), (copies, slots), "resolved");
+    let stream = t.rig.registered_stream(7);
+    let before = stream_copies(&t.rig);
+    let p = params(MIB, 3 * 4096, 0);
+    read(&t, &p, stream);
+    t.rig.sync(stream);
+    assert_eq!(bytes(&p), MIB as isize);
+    assert_bytes(&t.rig.dev_bytes(t.buffer, MIB), &t.data[3 * 4096..3 * 4096 + MIB], "data");
+    let copied = stream_copies(&t.rig) - before;
+    assert_eq!(copied, u64::from(copies == StreamCopies::All), "copied on its stream");
+    // A setting given is kept, whatever the backend.
+    let given = Config {
+        stream_copies: StreamCopies::Idle,
+        stream_copy_slots: StreamCopySlots::Pinned,
+        ..small_config()
+    };
+    let kept = Rig::with(1, given).driver.config();
+    assert_eq!(
+        (kept.stream_copies, kept.stream_copy_slots),
+        (StreamCopies::Idle, StreamCopySlots::Pinned)
+    );
 }
 
 /// Thousands of small reads in flight on four streams, twice: every byte right; reads

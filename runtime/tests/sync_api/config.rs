@@ -463,8 +463,8 @@ fn pinned_staging_beyond_physical_memory_is_refused() {
 }
 
 #[test]
-fn stream_copies_are_off_unless_asked_for() {
-    assert_eq!(parse_ok(&[]).stream_copies, StreamCopies::Off);
+fn stream_copies_are_the_backends_choice_unless_asked_for() {
+    assert_eq!(parse_ok(&[]).stream_copies, StreamCopies::Auto);
     for on in ["1", "on", " true "] {
         let got = parse_ok(&[("HIPFILE_STREAM_COPIES", on)]).stream_copies;
         assert_eq!(got, StreamCopies::Idle, "{on:?}");
@@ -502,9 +502,9 @@ fn stream_copies_are_off_unless_asked_for() {
         );
         assert!(error.to_string().contains("1, 4 or 16"), "{bad:?}: {error}");
     }
-    // The memory of large read slots: pinned unless set.
+    // The memory of large read slots: the backend's choice unless set.
     use hipfile_runtime::config::StreamCopySlots;
-    assert_eq!(parse_ok(&[]).stream_copy_slots, StreamCopySlots::Pinned);
+    assert_eq!(parse_ok(&[]).stream_copy_slots, StreamCopySlots::Auto);
     for (raw, want) in [("pinned", StreamCopySlots::Pinned), (" device ", StreamCopySlots::Device)]
     {
         let got = parse_ok(&[("HIPFILE_STREAM_COPY_SLOTS", raw)]).stream_copy_slots;

@@ -57,6 +57,18 @@ impl StreamMemoryOps for CudaDevice {
         true
     }
 
+    /// `all`: the engine's path can meet the `cuStreamCreate` cycle (README, Known
+    /// limits); copies queued on the user's stream at submission cannot.
+    fn default_stream_copies(&self) -> crate::config::StreamCopies {
+        crate::config::StreamCopies::All
+    }
+
+    /// `device`: the engine fills them from its few, warm arena chunks, and the stream's
+    /// device → device copy runs at over 1 TB/s (fifteenth session, H100).
+    fn default_stream_copy_slots(&self) -> crate::config::StreamCopySlots {
+        crate::config::StreamCopySlots::Device
+    }
+
     unsafe fn copy_on_stream(
         &self,
         stream: StreamHandle,
