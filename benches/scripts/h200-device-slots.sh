@@ -54,7 +54,8 @@ if [[ $steps == *" b "* ]]; then
   echo "== (b) lock checks $(elapsed)"
   for test in streams::streams_made_while_reads_copied_from_device_slots_hold_streams \
               streams::streams_made_while_reads_copied_on_their_streams_hold_streams \
-              streams::streams_made_while_ops_hold_streams; do
+              streams::streams_made_while_ops_hold_streams \
+              streams::streams_made_while_engine_path_ops_hold_streams; do
     timeout -s KILL 45 "$bundle/tests/async_api" --test-threads=1 --exact "$test" \
       > /tmp/hf-lock.log 2>&1
     rc=$?

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The open CUDA deadlock of README "Known limits" (an application thread creating streams
 # while async ops hold streams), in one device call: the lock probe in its variants, then
-# the three tests about it (engine path, reads and writes copied on their streams), each in a process of its own under each variant that
+# the tests about it (the default configuration, the engine's path, and each kind of op copied
+# on its stream), each in a process of its own under each variant that
 # may matter: the default; copies into the application's memory without the bounce
 # through the engine's scratch (HIPFILE_CUDA_MIN_COPY_BYTES=0); CUDA's default 8 hardware
 # queues instead of the 32 hipfile-rs sets (CUDA_DEVICE_MAX_CONNECTIONS=8). Run with
@@ -10,6 +11,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 tests/gpu/cuda-lock-probe.sh 2>&1 | grep -E "^===|creator|probe: .*(WAITS|app )|after the gate|^exit"
 tests=(streams::streams_made_while_ops_hold_streams
+       streams::streams_made_while_engine_path_ops_hold_streams
        streams::streams_made_while_reads_copied_on_their_streams_hold_streams
        streams::streams_made_while_reads_copied_from_device_slots_hold_streams
        streams::streams_made_while_writes_copied_into_slots_hold_streams

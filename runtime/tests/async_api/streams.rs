@@ -523,15 +523,28 @@ fn large_ops_fan_out_and_are_verified() {
 /// into the application's memory also take (`tests/gpu/cuda_lock_probe.c`; found as a hang
 /// of a whole test binary in one process). So the engine makes what its data path needs
 /// when it starts (the fallback pool, each executor's stream, events, device scratch).
-/// **Open on CUDA** with the engine's copies (README "Known limits"): the copy into the
-/// application's buffer waited for that lock. On the cpu device stream creation never
-/// waits, and the test checks the data and that the pool was allocated at the start and
-/// never grew.
+/// This runs the default configuration (on CUDA: reads and FIXED writes copied on their
+/// own streams, reads over 64 KiB through device slots); the engine's own path is
+/// [`streams_made_while_engine_path_ops_hold_streams`]. On the cpu device stream creation
+/// never waits, and the test checks the data and that the pool was allocated at the start
+/// and never grew.
 #[test]
 fn streams_made_while_ops_hold_streams() {
     let flags = [None, Some(0), Some(7), Some(15)];
     streams_made_during(Rig::new(), Direction::Read, 4, 256 * KIB, flags);
     streams_made_during(Rig::new(), Direction::Write, 4, 256 * KIB, flags);
+}
+
+/// The same on the engine's path (`HIPFILE_STREAM_COPIES=off`). **Open on CUDA** (README
+/// "Known limits"): the copy into the application's buffer waits for the lock that the
+/// blocked `cuStreamCreate` holds, so this hangs there; it is the control of the lock
+/// checks (`tests/gpu/lock-checks.sh`).
+#[test]
+fn streams_made_while_engine_path_ops_hold_streams() {
+    let off = || Rig::with(1, Config { stream_copies: StreamCopies::Off, ..small_config() });
+    let flags = [None, Some(0), Some(7), Some(15)];
+    streams_made_during(off(), Direction::Read, 4, 256 * KIB, flags);
+    streams_made_during(off(), Direction::Write, 4, 256 * KIB, flags);
 }
 
 /// The same with reads copied on their own streams (`HIPFILE_STREAM_COPIES=all`: streams
