@@ -156,6 +156,21 @@ fn engine(config: &Config, device: Option<Arc<dyn UserDevice>>, file: Option<&Pa
     item("executor CPUs", format!("{:?}", config.executor_cpus));
     item("staging chunk", format!("{} KiB", config.staging_chunk_bytes >> 10));
     item("O_DIRECT policy", format!("{:?}", config.direct));
+    let resolved = driver.config();
+    item(
+        "async copies on the user's stream",
+        format!(
+            "{:?} (HIPFILE_STREAM_COPIES {}), read slots over 64 KiB {:?}, {} MiB of device slots per device",
+            resolved.stream_copies,
+            if config.stream_copies == hipfile_runtime::config::StreamCopies::Auto {
+                "unset: the backend's choice"
+            } else {
+                "set"
+            },
+            resolved.stream_copy_slots,
+            resolved.stream_copy_device_cap_bytes >> 20
+        ),
+    );
     io_path(&driver, &device, file);
 }
 
