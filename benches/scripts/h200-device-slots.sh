@@ -21,7 +21,8 @@
 #     "256 512 1024 2048"), off before and after;
 # (h) all + device slots as a default candidate against off, two rounds, one binary: hot
 #     reads 16 MiB at 1/8/16 streams and 64 MiB at 1/8, writes 16 MiB at 8, random 4 KiB
-#     and 64 KiB reads at 8 streams, the 4 KiB round trip (CANDIDATE: its environment).
+#     and 64 KiB reads at 8 streams, the 4 KiB round trip (CANDIDATE: its environment;
+#     ROUNDS: how many, default 2).
 # PROBE_MODES picks (a)'s modes (default "cross lock control"; also free and
 # free-create: freeing engine device memory while application streams are held).
 # STEPS picks sections (default "a b c d"; e and f are calls of their own). Usage, with
@@ -149,7 +150,7 @@ if [[ $steps == *" h "* ]]; then
     echo "$name:"; grep -E "^(READ|WRITE|RANDREAD) +ASYNC|round trip|submit call" "$log" | head -20
   }
   read -r -a candidate <<< "${CANDIDATE:-HIPFILE_STREAM_COPIES=all HIPFILE_STREAM_COPY_SLOTS=device}"
-  for round in 1 2; do
+  for round in $(seq "${ROUNDS:-2}"); do
     variant "off-$round" HIPFILE_STREAM_COPIES=off
     variant "cand-$round" "${candidate[@]}"
   done
