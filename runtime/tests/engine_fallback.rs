@@ -547,10 +547,17 @@ fn a_refused_job_longer_than_the_fallback_pool_completes() {
 /// fallback chunk before its stream reaches it: a read of the same file on another
 /// thread, which needs the pool's only chunk, completes while the stream is still held.
 /// (A prefetch's read task once took the chunk and kept it until its stream let it go.)
+/// The engine's path (`HIPFILE_STREAM_COPIES=off`): under `all` a read into a device slot
+/// that finds no arena share waits for its stream instead of prefetching.
 #[test]
 fn a_prefetch_of_a_refused_file_holds_no_fallback_chunk_while_its_stream_is_held() {
     let _serial = serial();
-    let rig = Arc::new(Rig::with(1, Config { prefetch_budget_bytes: Some(OP), ..starved() }));
+    let config = Config {
+        prefetch_budget_bytes: Some(OP),
+        stream_copies: hipfile_runtime::config::StreamCopies::Off,
+        ..starved()
+    };
+    let rig = Arc::new(Rig::with(1, config));
     let data = pattern(14, 2 * OP);
     let mem = Arc::new(ProcMemFile::new(2 * OP, &data));
     let handle = rig.register(&mem.file);

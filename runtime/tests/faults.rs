@@ -440,8 +440,11 @@ fn a_failed_read_copied_on_its_stream_leaves_the_destination_as_it_was() {
 #[test]
 fn a_write_copied_into_a_slot_fails_cleanly() {
     let _serial = serial();
-    let config =
-        Config { stream_copies: hipfile_runtime::config::StreamCopies::All, ..small_config() };
+    let config = Config {
+        stream_copies: hipfile_runtime::config::StreamCopies::All,
+        stream_copy_slots: hipfile_runtime::config::StreamCopySlots::Pinned,
+        ..small_config()
+    };
     let rig = Rig::with(1, config);
     let file = TempFile::new("slot-write", &pattern(7, MIB));
     let fd = file.open_rw();
@@ -515,6 +518,7 @@ fn long_op_with_a_refused_piece(cap_bytes: usize, piece_bytes: usize) {
     let _serial = serial();
     let config = Config {
         stream_copies: hipfile_runtime::config::StreamCopies::All,
+        stream_copy_slots: hipfile_runtime::config::StreamCopySlots::Pinned,
         stream_copy_cap_bytes: cap_bytes,
         ..small_config()
     };
@@ -610,6 +614,7 @@ fn a_slot_allocation_that_waits_holds_up_no_other_thread() {
     let _serial = serial();
     let config = Config {
         stream_copies: hipfile_runtime::config::StreamCopies::All,
+        stream_copy_slots: hipfile_runtime::config::StreamCopySlots::Pinned,
         stream_copy_cap_bytes: 64 * MIB,
         ..small_config()
     };
@@ -675,8 +680,11 @@ struct SlowCopyEnqueue {
 
 impl SlowCopyEnqueue {
     fn new(tag: &str) -> SlowCopyEnqueue {
-        let config =
-            Config { stream_copies: hipfile_runtime::config::StreamCopies::All, ..small_config() };
+        let config = Config {
+            stream_copies: hipfile_runtime::config::StreamCopies::All,
+            stream_copy_slots: hipfile_runtime::config::StreamCopySlots::Pinned,
+            ..small_config()
+        };
         let rig = Arc::new(Rig::with(1, config));
         let data = pattern(23, MIB);
         let file = TempFile::new(tag, &data);
@@ -790,8 +798,11 @@ fn the_pending_report_does_not_wait_for_a_stuck_submission() {
 #[test]
 fn a_read_whose_copy_cannot_be_enqueued_ends_with_a_driver_error() {
     let _serial = serial();
-    let config =
-        Config { stream_copies: hipfile_runtime::config::StreamCopies::All, ..small_config() };
+    let config = Config {
+        stream_copies: hipfile_runtime::config::StreamCopies::All,
+        stream_copy_slots: hipfile_runtime::config::StreamCopySlots::Pinned,
+        ..small_config()
+    };
     let rig = Rig::with(1, config);
     let data = pattern(24, MIB);
     let file = TempFile::new("failed-copy-enqueue", &data);

@@ -268,6 +268,8 @@ fn expected(flags: u32, c: Change) -> Option<(usize, usize, usize)> {
 /// FIXED parameters keep their submitted value, the others take the value they hold
 /// when the stream reaches the op and are re-validated then (-5022, nothing touched,
 /// when invalid or when the size grew; with PAGE_ALIGNED the new values must be aligned).
+/// Under the default configuration (on CUDA: ops copied on their streams, large reads
+/// through device slots).
 #[test]
 fn deferred_binding_matrix_over_all_flags() {
     // Buffered I/O only: the "size -1" writes would hit the bug of async_direct.rs.
@@ -284,14 +286,17 @@ fn deferred_binding_matrix_over_all_flags() {
 fn deferred_binding_matrix_with_every_fixed_range_copied_on_the_stream() {
     let config = hipfile_runtime::config::Config {
         stream_copies: hipfile_runtime::config::StreamCopies::All,
+        stream_copy_slots: hipfile_runtime::config::StreamCopySlots::Pinned,
         ..unaligned_write_config()
     };
     binding_matrix(config);
 }
 
 fn binding_matrix(config: hipfile_runtime::config::Config) {
-    let copies_on_stream = config.stream_copies == hipfile_runtime::config::StreamCopies::All;
     let rig = Rig::with(1, config);
+    // What the driver runs with: unset, the backend's choice (`all` on CUDA).
+    let copies_on_stream =
+        rig.driver.config().stream_copies == hipfile_runtime::config::StreamCopies::All;
     let t = Paused::with(rig, "matrix", MATRIX_FILE, MATRIX_BUFFER);
     let source = pattern(14, MATRIX_BUFFER);
     let flag_sets = (0..16u32).map(Some).chain([None]);

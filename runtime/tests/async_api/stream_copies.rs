@@ -303,7 +303,14 @@ fn check_placed(t: &Paused, placed: &[Placed], old: &[u8], end: usize) {
 /// it. Every byte lands where it should.
 #[test]
 fn with_all_every_fixed_read_is_copied_on_its_stream() {
-    let rig = Rig::with(1, Config { stream_copies: StreamCopies::All, ..small_config() });
+    let rig = Rig::with(
+        1,
+        Config {
+            stream_copies: StreamCopies::All,
+            stream_copy_slots: StreamCopySlots::Pinned,
+            ..small_config()
+        },
+    );
     let file_len = 40 * MIB;
     let t = Paused::with(rig, "stream-copies-all", file_len, 40 * MIB);
     let old = pattern(97, 40 * MIB);
@@ -479,7 +486,14 @@ fn with_device_slots_reads_ahead_keep_to_the_prefetch_half_until_their_stream_co
 /// offset that is invalid fails the read with -5022, the destination as it was.
 #[test]
 fn with_all_reads_with_a_fixed_destination_are_read_when_the_stream_reaches_them() {
-    let rig = Rig::with(1, Config { stream_copies: StreamCopies::All, ..small_config() });
+    let rig = Rig::with(
+        1,
+        Config {
+            stream_copies: StreamCopies::All,
+            stream_copy_slots: StreamCopySlots::Pinned,
+            ..small_config()
+        },
+    );
     let file_len = 4 * MIB;
     let t = Paused::with(rig, "stream-copies-at-arm", file_len, 4 * MIB);
     let old = pattern(96, 4 * MIB);
@@ -524,22 +538,35 @@ fn with_all_reads_with_a_fixed_destination_are_read_when_the_stream_reaches_them
 /// write's turn.
 #[test]
 fn with_all_fixed_writes_take_their_bytes_from_a_slot_filled_in_stream_order() {
-    writes_from_slots(Config { stream_copies: StreamCopies::All, ..small_config() });
+    writes_from_slots(Config {
+        stream_copies: StreamCopies::All,
+        stream_copy_slots: StreamCopySlots::Pinned,
+        ..small_config()
+    });
 }
 
 /// The same through the page cache alone (O_DIRECT off): glommio executors write each
 /// part with one `pwrite` straight from the slot.
 #[test]
 fn with_all_page_cache_writes_go_straight_from_the_slot() {
-    let config =
-        Config { stream_copies: StreamCopies::All, direct: DirectPolicy::Off, ..small_config() };
+    let config = Config {
+        stream_copies: StreamCopies::All,
+        stream_copy_slots: StreamCopySlots::Pinned,
+        direct: DirectPolicy::Off,
+        ..small_config()
+    };
     writes_from_slots(config);
 }
 
 /// The same on blocking executors (io_uring off): one `pwrite` from the slot.
 #[test]
 fn with_all_blocking_executors_write_straight_from_the_slot() {
-    let config = Config { stream_copies: StreamCopies::All, use_io_uring: false, ..small_config() };
+    let config = Config {
+        stream_copies: StreamCopies::All,
+        stream_copy_slots: StreamCopySlots::Pinned,
+        use_io_uring: false,
+        ..small_config()
+    };
     writes_from_slots(config);
 }
 
@@ -606,7 +633,14 @@ fn writes_from_slots(config: Config) {
 /// submitted, which did not move.
 #[test]
 fn with_all_a_write_with_a_fixed_source_takes_a_slot_and_binds_its_file_offset_late() {
-    let rig = Rig::with(1, Config { stream_copies: StreamCopies::All, ..small_config() });
+    let rig = Rig::with(
+        1,
+        Config {
+            stream_copies: StreamCopies::All,
+            stream_copy_slots: StreamCopySlots::Pinned,
+            ..small_config()
+        },
+    );
     let t = Paused::with(rig, "stream-copies-late-offset", 4 * MIB, MIB);
     let data = pattern(124, 256 * KIB);
     t.rig.set_dev_bytes(t.buffer, &data);
@@ -668,7 +702,12 @@ fn held_reads_land(t: &Paused, flags: u32, reads: &[HeldRead], old: &[u8], buffe
 /// `all` with room for the rings of several long ops in flight (256 MiB of 16 MiB slots;
 /// the default 64 MiB holds one ring of four).
 fn all_config() -> Config {
-    Config { stream_copies: StreamCopies::All, stream_copy_cap_bytes: 256 * MIB, ..small_config() }
+    Config {
+        stream_copies: StreamCopies::All,
+        stream_copy_slots: StreamCopySlots::Pinned,
+        stream_copy_cap_bytes: 256 * MIB,
+        ..small_config()
+    }
 }
 
 /// `HIPFILE_STREAM_COPIES=all`, long reads: a read of more than 16 MiB whose destination
@@ -759,6 +798,7 @@ fn with_all_ops_longer_than_the_piece_size_go_in_pieces_of_that_size() {
 fn all_exhausted_config() -> Config {
     Config {
         stream_copies: StreamCopies::All,
+        stream_copy_slots: StreamCopySlots::Pinned,
         stream_copy_cap_bytes: 16 * MIB,
         direct: DirectPolicy::Off,
         ..small_config()

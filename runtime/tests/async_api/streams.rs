@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use hipfile_core::Direction;
-use hipfile_runtime::config::{Config, StreamCopies};
+use hipfile_runtime::config::{Config, StreamCopies, StreamCopySlots};
 use hipfile_runtime::device::StreamHandle;
 use hipfile_runtime::{AsyncParams, HandleId};
 use hipfile_test_support::rig::*;
@@ -473,11 +473,12 @@ fn ops_from_several_threads_on_one_stream_keep_submission_order() {
     assert_bytes(&rig.dev_bytes(buffer, MIB), &data, "all slots read");
 }
 
-/// 32 MiB in 256 KiB chunks over 2 executors (request_parallelism 2).
+/// 32 MiB in 256 KiB chunks over 2 executors (request_parallelism 2), on the engine's path
+/// (`HIPFILE_STREAM_COPIES=off`: under `all` such ops go in pieces, `pieces.rs`).
 #[test]
 fn large_ops_fan_out_and_are_verified() {
     const LARGE: usize = 32 * MIB;
-    let rig = Rig::new();
+    let rig = Rig::with(1, Config { stream_copies: StreamCopies::Off, ..small_config() });
     assert_eq!(rig.driver.config().request_parallelism, 2);
     let data = pattern(50, LARGE + 4096);
     let file = TempFile::new("large", &data);
@@ -554,7 +555,14 @@ fn streams_made_while_engine_path_ops_hold_streams() {
 /// must have been copied on its stream.
 #[test]
 fn streams_made_while_reads_copied_on_their_streams_hold_streams() {
-    let rig = Rig::with(1, Config { stream_copies: StreamCopies::All, ..small_config() });
+    let rig = Rig::with(
+        1,
+        Config {
+            stream_copies: StreamCopies::All,
+            stream_copy_slots: StreamCopySlots::Pinned,
+            ..small_config()
+        },
+    );
     let flags = [Some(15), Some(5), Some(7), Some(13)];
     let copies = streams_made_during(rig, Direction::Read, 4, 256 * KIB, flags);
     assert_eq!(copies, 8 * 4 * 6, "every read copied on its own stream");
@@ -581,7 +589,14 @@ fn streams_made_while_reads_copied_from_device_slots_hold_streams() {
 /// doorbell (`HIPFILE_STREAM_COPIES=all`, buffer offset and size FIXED).
 #[test]
 fn streams_made_while_writes_copied_into_slots_hold_streams() {
-    let rig = Rig::with(1, Config { stream_copies: StreamCopies::All, ..small_config() });
+    let rig = Rig::with(
+        1,
+        Config {
+            stream_copies: StreamCopies::All,
+            stream_copy_slots: StreamCopySlots::Pinned,
+            ..small_config()
+        },
+    );
     let flags = [Some(15), Some(5), Some(7), Some(13)];
     let copies = streams_made_during(rig, Direction::Write, 4, 256 * KIB, flags);
     assert_eq!(copies, 8 * 4 * 6, "every write copied into a slot on its own stream");
@@ -594,7 +609,14 @@ fn streams_made_while_writes_copied_into_slots_hold_streams() {
 fn streams_made_while_unfixed_ops_copied_on_their_streams_hold_streams() {
     let flags = [None, Some(0), Some(2), Some(8)];
     for direction in [Direction::Read, Direction::Write] {
-        let rig = Rig::with(1, Config { stream_copies: StreamCopies::All, ..small_config() });
+        let rig = Rig::with(
+            1,
+            Config {
+                stream_copies: StreamCopies::All,
+                stream_copy_slots: StreamCopySlots::Pinned,
+                ..small_config()
+            },
+        );
         let copies = streams_made_during(rig, direction, 4, 256 * KIB, flags);
         assert_eq!(copies, 8 * 4 * 6, "{direction:?}: every op copied on its stream");
     }
@@ -610,6 +632,7 @@ fn streams_made_while_long_ops_copied_in_pieces_hold_streams() {
     // and an op finding no ring would take the engine's path (seen once: 94 of 96).
     let config = Config {
         stream_copies: StreamCopies::All,
+        stream_copy_slots: StreamCopySlots::Pinned,
         stream_copy_cap_bytes: 512 * MIB,
         ..small_config()
     };
@@ -630,6 +653,7 @@ fn streams_made_while_long_ops_copied_in_pieces_hold_streams() {
 fn streams_made_while_ops_through_spare_slots_hold_streams() {
     let config = Config {
         stream_copies: StreamCopies::All,
+        stream_copy_slots: StreamCopySlots::Pinned,
         stream_copy_cap_bytes: 32 * MIB,
         direct: hipfile_runtime::file::DirectPolicy::Off,
         ..small_config()

@@ -255,6 +255,7 @@ fn stress_10k_ops_16_streams_4_threads() {
 fn stress_with_every_fixed_range_copied_on_the_stream() {
     let config = hipfile_runtime::config::Config {
         stream_copies: hipfile_runtime::config::StreamCopies::All,
+        stream_copy_slots: hipfile_runtime::config::StreamCopySlots::Pinned,
         stream_copy_cap_bytes: 256 * MIB,
         ..hipfile_runtime::config::Config::default()
     };
@@ -279,6 +280,7 @@ fn stress_with_every_fixed_range_copied_on_the_stream() {
 fn stress_with_every_fixed_range_copied_on_the_stream_through_spares() {
     let config = hipfile_runtime::config::Config {
         stream_copies: hipfile_runtime::config::StreamCopies::All,
+        stream_copy_slots: hipfile_runtime::config::StreamCopySlots::Pinned,
         stream_copy_cap_bytes: 16 * MIB,
         ..hipfile_runtime::config::Config::default()
     };
@@ -306,6 +308,7 @@ fn stress_with_every_fixed_range_copied_on_the_stream_through_spares() {
 fn stress_with_every_fixed_range_copied_on_the_stream_in_small_pieces() {
     let config = hipfile_runtime::config::Config {
         stream_copies: hipfile_runtime::config::StreamCopies::All,
+        stream_copy_slots: hipfile_runtime::config::StreamCopySlots::Pinned,
         stream_copy_cap_bytes: 256 * MIB,
         stream_copy_piece_bytes: MIB,
         ..hipfile_runtime::config::Config::default()
