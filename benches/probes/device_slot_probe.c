@@ -83,6 +83,13 @@ static int wait_words(volatile uint32_t *words, int n, double limit_s) {
     }
 }
 
+/* A zeroed page of mapped, portable host words and its device address. */
+static void mapped_words(uint32_t **host, CUdeviceptr *device) {
+    CHECK(cuMemHostAlloc((void **)host, 4096, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP));
+    CHECK(cuMemHostGetDevicePointer(device, *host, 0));
+    memset(*host, 0, 4096);
+}
+
 /* 1. Cross-context device -> device on an application stream. */
 static void cross(size_t bytes, CUdeviceptr slot, CUdeviceptr app, CUstream app_stream, unsigned char *host) {
     CHECK(cuCtxSetCurrent(primary));
@@ -124,12 +131,8 @@ static void lock(int held, size_t bytes, int control) {
     CHECK(cuStreamCreate(&engine_stream, CU_STREAM_NON_BLOCKING));
     CHECK(cuEventCreate(&filled, CU_EVENT_DISABLE_TIMING));
     CHECK(cuMemHostAlloc((void **)&host, bytes, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP));
-    CHECK(cuMemHostAlloc((void **)&words, 4096, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP));
-    CHECK(cuMemHostAlloc((void **)&done, 4096, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP));
-    CHECK(cuMemHostGetDevicePointer(&words_dev, words, 0));
-    CHECK(cuMemHostGetDevicePointer(&done_dev, done, 0));
-    memset(words, 0, 4096);
-    memset(done, 0, 4096);
+    mapped_words(&words, &words_dev);
+    mapped_words(&done, &done_dev);
     for (int i = 0; i < held; i++) CHECK(cuMemAlloc(&slots[i], bytes));
     CHECK(cuCtxSetCurrent(primary));
     for (int i = 0; i < held; i++) {
@@ -230,12 +233,8 @@ static void free_while_held(int held, int with_creator) {
     CHECK(cuCtxSetCurrent(engine));
     CHECK(cuStreamCreate(&engine_stream, CU_STREAM_NON_BLOCKING));
     CHECK(cuMemHostAlloc((void **)&host, bytes, CU_MEMHOSTALLOC_PORTABLE));
-    CHECK(cuMemHostAlloc((void **)&words, 4096, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP));
-    CHECK(cuMemHostAlloc((void **)&done, 4096, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP));
-    CHECK(cuMemHostGetDevicePointer(&words_dev, words, 0));
-    CHECK(cuMemHostGetDevicePointer(&done_dev, done, 0));
-    memset(words, 0, 4096);
-    memset(done, 0, 4096);
+    mapped_words(&words, &words_dev);
+    mapped_words(&done, &done_dev);
     CHECK(cuMemAlloc(&fill, bytes));
     struct free_job jobs[2] = {{0}, {0}};
     jobs[0].took_s = jobs[1].took_s = -2; /* -2: not started */

@@ -40,6 +40,14 @@ steps=" ${STEPS:-a b c d} "
 t0=$(date +%s)
 elapsed() { echo "[$(( $(date +%s) - t0 )) s]"; }
 export HIPFILE_DEVICE=cuda
+# 16 MiB hot reads at 1, 8 and 16 streams with --profile: hot_reads FILE-TAG BINARY ENV...
+# (output in $out/FILE-TAG.txt, one summary line on stdout).
+hot_reads() {
+  local name=$1 binary=$2; shift 2
+  env "$@" timeout -s KILL 60 "$binary" --mode read --streams 1,8,16 --io-size 16M \
+    --no-baselines --profile --file /tmp/hf-ds.dat > "$out/$name.txt" 2>&1
+  echo "$name (exit $?): $(grep -E '^READ +ASYNC' "$out/$name.txt" | awk '{printf "%s=%s ", $3, $5}')"
+}
 
 if [[ $steps == *" a "* ]]; then
   echo "== (a) device slot probe $(elapsed)"
@@ -75,16 +83,10 @@ fi
 
 if [[ $steps == *" d "* ]]; then
   echo "== (d) hot reads, off / all pinned / all device / off $(elapsed)"
-  run() {
-    local name=$1; shift
-    env "$@" timeout -s KILL 90 "$bench" --mode read --streams 1,8,16 --io-size 16M \
-      --no-baselines --profile --file /tmp/hf-ds.dat > "$out/read-$name.txt" 2>&1
-    echo "$name (exit $?):"; grep -E "^READ +ASYNC" "$out/read-$name.txt"
-  }
-  run off-1 HIPFILE_STREAM_COPIES=off
-  run all-pinned HIPFILE_STREAM_COPIES=all HIPFILE_STREAM_COPY_SLOTS=pinned
-  run all-device HIPFILE_STREAM_COPIES=all HIPFILE_STREAM_COPY_SLOTS=device
-  run off-2 HIPFILE_STREAM_COPIES=off
+  hot_reads read-off-1 "$bench" HIPFILE_STREAM_COPIES=off
+  hot_reads read-all-pinned "$bench" HIPFILE_STREAM_COPIES=all HIPFILE_STREAM_COPY_SLOTS=pinned
+  hot_reads read-all-device "$bench" HIPFILE_STREAM_COPIES=all HIPFILE_STREAM_COPY_SLOTS=device
+  hot_reads read-off-2 "$bench" HIPFILE_STREAM_COPIES=off
   rm -f /tmp/hf-ds.dat
 fi
 
@@ -99,35 +101,23 @@ if [[ $steps == *" e "* ]]; then
 fi
 if [[ $steps == *" f "* ]]; then
   echo "== (f) A/B of device slots: ${BASE:-no BASE given} against the bundle $(elapsed)"
-  ab() {
-    local name=$1 binary=$2; shift 2
-    env "$@" timeout -s KILL 60 "$binary" --mode read --streams 1,8,16 --io-size 16M \
-      --no-baselines --profile --file /tmp/hf-ds.dat > "$out/ab-$name.txt" 2>&1
-    echo "$name (exit $?): $(grep -E '^READ +ASYNC' "$out/ab-$name.txt" | awk '{printf "%s=%s ", $3, $5}')"
-  }
   device=(HIPFILE_STREAM_COPIES=all HIPFILE_STREAM_COPY_SLOTS=device)
   for round in 1 2; do
-    ab "off-$round" "$bench" HIPFILE_STREAM_COPIES=off
-    [ -n "${BASE:-}" ] && ab "base-$round" "$BASE" "${device[@]}"
-    ab "new-$round" "$bench" "${device[@]}"
+    hot_reads "ab-off-$round" "$bench" HIPFILE_STREAM_COPIES=off
+    [ -n "${BASE:-}" ] && hot_reads "ab-base-$round" "$BASE" "${device[@]}"
+    hot_reads "ab-new-$round" "$bench" "${device[@]}"
   done
-  ab off-3 "$bench" HIPFILE_STREAM_COPIES=off
+  hot_reads ab-off-3 "$bench" HIPFILE_STREAM_COPIES=off
   rm -f /tmp/hf-ds.dat
 fi
 if [[ $steps == *" g "* ]]; then
   echo "== (g) device slots' cap $(elapsed)"
-  capped() {
-    local name=$1; shift
-    env "$@" timeout -s KILL 60 "$bench" --mode read --streams 1,8,16 --io-size 16M \
-      --no-baselines --profile --file /tmp/hf-ds.dat > "$out/cap-$name.txt" 2>&1
-    echo "$name (exit $?): $(grep -E '^READ +ASYNC' "$out/cap-$name.txt" | awk '{printf "%s=%s ", $3, $5}')"
-  }
-  capped off-1 HIPFILE_STREAM_COPIES=off
+  hot_reads cap-off-1 "$bench" HIPFILE_STREAM_COPIES=off
   for cap in ${CAPS:-256 512 1024 2048}; do
-    capped "device-$cap" HIPFILE_STREAM_COPIES=all HIPFILE_STREAM_COPY_SLOTS=device \
+    hot_reads "cap-device-$cap" "$bench" HIPFILE_STREAM_COPIES=all HIPFILE_STREAM_COPY_SLOTS=device \
       HIPFILE_STREAM_COPY_DEVICE_MB="$cap" HIPFILE_STREAM_COPY_MB="$(( cap > 1024 ? cap : 1024 ))"
   done
-  capped off-2 HIPFILE_STREAM_COPIES=off
+  hot_reads cap-off-2 "$bench" HIPFILE_STREAM_COPIES=off
   rm -f /tmp/hf-ds.dat
 fi
 

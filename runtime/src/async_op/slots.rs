@@ -731,12 +731,9 @@ mod tests {
         assert!(pool.try_take(MAX_SLOT_BYTES + 1).is_none());
     }
 
-    /// With device slots: reads over 64 KiB take slots of the engine's device memory on the
-    /// read's device (a distinct range per slot, up to the size's cap, then pinned ones),
-    /// reads of at most 64 KiB and every other take pinned slots; a slot given back is lent
-    /// again; without device slots no read gets one.
-    #[test]
-    fn with_device_slots_large_reads_take_device_memory_of_their_device() {
+    /// Two cpu devices and a pool with device slots: each size up to 32 MiB, each device's
+    /// slots up to `device_cap_bytes`.
+    fn two_device_pool(device_cap_bytes: usize) -> (Arc<CpuDevice>, Arc<dyn Device>, SlotPool) {
         let cpu = CpuDevice::new(2);
         let device: Arc<dyn Device> = cpu.clone();
         let pool = SlotPool::with_memory(
@@ -744,8 +741,18 @@ mod tests {
             true,
             32 << 20,
             MAX_SLOT_BYTES,
-            Some(1 << 30),
+            Some(device_cap_bytes),
         );
+        (cpu, device, pool)
+    }
+
+    /// With device slots: reads over 64 KiB take slots of the engine's device memory on the
+    /// read's device (a distinct range per slot, up to the size's cap, then pinned ones),
+    /// reads of at most 64 KiB and every other take pinned slots; a slot given back is lent
+    /// again; without device slots no read gets one.
+    #[test]
+    fn with_device_slots_large_reads_take_device_memory_of_their_device() {
+        let (cpu, device, pool) = two_device_pool(1 << 30);
         let small = pool.try_take_for_read(SLOT_BYTES, 1).expect("small");
         assert!(small.device_memory().is_none() && !small.host_ptr.is_null(), "64 KiB: pinned");
         let write = pool.try_take(1 << 20).expect("write");
@@ -786,16 +793,8 @@ mod tests {
     /// allocation gives its reservation back.
     #[test]
     fn device_slots_of_all_sizes_share_their_devices_cap() {
-        let cpu = CpuDevice::new(2);
-        let device: Arc<dyn Device> = cpu.clone();
         // Each size up to 32 MiB, each device up to 40 MiB of device slots.
-        let pool = SlotPool::with_memory(
-            Arc::clone(&device),
-            true,
-            32 << 20,
-            MAX_SLOT_BYTES,
-            Some(40 << 20),
-        );
+        let (cpu, _, pool) = two_device_pool(40 << 20);
         let mut taken = Vec::new();
         let mut take = |len_bytes: usize, ordinal: u32| {
             let slot = pool.try_take_for_read(len_bytes, ordinal).expect("a slot");
