@@ -223,9 +223,9 @@ pub enum BufferedWrites {
 /// (`HIPFILE_STREAM_COPIES`; `async_op::slots`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum StreamCopies {
-    /// The backend's choice (unset, the default; [`Config::resolve_for_device`]): `all`
-    /// on CUDA, where the engine's own copies can be held up by an application thread's
-    /// `cuStreamCreate` (README, Known limits), `off` elsewhere.
+    /// The backend's choice (unset, the default; a driver resolves it when it is made,
+    /// `Driver::new`): `all` on CUDA, where the engine's own copies can be held up by an
+    /// application thread's `cuStreamCreate` (README, Known limits), `off` elsewhere.
     #[default]
     Auto,
     /// None: the engine copies every read (`off`).
@@ -251,9 +251,9 @@ pub enum StreamCopies {
 /// (`HIPFILE_STREAM_COPY_SLOTS`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum StreamCopySlots {
-    /// The backend's choice (unset, the default; [`Config::resolve_for_device`]):
-    /// `device` where the backend has engine device memory and a device → device copy is
-    /// cheaper than a second host pass (CUDA), `pinned` elsewhere.
+    /// The backend's choice (unset, the default; resolved by `Driver::new`): `device`
+    /// where the backend has engine device memory and a device → device copy is cheaper
+    /// than a second host pass (CUDA), `pinned` elsewhere.
     #[default]
     Auto,
     /// Pinned host memory (`pinned`): the engine reads the file straight into the slot,
@@ -571,18 +571,6 @@ impl Config {
                 Config::default()
             })
         })
-    }
-
-    /// The same configuration with the backend's choices in place of
-    /// [`StreamCopies::Auto`] and [`StreamCopySlots::Auto`] (what a driver over `device`
-    /// runs with: `Driver::new` resolves its configuration so).
-    pub fn resolve_for_device(&mut self, device: &dyn crate::device::Device) {
-        if self.stream_copies == StreamCopies::Auto {
-            self.stream_copies = device.default_stream_copies();
-        }
-        if self.stream_copy_slots == StreamCopySlots::Auto {
-            self.stream_copy_slots = device.default_stream_copy_slots();
-        }
     }
 
     /// Checks the ranges of every field and the relations between them (staging holds 2

@@ -617,19 +617,19 @@ pub trait StreamMemoryOps {
         false
     }
 
-    /// Which async ops copy on the user's own stream when `HIPFILE_STREAM_COPIES` is
-    /// unset ([`Config::resolve_for_device`](crate::config::Config::resolve_for_device)):
-    /// `all` where the engine's own copies can be held up by the application's streams
-    /// (CUDA), `off` where they cannot.
-    fn default_stream_copies(&self) -> crate::config::StreamCopies {
-        crate::config::StreamCopies::Off
+    /// Whether the engine's own copies into the application's memory can be held up by the
+    /// application's streams (CUDA: while an application thread's `cuStreamCreate` waits
+    /// for streams our ops hold, README "Known limits"). Where they can, async ops copy on
+    /// the user's own stream unless `HIPFILE_STREAM_COPIES` says otherwise.
+    fn engine_copies_can_wait_for_user_streams(&self) -> bool {
+        false
     }
 
-    /// The memory of read slots over 64 KiB when `HIPFILE_STREAM_COPY_SLOTS` is unset:
-    /// `device` where engine device memory exists and a device → device copy costs less
-    /// than a second pass over host memory (CUDA), `pinned` elsewhere.
-    fn default_stream_copy_slots(&self) -> crate::config::StreamCopySlots {
-        crate::config::StreamCopySlots::Pinned
+    /// Whether read slots of engine device memory beat pinned ones here (a device →
+    /// device copy cheaper than a second pass over host memory): the default of
+    /// `HIPFILE_STREAM_COPY_SLOTS`.
+    fn prefers_device_slots(&self) -> bool {
+        false
     }
 
     /// Enqueues on a user stream a copy of `len_bytes` between pinned host memory at

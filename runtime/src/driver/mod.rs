@@ -78,10 +78,31 @@ impl std::fmt::Debug for Driver {
     }
 }
 
+/// The backend's choices in place of [`StreamCopies::Auto`] and [`StreamCopySlots::Auto`]:
+/// every op copied on the user's stream (`all`) where the engine's own copies can wait for
+/// the application's streams, else `off`; slots of engine device memory where the backend
+/// prefers them, else pinned ones. A setting given is kept.
+fn resolve_stream_copies(config: &mut Config, device: &dyn Device) {
+    if config.stream_copies == StreamCopies::Auto {
+        config.stream_copies = if device.engine_copies_can_wait_for_user_streams() {
+            StreamCopies::All
+        } else {
+            StreamCopies::Off
+        };
+    }
+    if config.stream_copy_slots == StreamCopySlots::Auto {
+        config.stream_copy_slots = if device.prefers_device_slots() {
+            StreamCopySlots::Device
+        } else {
+            StreamCopySlots::Pinned
+        };
+    }
+}
+
 impl Driver {
     /// A driver over `device`.
     pub fn new(mut config: Config, device: Arc<dyn Device>) -> Arc<Driver> {
-        config.resolve_for_device(&*device);
+        resolve_stream_copies(&mut config, &*device);
         // By default prefetches may hold half the staging arenas; the other half serves
         // the ops the streams have reached (stream.rs, PrefetchBudget).
         let prefetch_cap_bytes = config.prefetch_cap_bytes() as u64;

@@ -57,16 +57,16 @@ impl StreamMemoryOps for CudaDevice {
         true
     }
 
-    /// `all`: the engine's path can meet the `cuStreamCreate` cycle (README, Known
-    /// limits); copies queued on the user's stream at submission cannot.
-    fn default_stream_copies(&self) -> crate::config::StreamCopies {
-        crate::config::StreamCopies::All
+    /// Yes: the engine's path can meet the `cuStreamCreate` cycle (README, Known limits);
+    /// copies queued on the user's stream at submission cannot.
+    fn engine_copies_can_wait_for_user_streams(&self) -> bool {
+        true
     }
 
-    /// `device`: the engine fills them from its few, warm arena chunks, and the stream's
+    /// Yes: the engine fills them from its few, warm arena chunks, and the stream's
     /// device → device copy runs at over 1 TB/s (fifteenth session, H100).
-    fn default_stream_copy_slots(&self) -> crate::config::StreamCopySlots {
-        crate::config::StreamCopySlots::Device
+    fn prefers_device_slots(&self) -> bool {
+        true
     }
 
     unsafe fn copy_on_stream(
