@@ -14,8 +14,7 @@
 # (e) the never-hang sweep under all + device slots;
 # (f) A/B of two builds under all + device slots, interleaved with off (BASE: the other
 #     build's hipfile-bench, e.g. target/ab/bench-base carried beside the bundle), two
-#     rounds: the first A/B still open is the arena admission of reads ahead into device
-#     slots (fifteenth session, commit dfe968b) against the build before it (b14d70b).
+#     rounds (the admission rule it was written for was removed in the sixteenth session).
 # (g) the device slots' cap (HIPFILE_STREAM_COPY_DEVICE_MB, sixteenth session): 16 MiB hot
 #     reads at 1, 8 and 16 streams under all + device slots with caps CAPS (default
 #     "256 512 1024 2048"), off before and after;

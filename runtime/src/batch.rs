@@ -260,7 +260,6 @@ impl Batch {
                 device_ordinal: buffer.device_ordinal,
                 wait_for_copies: true,
                 arm_gate: None,
-                ahead_until: None,
                 host_memory: None,
                 may_start: Some(Box::new(move || starting.shared.ledger().start(starting.slot))),
                 done: Completion::new(

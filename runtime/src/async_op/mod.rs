@@ -206,9 +206,6 @@ pub(crate) struct AsyncOp {
     /// The stream's copy out of the slot could not be enqueued (after the op was
     /// watched): the op ends with hipFileHipDriverError.
     slot_copy_failed: AtomicBool,
-    /// For a staged read into a slot of device memory: whether the stream reached the op,
-    /// and the sender whose drop tells its jobs so ([`crate::engine::IoJob::ahead_until`]).
-    slot_ahead: Mutex<(bool, Option<flume::Sender<()>>)>,
     /// The long op this op is a piece of ([`pieces`]): its slot belongs to the long op's
     /// ring, its result goes to the long op.
     piece: Option<pieces::PieceOf>,
@@ -299,7 +296,6 @@ impl AsyncOp {
                     .contains(StreamFlags::FIXED_BUF_OFFSET | StreamFlags::FIXED_FILE_SIZE),
             slot_declined: AtomicBool::new(false),
             slot_copy_failed: AtomicBool::new(false),
-            slot_ahead: Mutex::new((false, None)),
             slot,
             slot_use,
             piece,

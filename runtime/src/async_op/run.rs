@@ -16,7 +16,6 @@ impl AsyncOp {
     /// blocking fallback; O(1), no device calls).
     pub(super) fn arm(self: Arc<Self>) {
         self.note_arm();
-        self.note_reached();
         if self.end.end_if_abandoned() {
             // Abandoned because its wait could not be queued: no copy of its slot is
             // queued either (it would come after the wait), so releasing is all.
@@ -145,7 +144,6 @@ impl AsyncOp {
                 device_ordinal: self.device_ordinal,
                 wait_for_copies: fan_out || !self.releases_device_side(),
                 arm_gate: gate.clone(),
-                ahead_until: None,
                 // A write with a slot: the stream copied its bytes there before the
                 // doorbell (`enqueue_copy_into_slot`).
                 host_memory: self.write_slot_memory(offset),

@@ -286,12 +286,6 @@ impl AsyncOp {
     pub(super) fn post_slot_read(self: &Arc<Self>, engine: &Engine, io: ValidIo) {
         let Some(slot) = self.slot else { return };
         let at_arm = self.reads_slot_at_arm();
-        // A slot of device memory is filled through the arena: read ahead of the stream,
-        // it takes arena shares as a prefetch does (reached ops find the other half).
-        let ahead_until = match slot.device_memory() {
-            Some(_) if !at_arm => self.ahead_gate(),
-            _ => None,
-        };
         let parts = engine.parts(io.file_offset_bytes(), io.size_bytes());
         let joiner = Arc::new(PartJoiner::new(Direction::Read, parts.clone()));
         for (index, &(offset, len)) in parts.iter().enumerate() {
@@ -321,7 +315,6 @@ impl AsyncOp {
                 device_ordinal: self.device_ordinal,
                 wait_for_copies: slot.device_memory().is_some(),
                 arm_gate: None,
-                ahead_until: ahead_until.clone(),
                 host_memory: match slot.device_memory() {
                     Some(_) => None,
                     // SAFETY: parts lie inside the op, which the slot holds whole.
@@ -332,30 +325,6 @@ impl AsyncOp {
             };
             engine.post(self.stream.executor + index, job);
         }
-    }
-
-    /// For a read ahead into a slot of device memory: what its jobs wait on when they find
-    /// no free arena share (disconnected once the stream reaches the op), or `None` when
-    /// the stream is already there.
-    fn ahead_gate(&self) -> Option<flume::Receiver<()>> {
-        let mut ahead = self.slot_ahead.lock().unwrap_or_else(|p| p.into_inner());
-        if ahead.0 {
-            return None;
-        }
-        let (sender, receiver) = flume::bounded(0);
-        ahead.1 = Some(sender);
-        Some(receiver)
-    }
-
-    /// The stream reached the op (or it was abandoned): a read ahead into its device slot
-    /// now reads as a reached op.
-    pub(super) fn note_reached(&self) {
-        if self.slot.and_then(|slot| slot.device_memory()).is_none() {
-            return;
-        }
-        let mut ahead = self.slot_ahead.lock().unwrap_or_else(|p| p.into_inner());
-        ahead.0 = true;
-        ahead.1 = None;
     }
 
     fn slot_read_done(self: &Arc<Self>, at_arm: bool, outcome: Outcome) {

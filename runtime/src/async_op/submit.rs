@@ -207,8 +207,6 @@ impl AsyncOp {
         self.end.abandon();
         // A prefetch job in flight sees its gate disconnect and ends without copying.
         self.gate.abandon();
-        // A read ahead into a device slot no longer waits for the stream.
-        self.note_reached();
         self.release_prefetch_window();
         self.host.write_hazards().remove(&self.file, self.hazard);
         self.resources.lock().unwrap_or_else(|p| p.into_inner()).take();

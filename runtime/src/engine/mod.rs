@@ -147,12 +147,6 @@ pub(crate) struct IoJob {
     /// stale) or a disconnected gate (the op was abandoned) ends the job without touching
     /// device memory.
     pub(crate) arm_gate: Option<flume::Receiver<bool>>,
-    /// For a read ahead of its stream into memory of the engine's own (a slot of device
-    /// memory, `HIPFILE_STREAM_COPY_SLOTS=device`): its chunks take arena shares as a
-    /// prefetch does (only when free, within the prefetch half), and when it has none and
-    /// none is free it waits until this disconnects (the stream reached the op), then reads
-    /// as a reached op. Its copies are not held back.
-    pub(crate) ahead_until: Option<flume::Receiver<()>>,
     /// Pinned host memory of at least `len_bytes` (a slot of an op copied on the user's
     /// stream) that a read lands in instead of being copied to `device_addr`, or that a
     /// write takes its bytes from instead of `device_addr`; the job then touches no
@@ -546,7 +540,6 @@ impl Engine {
                 device_ordinal: request.device_ordinal,
                 wait_for_copies: true,
                 arm_gate: None,
-                ahead_until: None,
                 host_memory: None,
                 may_start: None,
                 done: Completion::new(

@@ -431,53 +431,6 @@ fn with_device_slots_reads_over_64_kib_are_filled_by_the_engine_and_copied_on_th
     }
 }
 
-/// Reads ahead into slots of device memory take arena shares as a prefetch does: on a
-/// held stream, eight staged 8 MiB reads (4 MiB per executor each, 16 chunks of 256 KiB)
-/// meet arenas whose prefetch half holds 16 chunks per executor, so the first jobs of each
-/// executor take it and the later ones, finding no share and nothing of their own in
-/// flight, wait for their stream instead of filling the arenas as reached ops would. Once
-/// the stream is let go they read as reached ops; every byte lands.
-#[test]
-fn with_device_slots_reads_ahead_keep_to_the_prefetch_half_until_their_stream_comes() {
-    let config = Config {
-        stream_copies: StreamCopies::All,
-        stream_copy_slots: StreamCopySlots::Device,
-        ..small_config()
-    };
-    let t = Paused::with(Rig::with(1, config), "device-slots-ahead", 64 * MIB, 64 * MIB);
-    let old = pattern(94, 64 * MIB);
-    t.rig.set_dev_bytes(t.buffer, &old);
-    let stream = t.rig.registered_stream(15);
-    let gate = t.rig.pause(stream).expect("pause");
-    let read_bytes = || t.rig.driver.file(t.handle).expect("file").counters().read_bytes();
-    let mut placed = Vec::new();
-    let mut staged_per_round = Vec::new();
-    // A round whose submitting thread was held up long enough for the first jobs to end
-    // before the later ones were posted lets those find free shares: up to three rounds
-    // (same ranges, same destinations), one of which must stop short.
-    for _round in 0..3 {
-        let before = read_bytes();
-        for i in 0..8 {
-            let p = params(8 * MIB, (i * 8 * MIB) as i64, (i * 8 * MIB) as i64);
-            read(&t, &p, stream);
-            placed.push((p, 8 * MIB, 8 * MIB, i * 8 * MIB, i * 8 * MIB));
-        }
-        wait_until("the first reads ahead staged", || read_bytes() - before >= 8 * MIB as u64);
-        // Nothing else moves while the stream is held: the later jobs wait for it.
-        std::thread::sleep(std::time::Duration::from_millis(300));
-        staged_per_round.push(read_bytes() - before);
-        if staged_per_round.last() < Some(&(64 * MIB as u64)) {
-            break;
-        }
-    }
-    let stopped_short = staged_per_round.iter().any(|&staged| staged < 64 * MIB as u64);
-    assert!(stopped_short, "bytes read ahead per round {staged_per_round:?}: all of them");
-    assert_eq!(bytes(&placed[0].0), 0, "held: nothing done yet");
-    gate.release();
-    t.rig.sync(stream);
-    check_placed(&t, &placed, &old, 64 * MIB);
-}
-
 /// `HIPFILE_STREAM_COPIES=all`: a read whose destination range is FIXED but whose file
 /// offset is not (flags 5) is read into its slot when the stream reaches it, at the
 /// file offset its parameters hold then; a fully FIXED read of a range an earlier write

@@ -251,8 +251,8 @@ impl Executor {
                 let (outcome, device_error, copies) = match direction {
                     Direction::Read => {
                         let _step = self.setup.watch.step(JobStep::Read);
-                        let gates = (job.arm_gate.as_ref(), job.ahead_until.as_ref());
-                        self.read_range(file, &files, &stream, range, gates, &gate_opened).await
+                        let gate = job.arm_gate.as_ref();
+                        self.read_range(file, &files, &stream, range, gate, &gate_opened).await
                     }
                     Direction::Write => {
                         let _step = self.setup.watch.step(JobStep::Write);

@@ -33,10 +33,7 @@ impl Executor {
         files: &Rc<OpenFiles>,
         stream: &InternalStream,
         range: JobRange,
-        (mut arm_gate, mut ahead_until): (
-            Option<&flume::Receiver<bool>>,
-            Option<&flume::Receiver<()>>,
-        ),
+        mut arm_gate: Option<&flume::Receiver<bool>>,
         gate_opened: &std::cell::Cell<Option<Instant>>,
     ) -> (Outcome, Option<DeviceError>, VecDeque<InFlightCopy>) {
         let mut copies = VecDeque::new();
@@ -60,7 +57,7 @@ impl Executor {
             while !stop && reads.len() < depth {
                 let Some(&chunk) = chunks.peek() else { break };
                 let len = chunk.len_bytes as usize;
-                let share = if arm_gate.is_some() || ahead_until.is_some() {
+                let share = if arm_gate.is_some() {
                     self.staging_budget.take_for_prefetch(len)
                 } else {
                     let holds_none = reads.is_empty() && copies.is_empty();
@@ -85,12 +82,6 @@ impl Executor {
                         failure = Some((Outcome::Library(OpError::InternalError), None));
                         stop = true;
                     }
-                } else if copies.is_empty()
-                    && let Some(reached) = ahead_until.take()
-                {
-                    // Read ahead into the engine's own memory: nothing of it to wait for;
-                    // from the stream's arrival on it reads as a reached op.
-                    let _ = reached.recv_async().await;
                 } else if let Err(error) = {
                     let in_flight = copies.len();
                     self.reap(&mut copies, in_flight).await
