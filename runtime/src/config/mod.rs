@@ -243,7 +243,7 @@ pub enum StreamCopies {
     /// reaching such an op and its release there is no CUDA call (but on the rare paths of
     /// a short or failed read and a declined slot), so an application thread's
     /// `cuStreamCreate` waiting for held streams cannot stall it (README "Known limits").
-    /// Not yet measured on a GPU.
+    /// The default on CUDA.
     All,
 }
 
@@ -340,7 +340,7 @@ pub struct Config {
     /// How io_uring executors write page-cache chunks (`HIPFILE_BUFFERED_WRITES`).
     pub buffered_writes: BufferedWrites,
     /// Which fully FIXED async reads stage ahead into a slot and copy on the user's own
-    /// stream (`HIPFILE_STREAM_COPIES`, default off; [`StreamCopies`]).
+    /// stream (`HIPFILE_STREAM_COPIES`, default the backend's choice; [`StreamCopies`]).
     pub stream_copies: StreamCopies,
     /// With [`StreamCopies::All`]: the most pinned bytes of slots of each size above
     /// 64 KiB (`HIPFILE_STREAM_COPY_MB`); an op that finds no free slot goes through its
@@ -353,7 +353,7 @@ pub struct Config {
     /// size, and the stream copies each piece as soon as it is read.
     pub stream_copy_piece_bytes: usize,
     /// With [`StreamCopies::All`]: the memory of read slots over 64 KiB
-    /// (`HIPFILE_STREAM_COPY_SLOTS`, default pinned; [`StreamCopySlots`]).
+    /// (`HIPFILE_STREAM_COPY_SLOTS`, default the backend's choice; [`StreamCopySlots`]).
     pub stream_copy_slots: StreamCopySlots,
     /// With [`StreamCopySlots::Device`]: the most bytes of the engine's device memory that
     /// the slots of one device hold, all sizes together (`HIPFILE_STREAM_COPY_DEVICE_MB`);
