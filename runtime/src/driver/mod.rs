@@ -101,7 +101,7 @@ fn resolve_stream_copies(config: &mut Config, device: &dyn Device) {
 
 impl Driver {
     /// A driver over `device`, with the stream-copy settings left to the backend resolved
-    /// for it ([`resolve_stream_copies`]).
+    /// for it (`resolve_stream_copies`).
     pub fn new(mut config: Config, device: Arc<dyn Device>) -> Arc<Driver> {
         resolve_stream_copies(&mut config, &*device);
         // By default prefetches may hold half the staging arenas; the other half serves
