@@ -218,9 +218,9 @@ impl SlotPool {
     /// [`SLOT_BYTES`] (`HIPFILE_STREAM_COPY_MB`), small sizes hold 16 MiB each; long ops
     /// go in pieces of `piece_bytes` (rounded up to a slot size of at least 1 MiB). With
     /// `device_cap_bytes`, reads over [`SLOT_BYTES`] take slots of the engine's device
-    /// memory on their device (each size up to `large_cap_bytes`, all sizes of one device
-    /// together up to `device_cap_bytes`: `HIPFILE_STREAM_COPY_DEVICE_MB`), pinned ones
-    /// where the backend has none to give or the device's cap is reached.
+    /// memory on their device (all sizes of one device together up to `device_cap_bytes`:
+    /// `HIPFILE_STREAM_COPY_DEVICE_MB`), pinned ones where the backend has none to give or
+    /// the device's cap is reached.
     pub(crate) fn with_memory(
         device: Arc<dyn Device>,
         all_reads: bool,
@@ -235,8 +235,12 @@ impl SlotPool {
             });
             std::array::from_fn(|class| {
                 let slot_bytes = CLASS_BYTES[class];
-                let cap_bytes =
-                    if slot_bytes <= SLOT_BYTES { SMALL_CLASS_CAP_BYTES } else { large_cap_bytes };
+                // Device memory is bounded by its device's budget alone.
+                let cap_bytes = match (budget.as_ref(), slot_bytes <= SLOT_BYTES) {
+                    (_, true) => SMALL_CLASS_CAP_BYTES,
+                    (Some(budget), false) => budget.cap_bytes,
+                    (None, false) => large_cap_bytes,
+                };
                 SlotClass {
                     device: Arc::clone(&device),
                     class,
@@ -731,8 +735,8 @@ mod tests {
         assert!(pool.try_take(MAX_SLOT_BYTES + 1).is_none());
     }
 
-    /// Two cpu devices and a pool with device slots: each size up to 32 MiB, each device's
-    /// slots up to `device_cap_bytes`.
+    /// Two cpu devices and a pool with device slots: pinned sizes up to 32 MiB each, each
+    /// device's slots up to `device_cap_bytes`.
     fn two_device_pool(device_cap_bytes: usize) -> (Arc<CpuDevice>, Arc<dyn Device>, SlotPool) {
         let cpu = CpuDevice::new(2);
         let device: Arc<dyn Device> = cpu.clone();
@@ -747,19 +751,19 @@ mod tests {
     }
 
     /// With device slots: reads over 64 KiB take slots of the engine's device memory on the
-    /// read's device (a distinct range per slot, up to the size's cap, then pinned ones),
+    /// read's device (a distinct range per slot, up to the device's cap, then pinned ones),
     /// reads of at most 64 KiB and every other take pinned slots; a slot given back is lent
     /// again; without device slots no read gets one.
     #[test]
     fn with_device_slots_large_reads_take_device_memory_of_their_device() {
-        let (cpu, device, pool) = two_device_pool(1 << 30);
+        let (cpu, device, pool) = two_device_pool(32 << 20);
         let small = pool.try_take_for_read(SLOT_BYTES, 1).expect("small");
         assert!(small.device_memory().is_none() && !small.host_ptr.is_null(), "64 KiB: pinned");
         let write = pool.try_take(1 << 20).expect("write");
         assert!(write.device_memory().is_none(), "try_take: pinned");
         let mut taken = Vec::new();
         for ordinal in [0, 1] {
-            // 32 MiB of 16 MiB slots per device: two of device memory, then pinned ones.
+            // 32 MiB of device slots per device: two of 16 MiB, then pinned ones.
             for _ in 0..2 {
                 let slot = pool.try_take_for_read(MAX_SLOT_BYTES, ordinal).expect("slot");
                 let addr = slot.device_memory().expect("device memory");
@@ -788,12 +792,11 @@ mod tests {
         assert_eq!(cpu.stats().invalid_releases, 0, "every slab freed as allocated");
     }
 
-    /// The device cap bounds all sizes of one device together (each size's own cap still
-    /// holds), not the other device's; past it reads take pinned slots; a failed
-    /// allocation gives its reservation back.
+    /// The device cap bounds all sizes of one device together, not the other device's;
+    /// past it reads take pinned slots.
     #[test]
     fn device_slots_of_all_sizes_share_their_devices_cap() {
-        // Each size up to 32 MiB, each device up to 40 MiB of device slots.
+        // Each device up to 40 MiB of device slots.
         let (cpu, _, pool) = two_device_pool(40 << 20);
         let mut taken = Vec::new();
         let mut take = |len_bytes: usize, ordinal: u32| {
@@ -803,7 +806,7 @@ mod tests {
             on_device
         };
         assert!(take(MAX_SLOT_BYTES, 0) && take(MAX_SLOT_BYTES, 0), "32 MiB of 16 MiB slots");
-        assert!(!take(MAX_SLOT_BYTES, 0), "the size's own cap: pinned");
+        assert!(!take(MAX_SLOT_BYTES, 0), "48 MiB would pass the cap: pinned");
         assert!(take(4 << 20, 0) && take(4 << 20, 0), "40 MiB on device 0");
         assert!(!take(4 << 20, 0) && !take(1 << 20, 0), "device 0's cap reached: pinned");
         assert!(take(4 << 20, 1) && take(MAX_SLOT_BYTES, 1), "device 1 has its own cap");
