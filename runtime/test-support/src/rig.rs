@@ -223,7 +223,9 @@ impl Rig {
     pub fn into_parts(mut self) -> (Arc<dyn UserDevice>, Arc<Driver>, Vec<StreamHandle>) {
         // (The device is then waited for by the next rig like any dropped rig's.)
         let streams = std::mem::take(self.streams.get_mut().unwrap_or_else(|p| p.into_inner()));
-        std::mem::forget(self.staging.take());
+        if let Some(staging) = self.staging.take() {
+            staging.leak();
+        }
         (Arc::clone(&self.device), Arc::clone(&self.driver), streams)
     }
 
@@ -434,7 +436,8 @@ impl Rig {
 /// Pinned host memory of the test, freed on drop (never inside a host function: CUDA
 /// forbids device calls there).
 pub struct Pinned {
-    device: Arc<dyn UserDevice>,
+    /// The device that frees the region; `None` once [`Pinned::leak`] gave it up.
+    device: Option<Arc<dyn UserDevice>>,
     /// The region.
     pub region: PinnedRegion,
 }
@@ -450,7 +453,14 @@ impl Pinned {
     /// `len_bytes` (at least 1) of pinned memory on `device`.
     pub fn new(device: &Arc<dyn UserDevice>, len_bytes: usize) -> Pinned {
         let region = device.alloc_pinned(len_bytes.max(1)).expect("alloc_pinned");
-        Pinned { device: Arc::clone(device), region }
+        Pinned { device: Some(Arc::clone(device)), region }
+    }
+
+    /// Drops the device handle without freeing the region (on CUDA freeing pinned memory
+    /// waits for every stream held on a wait-value). Only the region leaks: the device
+    /// can still go, so a later rig does not wait for it.
+    pub fn leak(mut self) {
+        self.device = None;
     }
 
     /// The first `len` bytes, copied out.
@@ -472,8 +482,10 @@ impl Pinned {
 
 impl Drop for Pinned {
     fn drop(&mut self) {
-        // SAFETY: every copy using the region has run (the tests synchronize first).
-        unsafe { self.device.free_pinned(self.region) };
+        if let Some(device) = self.device.take() {
+            // SAFETY: every copy using the region has run (the tests synchronize first).
+            unsafe { device.free_pinned(self.region) };
+        }
     }
 }
 
