@@ -160,7 +160,7 @@ fn engine(config: &Config, device: Option<Arc<dyn UserDevice>>, file: Option<&Pa
     item(
         "async copies on the user's stream",
         format!(
-            "{:?} (HIPFILE_STREAM_COPIES {}), read slots over 64 KiB {:?}, {} MiB of device slots per device",
+            "{:?} (HIPFILE_STREAM_COPIES {}), read slots over 64 KiB {:?}, {} MiB of device slots per device, given back after {}",
             resolved.stream_copies,
             if config.stream_copies == hipfile_runtime::config::StreamCopies::Auto {
                 "unset: the backend's choice"
@@ -168,10 +168,20 @@ fn engine(config: &Config, device: Option<Arc<dyn UserDevice>>, file: Option<&Pa
                 "set"
             },
             resolved.stream_copy_slots,
-            resolved.stream_copy_device_cap_bytes >> 20
+            resolved.stream_copy_device_cap_bytes >> 20,
+            idle_text(resolved.stream_copy_device_idle_ms)
         ),
     );
     io_path(&driver, &device, file);
+}
+
+/// When device slots give their memory back (`HIPFILE_STREAM_COPY_DEVICE_IDLE_MS`).
+pub(crate) fn idle_text(idle_ms: u64) -> String {
+    if idle_ms == 0 {
+        "never (kept until the driver is dropped)".to_owned()
+    } else {
+        format!("{idle_ms} ms unused")
+    }
 }
 
 /// "Why this path" for a file in the checked directory and a device buffer.

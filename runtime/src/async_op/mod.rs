@@ -40,6 +40,7 @@
 //! their winners take.
 
 mod host_fn;
+mod idle_slots;
 mod params;
 mod pieces;
 pub(crate) mod prefetch;
@@ -61,6 +62,7 @@ use crate::error::Error;
 use crate::file::{ChangeStamp, FileHandle, OpGuard};
 use crate::stream::StreamState;
 
+pub(crate) use idle_slots::IdleSlotGiver;
 pub use params::{AsyncParams, ParamSource};
 pub(crate) use pieces::{PieceSlot, Submission};
 pub(crate) use prefetch::{Hazard, WriteHazardTable};

@@ -29,7 +29,8 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
 
 use crate::device::{Device, PinnedRegion};
 use crate::word::ReleaseWord;
@@ -51,6 +52,9 @@ const SMALL_CLASS_CAP_BYTES: usize = 16 << 20;
 pub(crate) const SPARE_BYTES: usize = 4 << 20;
 /// The slot size of [`SPARE_BYTES`].
 const SPARE_CLASS: usize = 5;
+/// The slot size of [`MAX_SLOT_BYTES`].
+#[cfg(test)]
+const MAX_SLOT_CLASS: usize = 6;
 /// Spare slots per stream: two, so that a piece is read into one while the stream copies
 /// the one before out of the other.
 pub(crate) const SPARE_RING: usize = 2;
@@ -94,7 +98,9 @@ unsafe impl Send for Slot {}
 unsafe impl Sync for Slot {}
 
 struct Slab {
-    data: SlabData,
+    /// `None`: given back while its size was idle (device memory only,
+    /// [`SlotClass::give_back_idle`]); none of its slots is listed then.
+    data: Option<SlabData>,
     words: PinnedRegion,
 }
 
@@ -142,6 +148,11 @@ struct PoolState {
     alloc_failed: bool,
     /// Slabs being allocated now, outside the lock (they count against the cap).
     growing: usize,
+    /// Slabs whose device memory was given back ([`Slab::data`] `None`), reused first when
+    /// the size grows again.
+    given_back: Vec<usize>,
+    /// When a slot of this size was last asked for.
+    last_asked: Option<Instant>,
 }
 
 /// A stream's spare slots (see the module's text): [`SPARE_RING`] slots (one where only one
@@ -200,6 +211,8 @@ pub(crate) struct SlotPool {
     /// Bytes of a long op's pieces (`HIPFILE_STREAM_COPY_PIECE_MB`): a slot size of at
     /// least 1 MiB.
     piece_bytes: usize,
+    /// Told of every slab of device memory allocated (`super::idle_slots`).
+    grown: Arc<GrowSignal>,
 }
 
 impl SlotPool {
@@ -228,6 +241,7 @@ impl SlotPool {
         piece_bytes: usize,
         device_cap_bytes: Option<usize>,
     ) -> SlotPool {
+        let grown = Arc::new(GrowSignal::default());
         let classes_of = |memory: Option<u32>| -> [SlotClass; CLASS_BYTES.len()] {
             // One budget for all the sizes of a device's memory.
             let budget = memory.zip(device_cap_bytes).map(|(_, cap_bytes)| {
@@ -248,6 +262,7 @@ impl SlotPool {
                     slot_bytes,
                     cap_bytes,
                     budget: budget.clone(),
+                    grown: memory.map(|_| Arc::clone(&grown)),
                     state: Mutex::new(PoolState::default()),
                 }
             })
@@ -262,13 +277,41 @@ impl SlotPool {
             .copied()
             .find(|&bytes| bytes >= piece_bytes.max(1 << 20))
             .unwrap_or(MAX_SLOT_BYTES);
+        let classes = classes_of(None);
         SlotPool {
+            grown,
             all_reads,
             piece_bytes,
             spares: Mutex::new(Vec::new()),
-            classes: classes_of(None),
+            classes,
             device_classes,
         }
+    }
+
+    /// Whether the pool has slots of the engine's device memory.
+    pub(crate) fn has_device_slots(&self) -> bool {
+        !self.device_classes.is_empty()
+    }
+
+    /// What the thread that gives idle device memory back waits on.
+    pub(crate) fn grow_signal(&self) -> &Arc<GrowSignal> {
+        &self.grown
+    }
+
+    /// Gives back the device memory of the free slots of every size of device slots that
+    /// no read asked for during `idle` ([`SlotClass::give_back_idle`]); returns the bytes.
+    pub(crate) fn give_back_idle(&self, idle: Duration) -> usize {
+        let now = Instant::now();
+        self.device_classes.iter().flatten().map(|class| class.give_back_idle(idle, now)).sum()
+    }
+
+    /// Bytes of the engine's device memory the slots hold now, all devices together.
+    pub(crate) fn device_bytes_held(&self) -> usize {
+        self.device_classes
+            .iter()
+            .filter_map(|classes| classes.iter().find_map(|class| class.budget.as_ref()))
+            .map(|budget| budget.used_bytes.load(Ordering::Relaxed))
+            .sum()
     }
 
     /// Whether every fully FIXED read inside the file takes a slot (`all`), not only
@@ -436,6 +479,9 @@ struct SlotClass {
     cap_bytes: usize,
     /// Slots of device memory: the bytes all sizes of that device may hold together.
     budget: Option<Arc<DeviceBudget>>,
+    /// Slots of device memory: told of every slab allocated, for the thread that gives
+    /// idle ones back (`super::idle_slots`).
+    grown: Option<Arc<GrowSignal>>,
     state: Mutex<PoolState>,
 }
 
@@ -444,6 +490,59 @@ struct SlotClass {
 struct DeviceBudget {
     cap_bytes: usize,
     used_bytes: AtomicUsize,
+}
+
+/// Wakes the thread that gives idle device memory back (`super::idle_slots`) when a slab of
+/// device memory is allocated, and stops it.
+#[derive(Default)]
+pub(crate) struct GrowSignal {
+    flags: Mutex<GrowFlags>,
+    wake: Condvar,
+}
+
+#[derive(Default)]
+struct GrowFlags {
+    /// A slab was allocated since the thread last looked.
+    grown: bool,
+    stop: bool,
+}
+
+impl GrowSignal {
+    fn lock(&self) -> MutexGuard<'_, GrowFlags> {
+        self.flags.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn note_grown(&self) {
+        self.lock().grown = true;
+        self.wake.notify_all();
+    }
+
+    /// Tells the waiting thread to end.
+    pub(crate) fn stop(&self) {
+        self.lock().stop = true;
+        self.wake.notify_all();
+    }
+
+    /// Waits until a slab was allocated since the last call (`true`) or [`GrowSignal::stop`]
+    /// was called (`false`).
+    pub(crate) fn wait_grown(&self) -> bool {
+        let mut flags = self.lock();
+        while !flags.grown && !flags.stop {
+            flags = self.wake.wait(flags).unwrap_or_else(|p| p.into_inner());
+        }
+        flags.grown = false;
+        !flags.stop
+    }
+
+    /// Sleeps for `period`; `false` if [`GrowSignal::stop`] was called.
+    pub(crate) fn sleep(&self, period: Duration) -> bool {
+        let flags = self.lock();
+        let (flags, _) = self
+            .wake
+            .wait_timeout_while(flags, period, |flags| !flags.stop)
+            .unwrap_or_else(|p| p.into_inner());
+        !flags.stop
+    }
 }
 
 impl DeviceBudget {
@@ -493,12 +592,15 @@ impl SlotClass {
     /// slabs exist (or are being allocated).
     fn take_up_to(&self, max_slabs: usize) -> Option<Slot> {
         let mut state = self.lock();
+        if self.memory.is_some() {
+            state.last_asked = Some(Instant::now());
+        }
         if state.free.is_empty() {
             self.reclaim(&mut state);
         }
         if state.free.is_empty()
             && !state.alloc_failed
-            && state.slabs.len() + state.growing < max_slabs
+            && state.slabs.len() - state.given_back.len() + state.growing < max_slabs
             && self.budget.as_ref().is_none_or(|budget| budget.reserve(self.slab_bytes()))
         {
             state = self.grow(state);
@@ -518,17 +620,14 @@ impl SlotClass {
         let slab = &slabs[index / per_slab];
         let within = index % per_slab;
         let (host_ptr, device_data) = match slab.data {
-            // SAFETY: `within` < slots per slab: the slot lies inside the slab.
-            SlabData::Pinned(data) => (unsafe { data.host_ptr.add(within * self.slot_bytes) }, 0),
-            SlabData::Device(base) => {
+            Some(SlabData::Pinned(data)) => {
+                // SAFETY: `within` < slots per slab: the slot lies inside the slab.
+                (unsafe { data.host_ptr.add(within * self.slot_bytes) }, 0)
+            }
+            Some(SlabData::Device(base)) => {
                 (std::ptr::null_mut(), base + (within * self.slot_bytes) as u64)
             }
-        };
-        // SAFETY: as above; words are 4-byte aligned in a page-aligned region.
-        let word_ptr = unsafe { slab.words.host_ptr.cast::<u32>().add(within) };
-        let done_word = ReleaseWord {
-            host_ptr: word_ptr,
-            device_addr: slab.words.device_addr + 4 * within as u64,
+            None => unreachable!("a slot of a slab given back is neither lent nor pending"),
         };
         Slot {
             class: self.class,
@@ -536,9 +635,20 @@ impl SlotClass {
             index,
             host_ptr,
             device_data,
-            done_word,
+            done_word: self.done_word_in(slabs, index),
             generation,
         }
+    }
+
+    /// The done word of slot `index` (its slab's memory may have been given back).
+    fn done_word_in(&self, slabs: &[Slab], index: usize) -> ReleaseWord {
+        let per_slab = self.slots_per_slab();
+        let words = slabs[index / per_slab].words;
+        let within = index % per_slab;
+        // SAFETY: `within` < slots per slab < 1024; words are 4-byte aligned in a
+        // page-aligned region of 4096 bytes.
+        let word_ptr = unsafe { words.host_ptr.cast::<u32>().add(within) };
+        ReleaseWord { host_ptr: word_ptr, device_addr: words.device_addr + 4 * within as u64 }
     }
 
     /// Moves pending slots whose copy has run to the free list: each stream's oldest
@@ -558,7 +668,7 @@ impl SlotClass {
                 {
                     read += 1;
                 }
-                if self.slot_in(slabs, slot, generation).done_word.load() != generation {
+                if self.done_word_in(slabs, slot).load() != generation {
                     break;
                 }
                 stream.slots.pop_front();
@@ -578,18 +688,36 @@ impl SlotClass {
     /// never wait for it (README, Known limits). Returns the lock, taken again.
     fn grow<'a>(&'a self, mut state: MutexGuard<'a, PoolState>) -> MutexGuard<'a, PoolState> {
         state.growing += 1;
+        // A slab whose memory was given back gets new memory (its done words stayed).
+        let refill = state.given_back.pop();
         drop(state);
-        let allocated = self.allocate_slab();
+        let allocated = match refill {
+            Some(index) => self.allocate_data().map(|data| Grown::Refilled(index, data)),
+            None => self.allocate_slab().map(Grown::New),
+        };
         let mut state = self.lock();
         state.growing -= 1;
         match allocated {
-            Ok(slab) => {
+            Ok(grown) => {
+                if let Some(signal) = &self.grown {
+                    signal.note_grown();
+                }
+                let index = match grown {
+                    Grown::Refilled(index, data) => {
+                        state.slabs[index].data = Some(data);
+                        index
+                    }
+                    Grown::New(slab) => {
+                        state.slabs.push(slab);
+                        state.slabs.len() - 1
+                    }
+                };
                 let per_slab = self.slots_per_slab();
-                let first = state.slabs.len() * per_slab;
-                state.slabs.push(slab);
+                let first = index * per_slab;
                 state.free.extend((first..first + per_slab).rev());
             }
             Err(error) => {
+                state.given_back.extend(refill);
                 if let Some(budget) = &self.budget {
                     budget.release(self.slab_bytes());
                 }
@@ -605,29 +733,89 @@ impl SlotClass {
     /// A slab of pinned memory (or the engine's device memory) and its page of done words
     /// (pinned, zeroed).
     fn allocate_slab(&self) -> Result<Slab, crate::device::DeviceError> {
-        let data =
-            crate::device::injected_fault(crate::fault::Site::PinnedAlloc).and_then(
-                |()| match self.memory {
-                    None => self.device.alloc_pinned(self.slab_bytes()).map(SlabData::Pinned),
-                    Some(ordinal) => self
-                        .device
-                        .alloc_engine_device(ordinal, self.slab_bytes())
-                        .map(SlabData::Device),
-                },
-            );
-        let words = data.and_then(|data| match self.device.alloc_pinned(4096) {
-            Ok(words) => Ok((data, words)),
+        let data = self.allocate_data()?;
+        let words = match self.device.alloc_pinned(4096) {
+            Ok(words) => words,
             Err(error) => {
                 // SAFETY: allocated just above, never used.
                 unsafe { self.free_data(data) };
-                Err(error)
+                return Err(error);
             }
-        });
-        let (data, words) = words?;
+        };
         // SAFETY: a fresh page of pinned memory, not yet shared.
         unsafe { words.host_ptr.write_bytes(0, 4096) };
-        Ok(Slab { data, words })
+        Ok(Slab { data: Some(data), words })
     }
+
+    /// A slab's bytes: pinned memory, or the engine's device memory.
+    fn allocate_data(&self) -> Result<SlabData, crate::device::DeviceError> {
+        crate::device::injected_fault(crate::fault::Site::PinnedAlloc).and_then(|()| {
+            match self.memory {
+                None => self.device.alloc_pinned(self.slab_bytes()).map(SlabData::Pinned),
+                Some(ordinal) => self
+                    .device
+                    .alloc_engine_device(ordinal, self.slab_bytes())
+                    .map(SlabData::Device),
+            }
+        })
+    }
+
+    /// With device memory: when no slot of this size was asked for during `idle` (before
+    /// `now`), gives back the memory of every slab whose slots are all free (their
+    /// streams' copies have run) and returns how many bytes. Their done words stay (freeing
+    /// pinned memory waits for held streams on CUDA; freeing device memory does not,
+    /// measured on the H100: README, Known limits); the size grows again on demand.
+    fn give_back_idle(&self, idle: Duration, now: Instant) -> usize {
+        if self.memory.is_none() {
+            return 0;
+        }
+        let mut state = self.lock();
+        let quiet =
+            state.last_asked.is_none_or(|asked| now.saturating_duration_since(asked) >= idle);
+        if !quiet || state.growing > 0 {
+            return 0;
+        }
+        self.reclaim(&mut state);
+        let per_slab = self.slots_per_slab();
+        let mut free_slots = vec![0; state.slabs.len()];
+        for &slot in &state.free {
+            free_slots[slot / per_slab] += 1;
+        }
+        let idle_slab = |slab: usize| free_slots[slab] == per_slab;
+        state.free.retain(|&slot| !idle_slab(slot / per_slab));
+        let mut given_back = Vec::new();
+        for (index, slab) in state.slabs.iter_mut().enumerate() {
+            if idle_slab(index)
+                && let Some(data) = slab.data.take()
+            {
+                given_back.push((index, data));
+            }
+        }
+        state.given_back.extend(given_back.iter().map(|&(index, _)| index));
+        if !given_back.is_empty() {
+            // Memory freed: an allocation that failed before may succeed now.
+            state.alloc_failed = false;
+        }
+        drop(state);
+        // Freed with the lock let go; the slots are in no list, so none is lent meanwhile.
+        let bytes = given_back.len() * self.slab_bytes();
+        for (_, data) in given_back {
+            // SAFETY: from this class's allocations; every slot of the slab was free (no
+            // copy uses it) and none can be lent now.
+            unsafe { self.free_data(data) };
+        }
+        if let Some(budget) = &self.budget {
+            budget.release(bytes);
+        }
+        bytes
+    }
+}
+
+/// What [`SlotClass::grow`] allocated.
+enum Grown {
+    /// New memory for a slab whose memory was given back.
+    Refilled(usize, SlabData),
+    New(Slab),
 }
 
 impl Drop for SlotPool {
@@ -661,17 +849,12 @@ impl SlotClass {
 impl Drop for SlotClass {
     fn drop(&mut self) {
         let per_slab = self.slots_per_slab();
-        let state = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        let mut state =
+            std::mem::take(&mut *self.state.get_mut().unwrap_or_else(|p| p.into_inner()));
         let pending = std::mem::take(&mut state.pending);
         let mut busy = vec![false; state.slabs.len()];
         for (slot, generation) in pending.into_iter().flat_map(|stream| stream.slots) {
-            let slab = &state.slabs[slot / per_slab];
-            // SAFETY: as in `slot`.
-            let word = unsafe { slab.words.host_ptr.cast::<u32>().add(slot % per_slab) };
-            // SAFETY: a live word of the slab.
-            let done = unsafe { std::sync::atomic::AtomicU32::from_ptr(word) }
-                .load(std::sync::atomic::Ordering::Acquire);
-            if done != generation {
+            if self.done_word_in(&state.slabs, slot).load() != generation {
                 busy[slot / per_slab] = true;
             }
         }
@@ -685,7 +868,9 @@ impl Drop for SlotClass {
             }
             // SAFETY: from this class's allocations on this device; no copy still reads it.
             unsafe {
-                self.free_data(slab.data);
+                if let Some(data) = slab.data {
+                    self.free_data(data);
+                }
                 self.device.free_pinned(slab.words);
             }
         }
@@ -827,6 +1012,62 @@ mod tests {
         assert_eq!(device_bytes, (40 << 20) + (20 << 20), "what each device's slots hold");
         drop(pool);
         assert_eq!(cpu.stats().invalid_releases, 0, "every slab freed as allocated");
+    }
+
+    /// Device memory of a size no read asked for during the idle time goes back, slab by
+    /// slab, once every slot of the slab is free (lent ones and ones whose stream has not
+    /// copied out of them keep theirs); the size grows again on demand, in the same slabs;
+    /// pinned slots keep their memory.
+    #[test]
+    fn idle_device_slots_give_their_memory_back_and_grow_again() {
+        let (cpu, _, pool) = two_device_pool(64 << 20);
+        let large = pool.try_take_for_read(MAX_SLOT_BYTES, 0).expect("16 MiB");
+        // 256 KiB slots: four to a 1 MiB slab.
+        let quarters: Vec<Slot> =
+            (0..4).map(|_| pool.try_take_for_read(256 * 1024, 0).expect("256 KiB")).collect();
+        let on_device_1 = pool.try_take_for_read(4 << 20, 1).expect("4 MiB");
+        let pinned = pool.try_take_for_read(SLOT_BYTES, 0).expect("pinned");
+        assert!(quarters.iter().all(|slot| slot.device_memory().is_some()));
+        assert_eq!(pool.device_bytes_held(), (16 << 20) + (1 << 20) + (4 << 20));
+        assert_eq!(pool.give_back_idle(Duration::ZERO), 0, "every slot lent");
+        pool.give_back(&large);
+        assert_eq!(pool.give_back_idle(Duration::from_secs(3600)), 0, "asked for just now");
+        assert_eq!(pool.give_back_idle(Duration::ZERO), 16 << 20, "the 16 MiB slab");
+        // Three of the four quarters free, one retired but not yet copied out of.
+        for slot in &quarters[..3] {
+            pool.give_back(slot);
+        }
+        pool.retire(&quarters[3], StreamKey(1));
+        assert_eq!(pool.give_back_idle(Duration::ZERO), 0, "a stream still copies out of it");
+        stream_copied(&quarters[3]);
+        assert_eq!(pool.give_back_idle(Duration::ZERO), 1 << 20, "the whole slab, copied");
+        pool.give_back(&on_device_1);
+        pool.give_back(&pinned);
+        assert_eq!(pool.give_back_idle(Duration::ZERO), 4 << 20, "device 1's too");
+        assert_eq!(pool.device_bytes_held(), 0);
+        // None of the given-back slots is lent; new reads get memory again, in the slabs
+        // of before (their done words kept), up to the cap as before.
+        let again = pool.try_take_for_read(MAX_SLOT_BYTES, 0).expect("16 MiB again");
+        assert!(again.device_memory().is_some());
+        assert_eq!(again.index, large.index, "the same slab, new memory");
+        assert!(again.generation > large.generation);
+        let classes = &pool.device_classes[0];
+        assert_eq!(classes[MAX_SLOT_CLASS].lock().slabs.len(), 1);
+        let more: Vec<Slot> =
+            (0..3).map(|_| pool.try_take_for_read(MAX_SLOT_BYTES, 0).expect("slot")).collect();
+        assert!(more.iter().all(|slot| slot.device_memory().is_some()), "64 MiB: the cap");
+        let past = pool.try_take_for_read(MAX_SLOT_BYTES, 0).expect("pinned");
+        assert!(past.device_memory().is_none(), "past the cap: pinned, as before");
+        assert_eq!(pool.give_back_idle(Duration::ZERO), 0, "all lent");
+        {
+            let pinned = pool.classes[2].lock();
+            assert!(pinned.slabs.len() == 1 && pinned.slabs[0].data.is_some(), "pinned: kept");
+        }
+        for slot in more.iter().chain([&again, &past]) {
+            pool.give_back(slot);
+        }
+        drop(pool);
+        assert_eq!(cpu.stats().invalid_releases, 0, "every slab freed once");
     }
 
     /// Every slot of `slot_bytes` up to its size's cap; none past it.

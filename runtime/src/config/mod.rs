@@ -40,11 +40,18 @@ const STREAM_COPY_SLOTS: &str = "HIPFILE_STREAM_COPY_SLOTS";
 const STREAM_COPY_DEVICE_MB: &str = "HIPFILE_STREAM_COPY_DEVICE_MB";
 /// Default of `HIPFILE_STREAM_COPY_DEVICE_MB`.
 const DEFAULT_STREAM_COPY_DEVICE_MB: usize = 1024;
+const STREAM_COPY_DEVICE_IDLE_MS: &str = "HIPFILE_STREAM_COPY_DEVICE_IDLE_MS";
+/// Default of `HIPFILE_STREAM_COPY_DEVICE_IDLE_MS`.
+const DEFAULT_STREAM_COPY_DEVICE_IDLE_MS: u64 = 5_000;
 const REASON_STREAM_COPY_SLOTS: &str = "must be pinned or device";
 const REASON_BUFFERED_WRITES: &str = "must be thread or io_uring";
 const REASON_ON_OFF: &str = "must be 1/on/true or 0/off/false";
 const REASON_STREAM_COPIES: &str = "must be 1/on/true, 0/off/false or all";
 const REASON_STREAM_COPY_MB: &str = "must be an integer number of MiB, at least 16";
+/// Largest `HIPFILE_STREAM_COPY_DEVICE_IDLE_MS`: one day.
+const MAX_STREAM_COPY_DEVICE_IDLE_MS: u64 = 86_400_000;
+const REASON_STREAM_COPY_DEVICE_IDLE: &str =
+    "must be an integer number of milliseconds, 0 (never) to 86400000";
 const REASON_STREAM_COPY_PIECE_MB: &str = "must be 1, 4 or 16 (MiB: a slot size)";
 /// Default of `HIPFILE_STREAM_COPY_PIECE_MB`: the largest slot.
 const DEFAULT_STREAM_COPY_PIECE_MB: usize = 16;
@@ -197,6 +204,12 @@ pub const ENV_VARS: &[(&str, &str)] = &[
         "with HIPFILE_STREAM_COPY_SLOTS=device: the most MiB of the engine's device memory \
          that the slots of one device hold, all sizes together, at least 16 (default 1024); \
          reads past it take pinned slots",
+    ),
+    (
+        STREAM_COPY_DEVICE_IDLE_MS,
+        "with HIPFILE_STREAM_COPY_SLOTS=device: after how many milliseconds without a read \
+         taking a slot of its size the free slots of that size give their device memory \
+         back (default 5000; 0: kept until the driver is dropped)",
     ),
     (
         BUFFERED_WRITES,
@@ -359,6 +372,11 @@ pub struct Config {
     /// the slots of one device hold, all sizes together (`HIPFILE_STREAM_COPY_DEVICE_MB`);
     /// reads past it take pinned slots.
     pub stream_copy_device_cap_bytes: usize,
+    /// With [`StreamCopySlots::Device`]: the milliseconds after which a slot size that no
+    /// read took gives the device memory of its free slots back
+    /// (`HIPFILE_STREAM_COPY_DEVICE_IDLE_MS`, default 5000; 0: never, until the driver is
+    /// dropped).
+    pub stream_copy_device_idle_ms: u64,
 }
 
 /// The default of `HIPFILE_STREAM_COPY_MB` on a machine of `physical_bytes` of memory
@@ -542,6 +560,13 @@ impl Config {
             16,
             REASON_STREAM_COPY_MB,
         )?;
+        config.stream_copy_device_idle_ms = parse_count(
+            STREAM_COPY_DEVICE_IDLE_MS,
+            get(STREAM_COPY_DEVICE_IDLE_MS),
+            0..=MAX_STREAM_COPY_DEVICE_IDLE_MS as usize,
+            DEFAULT_STREAM_COPY_DEVICE_IDLE_MS as usize,
+            REASON_STREAM_COPY_DEVICE_IDLE,
+        )? as u64;
         config.buffered_writes = match get(BUFFERED_WRITES).as_deref().map(str::trim) {
             None | Some("thread") => BufferedWrites::Thread,
             Some("io_uring") => BufferedWrites::IoUring,
@@ -642,6 +667,7 @@ impl Config {
             stream_copy_piece_bytes: DEFAULT_STREAM_COPY_PIECE_MB * MIB,
             stream_copy_slots: StreamCopySlots::Auto,
             stream_copy_device_cap_bytes: DEFAULT_STREAM_COPY_DEVICE_MB * MIB,
+            stream_copy_device_idle_ms: DEFAULT_STREAM_COPY_DEVICE_IDLE_MS,
         }
     }
 

@@ -21,11 +21,12 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
 
 use hipfile_core::OpError;
 
 use crate::arm::ArmPoller;
-use crate::async_op::{AsyncStats, OpHost, SlotPool, WriteHazardTable};
+use crate::async_op::{AsyncStats, IdleSlotGiver, OpHost, SlotPool, WriteHazardTable};
 use crate::buffer::RegisteredBuffer;
 use crate::config::{Config, StreamCopies, StreamCopySlots};
 use crate::device::Device;
@@ -64,9 +65,12 @@ pub struct Driver {
     streams: StreamTable,
     hazards: WriteHazardTable,
     async_stats: AsyncStats,
+    /// Gives back the device memory of idle device slots (dropped, so stopped, before
+    /// `slots`).
+    _idle_slots: Option<IdleSlotGiver>,
     /// Staging slots of reads copied on the user's stream (`None`: off, or the device
     /// cannot copy on user streams).
-    slots: Option<SlotPool>,
+    slots: Option<Arc<SlotPool>>,
 }
 
 impl std::fmt::Debug for Driver {
@@ -110,16 +114,19 @@ impl Driver {
         let slots = (config.stream_copies != StreamCopies::Off && device.copies_on_user_streams())
             .then(|| {
                 let all = config.stream_copies == StreamCopies::All;
-                SlotPool::with_memory(
+                Arc::new(SlotPool::with_memory(
                     Arc::clone(&device),
                     all,
                     config.stream_copy_cap_bytes,
                     config.stream_copy_piece_bytes,
                     (config.stream_copy_slots == StreamCopySlots::Device)
                         .then_some(config.stream_copy_device_cap_bytes),
-                )
+                ))
             });
+        let idle = Duration::from_millis(config.stream_copy_device_idle_ms);
+        let idle_slots = slots.as_ref().and_then(|pool| IdleSlotGiver::start(pool, idle));
         Arc::new(Driver {
+            _idle_slots: idle_slots,
             slots,
             compat_mode_allowed: AtomicBool::new(config.allow_compat_mode),
             config: RwLock::new(Arc::new(config)),
@@ -164,6 +171,13 @@ impl Driver {
     /// Counters of the async path.
     pub fn async_stats(&self) -> &AsyncStats {
         &self.async_stats
+    }
+
+    /// Bytes of the engine's device memory that the read slots hold now, all devices
+    /// together (`HIPFILE_STREAM_COPY_SLOTS=device`; given back after
+    /// `HIPFILE_STREAM_COPY_DEVICE_IDLE_MS` unused).
+    pub fn device_slot_bytes(&self) -> usize {
+        self.slots.as_ref().map_or(0, |pool| pool.device_bytes_held())
     }
 
     /// What the async path holds right now, for a watchdog that found a stream stuck:
@@ -392,6 +406,6 @@ impl OpHost for Driver {
     }
 
     fn slots(&self) -> Option<&SlotPool> {
-        self.slots.as_ref()
+        self.slots.as_deref()
     }
 }

@@ -6,6 +6,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use hipfile_core::OpError;
 use hipfile_runtime::AsyncParams;
@@ -428,6 +429,57 @@ fn with_device_slots_reads_over_64_kib_are_filled_by_the_engine_and_copied_on_th
         let device_slots: usize = large.iter().sum::<usize>() + 256 * KIB + MIB;
         let fill = 256 * KIB - 4096;
         assert_eq!(after - before, (device_slots + fill) as u64, "device → device bytes");
+    }
+}
+
+/// Device slots that no read asked for during `HIPFILE_STREAM_COPY_DEVICE_IDLE_MS` give
+/// their device memory back (the driver's own thread; nothing to call); slots lent to ops
+/// whose stream is held keep theirs however long; the slots grow again for the next reads,
+/// every byte right. With 0 the memory stays until the driver is dropped.
+#[test]
+fn idle_device_slots_give_their_memory_back() {
+    for idle_ms in [60, 0] {
+        let config = Config {
+            stream_copies: StreamCopies::All,
+            stream_copy_slots: StreamCopySlots::Device,
+            stream_copy_device_idle_ms: idle_ms,
+            ..small_config()
+        };
+        let t = Paused::with(Rig::with(1, config), "device-slots-idle", 8 * MIB, 8 * MIB);
+        let held = || t.rig.driver.device_slot_bytes();
+        let stream = t.rig.registered_stream(15);
+        let round = |seed: u64, gated: bool| {
+            t.rig.set_dev_bytes(t.buffer, &pattern(seed, 8 * MIB));
+            let gate = gated.then(|| t.rig.pause(stream).expect("pause"));
+            let reads: Vec<_> =
+                (0..4).map(|i| params(MIB, (i * 2 * MIB) as i64, (i * 2 * MIB) as i64)).collect();
+            for p in &reads {
+                read(&t, p, stream);
+            }
+            if let Some(gate) = gate {
+                // Lent to ops the stream has not reached: kept past the idle time.
+                std::thread::sleep(Duration::from_millis(4 * idle_ms.max(50)));
+                assert_eq!(held(), 4 * MIB, "idle {idle_ms} ms: four 1 MiB slots lent");
+                gate.release();
+            }
+            t.rig.sync(stream);
+            let got = t.rig.dev_bytes(t.buffer, 8 * MIB);
+            for (i, p) in reads.iter().enumerate() {
+                assert_eq!(bytes(p), MIB as isize);
+                let at = i * 2 * MIB;
+                assert_bytes(&got[at..at + MIB], &t.data[at..at + MIB], "read");
+            }
+        };
+        round(1, true);
+        if idle_ms == 0 {
+            std::thread::sleep(Duration::from_millis(300));
+            assert_eq!(held(), 4 * MIB, "never given back");
+            continue;
+        }
+        wait_until("the idle slots' memory given back", || held() == 0);
+        round(2, true);
+        round(3, false);
+        wait_until("given back again", || held() == 0);
     }
 }
 

@@ -528,4 +528,20 @@ fn stream_copies_are_the_backends_choice_unless_asked_for() {
             "HIPFILE_STREAM_COPY_DEVICE_MB",
         );
     }
+    // How long device slots may go unused before their memory goes back: 5 s unless set,
+    // 0 (never) to a day.
+    assert_eq!(parse_ok(&[]).stream_copy_device_idle_ms, 5_000);
+    for (raw, ms) in [("0", 0), (" 250 ", 250), ("86400000", 86_400_000)] {
+        let got =
+            parse_ok(&[("HIPFILE_STREAM_COPY_DEVICE_IDLE_MS", raw)]).stream_copy_device_idle_ms;
+        assert_eq!(got, ms, "{raw:?}");
+    }
+    for bad in ["86400001", "-1", "1.5", "soon"] {
+        let error = rejected(
+            &[("HIPFILE_STREAM_COPY_DEVICE_IDLE_MS", bad)],
+            &cpus(4),
+            "HIPFILE_STREAM_COPY_DEVICE_IDLE_MS",
+        );
+        assert!(error.to_string().contains("milliseconds"), "{bad:?}: {error}");
+    }
 }
