@@ -5,6 +5,10 @@
 //! (doorbell, wait-value, the slot copy, the done word: [`super::stream_copy`]), that
 //! share a ring of at most [`RING_SLOTS`] slots: piece `j` uses slot `j mod RING_SLOTS`.
 //!
+//! A read's ring is of the engine's device memory when the pool has device slots
+//! ([`super::slots::SlotPool::try_take_ring_for_read`]; the stream then copies device →
+//! device), else pinned, as a write's always is.
+//!
 //! Stream order makes the ring safe without any wait of ours: piece `j + RING_SLOTS`
 //! reaches its doorbell only after the stream ran piece `j`'s copy (out of the slot for a
 //! read, after the engine wrote the file from it for a write, which its release waited
@@ -351,7 +355,14 @@ impl AsyncOp {
             return None;
         }
         let pieces = io.size_bytes().div_ceil(piece_bytes) as usize;
-        let ring = pool.try_take_ring(piece_bytes as usize, pieces.min(RING_SLOTS))?;
+        let (direction, ..) = whole;
+        let (len_bytes, count) = (piece_bytes as usize, pieces.min(RING_SLOTS));
+        // Reads' pieces may take slots of device memory; writes' take pinned ones (the
+        // engine writes the file from them).
+        let ring = match direction {
+            Direction::Read => pool.try_take_ring_for_read(len_bytes, count, buffer.device_ordinal),
+            Direction::Write => pool.try_take_ring(len_bytes, count),
+        }?;
         let submit = Submission { host, engine, state, buffer };
         Some(AsyncOp::submit_pieces(submit, submit_lock, whole, (ring, None), piece_bytes))
     }

@@ -358,9 +358,34 @@ impl SlotPool {
     /// `count` free slots of at least `len_bytes` each, or none (a ring for the pieces of
     /// a long op: `super::pieces`); never blocks on a stream.
     pub(crate) fn try_take_ring(&self, len_bytes: usize, count: usize) -> Option<Vec<Slot>> {
+        self.take_ring(count, || self.try_take(len_bytes))
+    }
+
+    /// A ring for the pieces of a long read into memory of device `device_ordinal`: slots of
+    /// the engine's device memory there when the pool has them and the pieces are over
+    /// [`SLOT_BYTES`] (as [`SlotPool::try_take_for_read`]), else — or when the device's
+    /// cap leaves no room for the whole ring — pinned ones.
+    pub(crate) fn try_take_ring_for_read(
+        &self,
+        len_bytes: usize,
+        count: usize,
+        device_ordinal: u32,
+    ) -> Option<Vec<Slot>> {
+        if len_bytes > SLOT_BYTES
+            && let Some(classes) = self.device_classes.get(device_ordinal as usize)
+            && let Some(class) = CLASS_BYTES.iter().position(|&bytes| len_bytes <= bytes)
+            && let Some(ring) = self.take_ring(count, || classes[class].try_take())
+        {
+            return Some(ring);
+        }
+        self.try_take_ring(len_bytes, count)
+    }
+
+    /// `count` slots from `take`, or none (the ones taken go back).
+    fn take_ring(&self, count: usize, take: impl Fn() -> Option<Slot>) -> Option<Vec<Slot>> {
         let mut ring = Vec::with_capacity(count);
         while ring.len() < count {
-            match self.try_take(len_bytes) {
+            match take() {
                 Some(slot) => ring.push(slot),
                 None => {
                     for slot in &ring {

@@ -720,14 +720,28 @@ fn all_config() -> Config {
 /// slots (pieces past the fourth reuse a slot the stream has copied out of). Reads of
 /// 16 MiB + 4 KiB, 40 MiB and 100 MiB on a held stream (fully FIXED, and with a late
 /// file offset), one reaching past the end of the file (short; the rest of its
-/// destination as it was): every byte right, `*bytes_p` once for the whole op.
+/// destination as it was): every byte right, `*bytes_p` once for the whole op. With device
+/// slots the rings are of the engine's device memory (the stream copies device → device).
 #[test]
 fn with_all_long_reads_are_copied_on_their_stream_in_pieces() {
+    for slots in [StreamCopySlots::Pinned, StreamCopySlots::Device] {
+        long_reads_in_pieces(Config {
+            stream_copy_slots: slots,
+            stream_copy_device_cap_bytes: 256 * MIB,
+            ..all_config()
+        });
+    }
+}
+
+fn long_reads_in_pieces(config: Config) {
     let file_len = 180 * MIB;
-    let t = Paused::with(Rig::with(1, all_config()), "stream-copies-long", file_len, 200 * MIB);
+    let slots = config.stream_copy_slots;
+    let t = Paused::with(Rig::with(1, config), "stream-copies-long", file_len, 200 * MIB);
     let old = pattern(95, 200 * MIB);
     t.rig.set_dev_bytes(t.buffer, &old);
+    let copied_other = || t.rig.cpu.as_ref().map(|cpu| cpu.stats().bytes_copied_other);
     for flags in [15u32, 5] {
+        let other_before = copied_other();
         let before = stream_copies(&t.rig);
         let ahead_before = t.rig.driver.async_stats().read_ahead.load(Ordering::SeqCst);
         let reads = [
@@ -746,6 +760,15 @@ fn with_all_long_reads_are_copied_on_their_stream_in_pieces() {
         // piece after the first is read ahead (1 + 2 + 6 + 1).
         let ahead = t.rig.driver.async_stats().read_ahead.load(Ordering::SeqCst) - ahead_before;
         assert_eq!(ahead, if flags == 15 { 4 } else { 10 }, "flags {flags}: read ahead");
+        // On the cpu device: pinned rings are copied host → device, device rings device →
+        // device (every byte read, and the short read's fill).
+        if let (Some(after), Some(before)) = (copied_other(), other_before) {
+            let read: usize = reads.iter().map(|r| r.4).sum();
+            match slots {
+                StreamCopySlots::Device => assert!(after - before >= read as u64, "{slots:?}"),
+                _ => assert_eq!(after - before, 0, "{slots:?}"),
+            }
+        }
         t.rig.set_dev_bytes(t.buffer, &old);
     }
 }
