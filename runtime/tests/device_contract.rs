@@ -215,6 +215,73 @@ fn contract_copies_events_and_internal_streams() {
     unsafe { device.free_device(addr).unwrap() };
 }
 
+/// Copies on the user's own stream (`HIPFILE_STREAM_COPIES`), where the backend has them:
+/// host → device and device → host from pinned memory, and device → device out of the
+/// engine's own memory where it has that, each run in stream order — behind a held gate
+/// nothing is copied, after its release every byte lands. A backend without them says so.
+#[test]
+fn contract_copies_on_user_streams_run_in_stream_order() {
+    let Some(device) = device() else { return };
+    if !device.copies_on_user_streams() {
+        let host = Pinned::new(&device, 4096);
+        let stream = device.create_user_stream(0).unwrap();
+        // SAFETY: a live pinned page; the backend refuses before touching anything.
+        let refused = unsafe {
+            device.copy_on_stream(stream, Direction::Read, 0, host.region.host_ptr, 4096)
+        };
+        assert_code(refused, DeviceError::HIP_ERROR_NOT_SUPPORTED, "copy_on_stream");
+        device.destroy_user_stream(stream).unwrap();
+        println!("skipped: this backend does not copy on user streams");
+        return;
+    }
+    let len = (1 << 20) + 4096;
+    let data = pattern(len, 21);
+    let target = device.alloc_device(0, len).unwrap();
+    upload(&device, target, &vec![0xEE; len]);
+    let source = Pinned::new(&device, len);
+    source.bytes().copy_from_slice(&data);
+    let back = Pinned::new(&device, len);
+    let stream = device.create_user_stream(0).unwrap();
+    let gate = StreamGate::pause(&device, stream).unwrap();
+    // SAFETY: pinned memory of this device and a device range of `len`, all live until
+    // the stream is synchronized below.
+    unsafe {
+        device
+            .copy_on_stream(stream, Direction::Read, target, source.region.host_ptr, len)
+            .unwrap();
+        device.copy_on_stream(stream, Direction::Write, target, back.region.host_ptr, len).unwrap();
+    }
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    assert!(back.bytes().iter().all(|&b| b == 0), "copied past a closed gate");
+    gate.release();
+    device.synchronize_stream(stream).unwrap();
+    assert!(back.bytes() == &data[..], "host → device → host in stream order");
+    match device.alloc_engine_device(0, len) {
+        Ok(engine_memory) => {
+            let other = pattern(len, 22);
+            let staging = device.create_internal_stream(0).unwrap();
+            source.bytes().copy_from_slice(&other);
+            // SAFETY: as above; the engine memory lives until freed below.
+            unsafe {
+                device
+                    .copy_to_device_async(&staging, engine_memory, source.region.host_ptr, len)
+                    .unwrap();
+                device.synchronize_internal(&staging).unwrap();
+                device.copy_device_on_stream(stream, target, engine_memory, len).unwrap();
+            }
+            device.synchronize_stream(stream).unwrap();
+            assert_eq!(download(&device, target, len), other, "device → device on the stream");
+            device.destroy_internal_stream(staging);
+            // SAFETY: every copy out of it was synchronized.
+            unsafe { device.free_engine_device(0, engine_memory) };
+        }
+        Err(error) => println!("no engine device memory here ({error}): device slots stay pinned"),
+    }
+    device.destroy_user_stream(stream).unwrap();
+    // SAFETY: synchronized.
+    unsafe { device.free_device(target).unwrap() };
+}
+
 /// Asserts that `result` failed with the `hipError_t` `code`.
 fn assert_code<T: std::fmt::Debug>(result: Result<T, DeviceError>, code: i32, what: &str) {
     match result {

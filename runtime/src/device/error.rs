@@ -31,7 +31,7 @@ impl DeviceError {
     /// `hipErrorNotReady`.
     pub const HIP_ERROR_NOT_READY: i32 = 600;
     /// `hipErrorNotSupported`.
-    pub(crate) const HIP_ERROR_NOT_SUPPORTED: i32 = 801;
+    pub const HIP_ERROR_NOT_SUPPORTED: i32 = 801;
     /// `hipErrorUnknown`.
     pub const HIP_ERROR_UNKNOWN: i32 = 999;
 

@@ -25,7 +25,10 @@
 //! priority: ROCm keeps one queue pool per priority, so they share no queue with an
 //! application's default-priority streams. An application that makes high-priority
 //! streams of its own and holds them can still share a queue with the engine; that and
-//! the whole analysis wait for a run on an AMD GPU.
+//! the whole analysis wait for a run on an AMD GPU. For that case the copies can go on
+//! the user's own stream instead (`HIPFILE_STREAM_COPIES=all`, opt-in here:
+//! [`StreamMemoryOps::copy_on_stream`] from pinned slots; no engine device memory, whose
+//! `hipFree` may synchronize the device).
 //!
 //! `hipError_t` numbers are reported as [`DeviceError::hip_error`] unchanged.
 //!
@@ -42,6 +45,8 @@ mod sys;
 use std::cell::Cell;
 use std::ffi::{c_int, c_void};
 use std::sync::Arc;
+
+use hipfile_core::Direction;
 
 use sys::{
     MEMORY_TYPE_ARRAY, MEMORY_TYPE_DEVICE, MEMORY_TYPE_MANAGED, MEMORY_TYPE_UNIFIED,
@@ -455,6 +460,39 @@ impl StreamMemoryOps for RocmDevice {
     ) -> Result<(), DeviceError> {
         // SAFETY: caller's contract: the word stays allocated until the write.
         unsafe { result::stream_write_value32(stream_of(stream), word_device_addr, value) }
+    }
+
+    /// Yes: `hipMemcpyHtoDAsync` / `hipMemcpyDtoHAsync` from pinned slots on the user's
+    /// stream, so `HIPFILE_STREAM_COPIES=on`/`all` work here. Off unless asked for: the
+    /// engine's copy streams are served from ROCm's high-priority queues, and neither path
+    /// has run on an AMD GPU yet (README, rocm backend).
+    fn copies_on_user_streams(&self) -> bool {
+        true
+    }
+
+    unsafe fn copy_on_stream(
+        &self,
+        stream: StreamHandle,
+        direction: Direction,
+        device_addr: u64,
+        host: *mut u8,
+        len_bytes: usize,
+    ) -> Result<(), DeviceError> {
+        // SAFETY: the caller's contract (pinned portable host memory, live until the copy
+        // ran; a valid device range); HIP runs it on the stream's own device.
+        unsafe {
+            match direction {
+                Direction::Read => result::memcpy_htod_async(
+                    device_addr,
+                    host.cast_const(),
+                    len_bytes,
+                    stream_of(stream),
+                ),
+                Direction::Write => {
+                    result::memcpy_dtoh_async(host, device_addr, len_bytes, stream_of(stream))
+                }
+            }
+        }
     }
 
     fn synchronize_stream(&self, stream: StreamHandle) -> Result<(), DeviceError> {
