@@ -22,6 +22,9 @@
 #     reads 16 MiB at 1/8/16 streams and 64 MiB at 1/8, writes 16 MiB at 8, random 4 KiB
 #     and 64 KiB reads at 8 streams, the 4 KiB round trip (CANDIDATE: its environment;
 #     ROUNDS: how many, default 2).
+# (i) ASYNC against our SYNC path at 8 and 16 streams under the default, one setting changed
+#     per run (VARIANTS, default: none, a 1 GiB read-ahead budget, 64 and 128 MiB arenas),
+#     --profile.
 # PROBE_MODES picks (a)'s modes (default "cross lock control"; also free and
 # free-create: freeing engine device memory while application streams are held).
 # STEPS picks sections (default "a b c d"; e and f are calls of their own). Usage, with
@@ -117,6 +120,23 @@ if [[ $steps == *" g "* ]]; then
       HIPFILE_STREAM_COPY_DEVICE_MB="$cap" HIPFILE_STREAM_COPY_MB="$(( cap > 1024 ? cap : 1024 ))"
   done
   hot_reads cap-off-2 "$bench" HIPFILE_STREAM_COPIES=off
+  rm -f /tmp/hf-ds.dat
+fi
+
+if [[ $steps == *" i "* ]]; then
+  # Why ASYNC 16 MiB reads trail our own SYNC path at 8 and 16 streams (H100, seventeenth
+  # session: 24.4 against 35.9 GiB/s at 8, under off and the default alike): the same
+  # binary under the default with one setting changed per run (VARIANTS: one NAME=VALUE
+  # each; the read-ahead budget and the staging arena), each with --profile (executors'
+  # busy share, staging waits, the round trip's halves).
+  echo "== (i) async against sync, one setting at a time $(elapsed)"
+  for variant in ${VARIANTS:-HIPFILE_LOG=warn HIPFILE_PREFETCH_MB=1024 HIPFILE_STAGING_MB=64 HIPFILE_STAGING_MB=128}; do
+    env "$variant" timeout -s KILL 60 "$bench" --mode read --streams 8,16 --io-size 16M \
+      --no-baselines --profile --file /tmp/hf-ds.dat > "$out/variant-$variant.txt" 2>&1
+    echo "$variant (exit $?): $(grep -E '^READ +(ASYNC|SYNC)' "$out/variant-$variant.txt" \
+      | awk '{printf "%s/%s=%s ", $2, $3, $5}')"
+    grep -E "executors busy" "$out/variant-$variant.txt" | head -4
+  done
   rm -f /tmp/hf-ds.dat
 fi
 
