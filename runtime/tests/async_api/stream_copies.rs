@@ -483,6 +483,40 @@ fn idle_device_slots_give_their_memory_back() {
     }
 }
 
+/// The thread that gives idle device slots back never holds up the driver's end: with an
+/// idle time of a day it sleeps in one-second looks, and a driver dropped with device
+/// memory held goes at once (the thread is woken, not waited out).
+#[test]
+fn a_driver_with_device_slots_held_drops_at_once() {
+    let config = Config {
+        stream_copies: StreamCopies::All,
+        stream_copy_slots: StreamCopySlots::Device,
+        stream_copy_device_idle_ms: 86_400_000,
+        ..small_config()
+    };
+    let t = Paused::with(Rig::with(1, config), "device-slots-drop", 4 * MIB, 4 * MIB);
+    let stream = t.rig.registered_stream(15);
+    let p = params(2 * MIB, 0, 0);
+    read(&t, &p, stream);
+    t.rig.sync(stream);
+    assert_eq!(bytes(&p), (2 * MIB) as isize);
+    assert_eq!(t.rig.driver.device_slot_bytes(), 4 * MIB, "a 4 MiB slot held: a day is not over");
+    // Past the thread's first look (a second), so that it sleeps in its second.
+    std::thread::sleep(Duration::from_millis(1200));
+    let Paused { rig, file, .. } = t;
+    let (device, driver, streams) = rig.into_parts();
+    let weak = Arc::downgrade(&driver);
+    let started = std::time::Instant::now();
+    drop(driver);
+    let took = started.elapsed();
+    assert!(weak.upgrade().is_none(), "the last owner dropped it");
+    assert!(took < Duration::from_millis(500), "the drop took {took:?}");
+    for stream in streams {
+        device.destroy_user_stream(stream).expect("destroy stream");
+    }
+    drop(file);
+}
+
 /// `HIPFILE_STREAM_COPIES=all`: a read whose destination range is FIXED but whose file
 /// offset is not (flags 5) is read into its slot when the stream reaches it, at the
 /// file offset its parameters hold then; a fully FIXED read of a range an earlier write
