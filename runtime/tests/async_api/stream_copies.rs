@@ -813,10 +813,21 @@ fn long_reads_in_pieces(config: Config) {
 /// takes one slot as before. Reads (fully FIXED and with a late file offset; one reaching
 /// past the end of the file) and a write, on a held stream: every byte right, `*bytes_p`
 /// once per op, every piece copied on the stream.
+/// With device slots, the reads' rings of 1 MiB slots are device memory, the write's pinned.
 #[test]
 fn with_all_ops_longer_than_the_piece_size_go_in_pieces_of_that_size() {
+    for slots in [StreamCopySlots::Pinned, StreamCopySlots::Device] {
+        pieces_of_one_mib(Config {
+            stream_copy_piece_bytes: MIB,
+            stream_copy_slots: slots,
+            ..all_config()
+        });
+    }
+}
+
+fn pieces_of_one_mib(config: Config) {
     let file_len = 40 * MIB;
-    let config = Config { stream_copy_piece_bytes: MIB, ..all_config() };
+    let device_slots = config.stream_copy_slots == StreamCopySlots::Device;
     let t = Paused::with(Rig::with(1, config), "stream-copies-small-pieces", file_len, 48 * MIB);
     let old = pattern(91, 48 * MIB);
     t.rig.set_dev_bytes(t.buffer, &old);
@@ -839,6 +850,10 @@ fn with_all_ops_longer_than_the_piece_size_go_in_pieces_of_that_size() {
         held_reads_land(&t, flags, &reads, &old, 48 * MIB);
         // 5 + 1 + 3 + 16 + 6 pieces (the op of 1 MiB is one slot op).
         assert_eq!(stream_copies(&t.rig) - before, 31, "flags {flags}: every piece");
+        // Device rings (of 1 MiB slots) are given back after their uses: held, not lost.
+        if device_slots {
+            assert!(t.rig.driver.device_slot_bytes() >= 4 * MIB, "flags {flags}: device rings");
+        }
         t.rig.set_dev_bytes(t.buffer, &old);
     }
     // A write of 6 MiB + 4 KiB from a FIXED source range: seven pieces.
