@@ -317,6 +317,12 @@ impl StreamState {
         &self.arms
     }
 
+    /// Whether the driver's read-ahead budget is 0 (`HIPFILE_PREFETCH_MB=0`): no read may
+    /// start before its stream reaches it, whatever path it takes.
+    pub(crate) fn prefetch_off(&self) -> bool {
+        self.prefetch_budget.cap_bytes.load(std::sync::atomic::Ordering::SeqCst) == 0
+    }
+
     /// Takes `len_bytes` of the stream's prefetch window and of the driver's
     /// [`PrefetchBudget`]; `false` when either would overflow (the first read of an empty
     /// window, or of an empty budget, is always admitted).

@@ -330,15 +330,20 @@ impl AsyncOp {
     }
 
     /// Whether a read may start before its stream reaches it: its size and offsets are all
-    /// FIXED and no unfinished write of ours overlaps its range.
-    fn prefetchable(
+    /// FIXED, no unfinished write of ours overlaps its range, and read-ahead is not off
+    /// (`HIPFILE_PREFETCH_MB=0`, which also keeps reads copied on their stream from being
+    /// staged at submission: they are read when the stream reaches them).
+    pub(super) fn prefetchable(
         hazards: &WriteHazardTable,
         state: &StreamState,
         direction: Direction,
         file: &Arc<FileHandle>,
         range: hipfile_core::FileRange,
     ) -> bool {
-        direction == Direction::Read && state.flags.all_fixed() && hazards.may_prefetch(file, range)
+        direction == Direction::Read
+            && state.flags.all_fixed()
+            && !state.prefetch_off()
+            && hazards.may_prefetch(file, range)
     }
 
     fn machine(&self) -> std::sync::MutexGuard<'_, OpMachine> {

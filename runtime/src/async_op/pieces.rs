@@ -462,10 +462,9 @@ impl AsyncOp {
                 Direction::Write => SlotUse::Write,
                 Direction::Read => {
                     let inside = file_len.is_some_and(|len| piece_io.file_end_bytes() <= len);
-                    let may_prefetch = state.flags.all_fixed()
-                        && host
-                            .write_hazards()
-                            .may_prefetch(file, super::prefetch::file_range(&piece_io));
+                    let range = super::prefetch::file_range(&piece_io);
+                    let may_prefetch =
+                        AsyncOp::prefetchable(host.write_hazards(), state, direction, file, range);
                     if first_use && inside && may_prefetch {
                         SlotUse::StagedRead
                     } else {

@@ -53,8 +53,12 @@ fn prefetched_while_held_and_in_all(config: Config, ops: usize) -> (u64, u64) {
 }
 
 fn two_executors() -> Config {
-    // 2 x 64 MiB of staging: the default budget (half) is 64 MiB, above one window.
+    // 2 x 64 MiB of staging: the default budget (half) is 64 MiB, above one window. The
+    // engine's path, whose read-ahead the window and budget bound (reads copied on their
+    // stream are bounded by their slots instead; HIPFILE_PREFETCH_MB=0 stops both:
+    // stream_copies.rs).
     Config {
+        stream_copies: hipfile_runtime::config::StreamCopies::Off,
         executor_cpus: vec![0, 1],
         request_parallelism: 1,
         staging_per_executor_bytes: 64 * MIB,

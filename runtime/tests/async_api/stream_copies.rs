@@ -483,6 +483,54 @@ fn idle_device_slots_give_their_memory_back() {
     }
 }
 
+/// `HIPFILE_PREFETCH_MB=0` turns read-ahead off under `all` too: fully FIXED reads are
+/// still copied on their stream through slots (pinned and device, single and in pieces),
+/// but read when the stream reaches them, not staged at submission — nothing of the file
+/// is read while the stream is held. The default budget stages them at once.
+#[test]
+fn with_all_a_zero_read_ahead_budget_reads_when_the_stream_reaches_the_op() {
+    for budget in [Some(0), None] {
+        let config = Config {
+            stream_copies: StreamCopies::All,
+            stream_copy_slots: StreamCopySlots::Device,
+            prefetch_budget_bytes: budget,
+            ..small_config()
+        };
+        let t =
+            Paused::with(Rig::with(1, config), "stream-copies-no-read-ahead", 24 * MIB, 24 * MIB);
+        let old = pattern(93, 24 * MIB);
+        t.rig.set_dev_bytes(t.buffer, &old);
+        let stream = t.rig.registered_stream(15);
+        let gate = t.rig.pause(stream).expect("pause");
+        let file_read = || t.rig.driver.file(t.handle).expect("file").counters().read_bytes();
+        let before = (file_read(), stream_copies(&t.rig));
+        // 4 KiB (pinned slot), 1 MiB (device slot), 20 MiB (two pieces, device ring).
+        let reads = [(4096, 0), (MIB, MIB), (20 * MIB, 4 * MIB)];
+        let params: Vec<_> =
+            reads.iter().map(|&(size, at)| params(size, at as i64, at as i64)).collect();
+        for p in &params {
+            read(&t, p, stream);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        let read_while_held = file_read() - before.0;
+        match budget {
+            Some(0) => assert_eq!(read_while_held, 0, "read ahead with the budget at 0"),
+            _ => {
+                wait_until("the reads staged", || file_read() - before.0 > 0);
+            }
+        }
+        gate.release();
+        t.rig.sync(stream);
+        let got = t.rig.dev_bytes(t.buffer, 24 * MIB);
+        for (p, &(size, at)) in params.iter().zip(&reads) {
+            assert_eq!(bytes(p), size as isize, "budget {budget:?}");
+            assert_bytes(&got[at..at + size], &t.data[at..at + size], "read");
+        }
+        // Every op still copied on its stream: 1 + 1 + 2 pieces.
+        assert_eq!(stream_copies(&t.rig) - before.1, 4, "budget {budget:?}");
+    }
+}
+
 /// The thread that gives idle device slots back never holds up the driver's end: with an
 /// idle time of a day it sleeps in one-second looks, and a driver dropped with device
 /// memory held goes at once (the thread is woken, not waited out).
