@@ -39,7 +39,8 @@ while kill -0 "$pid" 2>/dev/null; do
     # gdb, else cuda-gdb (the GPU machine has only the latter; it attaches for host stacks).
     debugger=$(command -v gdb || command -v cuda-gdb || ls /usr/local/cuda/bin/cuda-gdb 2>/dev/null)
     if [ -n "$debugger" ]; then
-      timeout 90 "$debugger" -batch -p "$pid" -ex "thread apply all bt 25" >>"$dump" 2>&1
+      timeout 90 "$debugger" -batch -p "$pid" -ex "set pagination off" -ex "info threads" \
+        -ex "thread apply all bt 25" >>"$dump" 2>&1
     fi
     kill -9 "$pid"; wait "$pid" 2>/dev/null
     exit 1
