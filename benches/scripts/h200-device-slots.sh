@@ -22,9 +22,9 @@
 #     reads 16 MiB at 1/8/16 streams and 64 MiB at 1/8, writes 16 MiB at 8, random 4 KiB
 #     and 64 KiB reads at 8 streams, the 4 KiB round trip (CANDIDATE: its environment;
 #     ROUNDS: how many, default 2).
-# (i) ASYNC against our SYNC path at 8 and 16 streams under the default, one setting changed
-#     per run (VARIANTS, default: none, a 1 GiB read-ahead budget, 64 and 128 MiB arenas),
-#     --profile.
+# (i) ASYNC against our SYNC path at 8 and 16 streams, one variant of the settings per run
+#     (VARIANTS: the default, a 128 MiB arena, off, off with a 1 GiB read-ahead budget, and
+#     with a 128 MiB arena too), --profile.
 # PROBE_MODES picks (a)'s modes (default "cross lock control"; also free and
 # free-create: freeing engine device memory while application streams are held).
 # STEPS picks sections (default "a b c d"; e and f are calls of their own). Usage, with
@@ -126,16 +126,20 @@ fi
 if [[ $steps == *" i "* ]]; then
   # Why ASYNC 16 MiB reads trail our own SYNC path at 8 and 16 streams (H100, seventeenth
   # session: 24.4 against 35.9 GiB/s at 8, under off and the default alike): the same
-  # binary under the default with one setting changed per run (VARIANTS: one NAME=VALUE
-  # each; the read-ahead budget and the staging arena), each with --profile (executors'
-  # busy share, staging waits, the round trip's halves).
-  echo "== (i) async against sync, one setting at a time $(elapsed)"
-  for variant in ${VARIANTS:-HIPFILE_LOG=warn HIPFILE_PREFETCH_MB=1024 HIPFILE_STAGING_MB=64 HIPFILE_STAGING_MB=128}; do
-    env "$variant" timeout -s KILL 60 "$bench" --mode read --streams 8,16 --io-size 16M \
-      --no-baselines --profile --file /tmp/hf-ds.dat > "$out/variant-$variant.txt" 2>&1
-    echo "$variant (exit $?): $(grep -E '^READ +(ASYNC|SYNC)' "$out/variant-$variant.txt" \
+  # binary with the settings of each variant (VARIANTS: space-separated variants, each a
+  # comma-separated list of NAME=VALUE; the read-ahead budget bounds the engine's path
+  # only, so it is tried under off), each with --profile (executors' busy share, staging
+  # waits, the round trip's halves).
+  echo "== (i) async against sync, variants $(elapsed)"
+  for variant in ${VARIANTS:-HIPFILE_LOG=warn HIPFILE_STAGING_MB=128 HIPFILE_STREAM_COPIES=off HIPFILE_STREAM_COPIES=off,HIPFILE_PREFETCH_MB=1024 HIPFILE_STREAM_COPIES=off,HIPFILE_PREFETCH_MB=1024,HIPFILE_STAGING_MB=128}; do
+    IFS=, read -r -a settings <<< "$variant"
+    # The device tool brings back only plain file names ('=' and ',' are not).
+    log="$out/variant-$(tr -c 'A-Za-z0-9_.\n-' '_' <<< "$variant").txt"
+    env "${settings[@]}" timeout -s KILL 60 "$bench" --mode read --streams 8,16 --io-size 16M \
+      --no-baselines --profile --file /tmp/hf-ds.dat > "$log" 2>&1
+    echo "$variant (exit $?): $(grep -E '^READ +(ASYNC|SYNC)' "$log" \
       | awk '{printf "%s/%s=%s ", $2, $3, $5}')"
-    grep -E "executors busy" "$out/variant-$variant.txt" | head -4
+    grep -E "executors busy" "$log" | head -4
   done
   rm -f /tmp/hf-ds.dat
 fi
