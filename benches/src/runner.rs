@@ -93,6 +93,8 @@ struct StatsInfo {
     buffered_read_bytes: u64,
     direct_written_bytes: u64,
     buffered_written_bytes: u64,
+    /// Device memory the read slots held when the run ended (`HIPFILE_STREAM_COPY_SLOTS=device`).
+    device_slot_bytes: u64,
 }
 
 /// Default streams: usable CPUs, at most 8.
@@ -385,12 +387,13 @@ fn stats(b: &Bench) -> Option<StatsInfo> {
         buffered_read_bytes: file.buffered_read_bytes,
         direct_written_bytes: file.direct_written_bytes,
         buffered_written_bytes: file.buffered_written_bytes,
+        device_slot_bytes: b.env.driver.device_slot_bytes() as u64,
     })
 }
 
 fn print_stats(s: &StatsInfo) {
     println!(
-        "hipfile-rs counters: {} engine jobs ({} arena chunks, {} fallback, {} waits for a fallback chunk, {} sync retries; {} on blocking executors; slot jobs moved by one pread / pwrite: {} / {}), {} requests on the caller's thread ({} while async ops were alive); async {} submitted, {} prefetched, {} copied on the user's stream ({} ops through their stream's spare slot), {} device / {} host releases; file {} MiB O_DIRECT + {} MiB buffered read, {} MiB O_DIRECT + {} MiB buffered written",
+        "hipfile-rs counters: {} engine jobs ({} arena chunks, {} fallback, {} waits for a fallback chunk, {} sync retries; {} on blocking executors; slot jobs moved by one pread / pwrite: {} / {}), {} requests on the caller's thread ({} while async ops were alive); async {} submitted, {} prefetched, {} copied on the user's stream ({} ops through their stream's spare slot), {} device / {} host releases; file {} MiB O_DIRECT + {} MiB buffered read, {} MiB O_DIRECT + {} MiB buffered written; device slots hold {} MiB",
         s.engine_jobs,
         s.arena_chunks,
         s.fallback_chunks,
@@ -410,7 +413,8 @@ fn print_stats(s: &StatsInfo) {
         s.direct_read_bytes >> 20,
         s.buffered_read_bytes >> 20,
         s.direct_written_bytes >> 20,
-        s.buffered_written_bytes >> 20
+        s.buffered_written_bytes >> 20,
+        s.device_slot_bytes >> 20
     );
 }
 
