@@ -897,3 +897,23 @@ impl Rng {
         (low + self.below(low)).min(max)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A leaked staging region keeps no hold on its device: `Rig::into_parts` leaks its
+    /// staging, and a device kept alive by it made every later GPU rig of the process wait
+    /// 10 s for it (`wait_for_earlier_drivers`).
+    #[test]
+    fn a_leaked_pinned_region_lets_its_device_go() {
+        let device: Arc<dyn UserDevice> = hipfile_runtime::device::cpu::CpuDevice::new(1);
+        let weak = Arc::downgrade(&device);
+        let pinned = Pinned::new(&device, 4096);
+        assert_eq!(weak.strong_count(), 2, "the region holds its device");
+        pinned.leak();
+        assert_eq!(weak.strong_count(), 1, "leaked: only the test's handle is left");
+        drop(device);
+        assert!(weak.upgrade().is_none());
+    }
+}
