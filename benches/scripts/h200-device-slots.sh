@@ -124,8 +124,9 @@ if [[ $steps == *" g "* ]]; then
 fi
 
 if [[ $steps == *" i "* ]]; then
-  # Why ASYNC 16 MiB reads trail our own SYNC path at 8 and 16 streams (H100, seventeenth
-  # session: 24.4 against 35.9 GiB/s at 8, under off and the default alike): the same
+  # Whether and why ASYNC 16 MiB reads trail our own SYNC path at 8 and 16 streams (H100,
+  # seventeenth session: SYNC led by 1.10x in one run and 1.47x in the next, the SYNC rows
+  # themselves 26.7 and 35.9 GiB/s; the fifteenth session's H100: ASYNC 0.89x / 1.23x): the same
   # binary with the settings of each variant (VARIANTS: space-separated variants, each a
   # comma-separated list of NAME=VALUE; the read-ahead budget bounds the engine's path
   # only, so it is tried under off), each with --profile (executors' busy share, staging
