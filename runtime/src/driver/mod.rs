@@ -212,11 +212,15 @@ impl Driver {
         let stats = &self.async_stats;
         let _ = writeln!(
             report,
-            "  async: {} submitted, {} prefetched, {} released device-side, {} host-side",
+            "  async: {} submitted, {} prefetched, {} released device-side, {} host-side; {} \
+             copied on their stream ({} through spare slots), device slots hold {} MiB",
             stats.submitted.load(Ordering::Relaxed),
             stats.prefetched.load(Ordering::Relaxed),
             stats.device_releases.load(Ordering::Relaxed),
             stats.host_releases.load(Ordering::Relaxed),
+            stats.stream_copies.load(Ordering::Relaxed),
+            stats.spare_ops.load(Ordering::Relaxed),
+            self.device_slot_bytes() >> 20,
         );
         if let Some(engine) = self.engine.get() {
             let _ = writeln!(

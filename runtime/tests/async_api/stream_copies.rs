@@ -460,6 +460,8 @@ fn idle_device_slots_give_their_memory_back() {
                 // Lent to ops the stream has not reached: kept past the idle time.
                 std::thread::sleep(Duration::from_millis(4 * idle_ms.max(50)));
                 assert_eq!(held(), 4 * MIB, "idle {idle_ms} ms: four 1 MiB slots lent");
+                let report = t.rig.driver.pending_report();
+                assert!(report.contains("device slots hold 4 MiB"), "{report}");
                 gate.release();
             }
             t.rig.sync(stream);
