@@ -160,7 +160,7 @@ fn engine(config: &Config, device: Option<Arc<dyn UserDevice>>, file: Option<&Pa
     item(
         "async copies on the user's stream",
         format!(
-            "{:?} (HIPFILE_STREAM_COPIES {}), read slots over 64 KiB {:?}, {} MiB of device slots per device, given back after {}",
+            "{:?} (HIPFILE_STREAM_COPIES {}), read slots over 64 KiB {:?}, {} MiB of device slots per device, {}",
             resolved.stream_copies,
             if config.stream_copies == hipfile_runtime::config::StreamCopies::Auto {
                 "unset: the backend's choice"
@@ -178,9 +178,9 @@ fn engine(config: &Config, device: Option<Arc<dyn UserDevice>>, file: Option<&Pa
 /// When device slots give their memory back (`HIPFILE_STREAM_COPY_DEVICE_IDLE_MS`).
 pub(crate) fn idle_text(idle_ms: u64) -> String {
     if idle_ms == 0 {
-        "never (kept until the driver is dropped)".to_owned()
+        "never given back (kept until the driver is dropped)".to_owned()
     } else {
-        format!("{idle_ms} ms unused")
+        format!("given back after {idle_ms} ms unused")
     }
 }
 

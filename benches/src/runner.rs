@@ -174,7 +174,7 @@ pub fn describe_env(env: &Env, path: &Path, size: u64, args: &RunArgs) {
             c.stream_copy_cap_bytes >> 20,
             if c.stream_copy_slots == hipfile_runtime::config::StreamCopySlots::Device {
                 format!(
-                    ", {} MiB of device slots per device, given back after {}",
+                    ", {} MiB of device slots per device, {}",
                     c.stream_copy_device_cap_bytes >> 20,
                     crate::check::idle_text(c.stream_copy_device_idle_ms)
                 )
