@@ -43,9 +43,11 @@ elif command -v gcc >/dev/null && [ -f "$cuda_inc/cuda_runtime_api.h" ]; then
   # The never-hang sweep from C: every stream count 1..256, 4 MiB reads and writes, and
   # the application-gate / around-open variants, each case in a child process that is
   # killed and reported HANG past 60 s (`/tmp/hf-stream-sweep 60 full`: 360 cases).
-  run "C stream_sweep.c (never-hang sweep, 52 cases)" bash -c "gcc -std=c11 -O2 -Wall -Wextra -I'$bundle/include' -I'$cuda_inc' \
+  # HIPFILE_GPU_C_SWEEP_PART="FIRST COUNT" runs cases FIRST.. of the 52 only (a long sweep
+  # split over several time-limited calls).
+  run "C stream_sweep.c (never-hang sweep, 52 cases ${HIPFILE_GPU_C_SWEEP_PART:+part: $HIPFILE_GPU_C_SWEEP_PART})" bash -c "gcc -std=c11 -O2 -Wall -Wextra -I'$bundle/include' -I'$cuda_inc' \
     '$bundle/c/stream_sweep.c' -L'$bundle/lib' -lhipfile -L'$cuda_lib' -lcudart -lcuda -o /tmp/hf-stream-sweep \
-    && LD_LIBRARY_PATH='$bundle/lib:$cuda_lib' /tmp/hf-stream-sweep 60"
+    && LD_LIBRARY_PATH='$bundle/lib:$cuda_lib' /tmp/hf-stream-sweep 60 suite ${HIPFILE_GPU_C_SWEEP_PART:-}"
 else
   results+=("SKIP C programs (no gcc or CUDA runtime headers)")
 fi
