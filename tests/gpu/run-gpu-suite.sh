@@ -5,7 +5,8 @@
 #   tests/gpu/make-bundle.sh            (writes target/gpu-bundle)
 # then copy the repository (with target/gpu-bundle) over and run
 #   tests/gpu/run-gpu-suite.sh [bundle-dir]
-# To split the suite over several calls: HIPFILE_GPU_C=0 skips the C programs, and
+# To split the suite over several calls: HIPFILE_GPU_C=0 skips the C programs,
+# HIPFILE_GPU_C_SWEEP_PART="FIRST COUNT" runs only those cases of the C sweep, and
 # HIPFILE_GPU_SUITES="async_sweep faults" runs only those test binaries ("python": the
 # Python package's suite, run when the bundle has the wheel). HIPFILE_GPU_WHOLE=1 runs
 # each test binary in one process (HIPFILE_GPU_TEST_TIMEOUT then bounds the binary).
