@@ -1095,6 +1095,35 @@ mod tests {
         assert_eq!(cpu.stats().invalid_releases, 0, "every slab freed once");
     }
 
+    /// The idle-slots thread's signal: a wait ends on a growth (once per growth) or on
+    /// stop; a sleep ends early on stop only.
+    #[test]
+    fn the_grow_signal_wakes_on_growth_and_ends_sleeps_on_stop() {
+        let signal = Arc::new(GrowSignal::default());
+        let waiter = {
+            let signal = Arc::clone(&signal);
+            std::thread::spawn(move || {
+                let grown = signal.wait_grown();
+                let started = Instant::now();
+                let slept_whole = signal.sleep(Duration::from_secs(30));
+                (grown, slept_whole, started.elapsed(), signal.wait_grown())
+            })
+        };
+        std::thread::sleep(Duration::from_millis(20));
+        signal.note_grown();
+        std::thread::sleep(Duration::from_millis(50));
+        signal.stop();
+        let (grown, slept_whole, slept, after_stop) = waiter.join().expect("waiter");
+        assert!(grown, "woken by the growth");
+        assert!(!slept_whole && slept < Duration::from_secs(5), "the stop ended the sleep");
+        assert!(!after_stop, "stopped: no more waiting");
+        // A growth before the wait is not lost.
+        let signal = GrowSignal::default();
+        signal.note_grown();
+        assert!(signal.wait_grown());
+        assert!(signal.sleep(Duration::from_millis(1)), "a sleep without stop runs out");
+    }
+
     /// Every slot of `slot_bytes` up to its size's cap; none past it.
     fn take_all(pool: &SlotPool, slot_bytes: usize) -> Vec<Slot> {
         let per_class = class_cap_bytes(slot_bytes) / slot_bytes;
