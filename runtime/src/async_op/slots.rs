@@ -337,14 +337,18 @@ impl SlotPool {
     /// [`SLOT_BYTES`] (`HIPFILE_STREAM_COPY_SLOTS=device`), else — or when none is free or
     /// can be made — a pinned one ([`SlotPool::try_take`]). Never blocks on a stream.
     pub(crate) fn try_take_for_read(&self, len_bytes: usize, device_ordinal: u32) -> Option<Slot> {
-        if len_bytes > SLOT_BYTES
-            && let Some(classes) = self.device_classes.get(device_ordinal as usize)
-            && let Some(class) = CLASS_BYTES.iter().position(|&bytes| len_bytes <= bytes)
-            && let Some(slot) = classes[class].try_take()
-        {
-            return Some(slot);
-        }
-        self.try_take(len_bytes)
+        self.device_class_for(len_bytes, device_ordinal)
+            .and_then(SlotClass::try_take)
+            .or_else(|| self.try_take(len_bytes))
+    }
+
+    /// The size of device slots on `device_ordinal` that a read of `len_bytes` takes: one
+    /// when the pool has device slots there and the read is over [`SLOT_BYTES`] (and at
+    /// most [`MAX_SLOT_BYTES`]).
+    fn device_class_for(&self, len_bytes: usize, device_ordinal: u32) -> Option<&SlotClass> {
+        let classes = self.device_classes.get(device_ordinal as usize)?;
+        let class = CLASS_BYTES.iter().position(|&bytes| len_bytes <= bytes)?;
+        (len_bytes > SLOT_BYTES).then(|| &classes[class])
     }
 
     /// The class a slot of this pool belongs to.
@@ -371,14 +375,9 @@ impl SlotPool {
         count: usize,
         device_ordinal: u32,
     ) -> Option<Vec<Slot>> {
-        if len_bytes > SLOT_BYTES
-            && let Some(classes) = self.device_classes.get(device_ordinal as usize)
-            && let Some(class) = CLASS_BYTES.iter().position(|&bytes| len_bytes <= bytes)
-            && let Some(ring) = self.take_ring(count, || classes[class].try_take())
-        {
-            return Some(ring);
-        }
-        self.try_take_ring(len_bytes, count)
+        self.device_class_for(len_bytes, device_ordinal)
+            .and_then(|class| self.take_ring(count, || class.try_take()))
+            .or_else(|| self.try_take_ring(len_bytes, count))
     }
 
     /// `count` slots from `take`, or none (the ones taken go back).
