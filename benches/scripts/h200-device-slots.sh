@@ -25,6 +25,8 @@
 # (i) ASYNC against our SYNC path at 8 and 16 streams, one variant of the settings per run
 #     (VARIANTS: the default, a 128 MiB arena, off, off with a 1 GiB read-ahead budget, and
 #     with a 128 MiB arena too), --profile.
+# (j) random 4 KiB and 64 KiB reads at 8 streams, baselines on (SYNC, CUFILE_SYNC), --profile,
+#     under RANDOM_VARIANTS (default: the unset default and off).
 # PROBE_MODES picks (a)'s modes (default "cross lock control"; also free and
 # free-create: freeing engine device memory while application streams are held).
 # STEPS picks sections (default "a b c d"; e and f are calls of their own). Usage, with
@@ -141,6 +143,19 @@ if [[ $steps == *" i "* ]]; then
     echo "$variant (exit $?): $(grep -E '^READ +(ASYNC|SYNC)' "$log" \
       | awk '{printf "%s/%s=%s ", $2, $3, $5}')"
     grep -E "executors busy" "$log" | head -4
+  done
+  rm -f /tmp/hf-ds.dat
+fi
+
+if [[ $steps == *" j "* ]]; then
+  echo "== (j) small random reads, profiled, baselines on $(elapsed)"
+  for variant in ${RANDOM_VARIANTS:-HIPFILE_LOG=warn HIPFILE_STREAM_COPIES=off}; do
+    IFS=, read -r -a settings <<< "$variant"
+    log="$out/random-$(tr -c 'A-Za-z0-9_.\n-' '_' <<< "$variant").txt"
+    env "${settings[@]}" timeout -s KILL 90 "$bench" --mode randread --io-size 4K,64K --streams 8 \
+      --reps 1 --profile --file /tmp/hf-ds.dat --file-size 1G > "$log" 2>&1
+    echo "$variant (exit $?):"; grep -E '^RANDREAD' "$log" | head -12
+    grep -E "executors busy|per op" "$log" | head -6
   done
   rm -f /tmp/hf-ds.dat
 fi

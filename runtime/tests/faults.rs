@@ -12,7 +12,7 @@
 
 use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use hipfile_core::{Direction, OpError, RawIo};
 use hipfile_runtime::IoError;
@@ -778,11 +778,21 @@ fn the_pending_report_does_not_wait_for_a_stuck_submission() {
     let stream = t.rig.registered_stream(15);
     let p = params(16 * KIB, 0, 0);
     let (guard, submitter) = t.submit(stream, &p);
-    std::thread::sleep(Duration::from_millis(100));
-    assert!(!submitter.is_finished(), "the submission is still in its copy's enqueue");
-    let report = t.rig.driver.pending_report();
-    assert!(!submitter.is_finished(), "the report did not wait for the submission:\n{report}");
-    assert!(report.contains("a submission is enqueueing its commands now"), "{report}");
+    // The submission reaches its copy's enqueue after the engine's start (on CUDA: its
+    // context, a hundred milliseconds and more), so the report is asked until it names
+    // the stream; a report that waited for the stream's lock would return only after
+    // the submission, and never name it.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        assert!(!submitter.is_finished(), "the submission ended before a report named it");
+        let report = t.rig.driver.pending_report();
+        if report.contains("a submission is enqueueing its commands now") {
+            assert!(!submitter.is_finished(), "the report waited for the submission:\n{report}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "no report named the submission:\n{report}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
     submitter.join().expect("submitter").expect("accepted");
     assert_eq!(guard.injected(), vec![1]);
     drop(guard);
