@@ -880,3 +880,116 @@ fn a_read_declining_its_slot_while_its_copy_is_enqueued_leaves_the_submitted_ran
     let moved = &got[512 * KIB..512 * KIB + 16 * KIB];
     assert_bytes(moved, &t.data[8192..8192 + 16 * KIB], "the bound range");
 }
+
+/// `HIPFILE_STREAM_COPIES=all`: reads staged into slots of their own read ahead within
+/// their stream's read-ahead window, like the engine's prefetch, instead of all at once.
+/// With every file read slowed (200 ms), sixteen 4 MiB reads submitted on a held stream
+/// start no more than the window's worth (32 MiB: eight) before the first fills end; the
+/// rest start as those end or when the stream reaches them, and every byte lands. Pinned
+/// slots, whose fills are one `pread` each, on every device.
+#[test]
+fn staged_slot_reads_read_ahead_within_the_stream_window() {
+    let _serial = serial();
+    const OPS: usize = 16;
+    const OP_BYTES: usize = 4 * MIB;
+    let config = Config {
+        stream_copies: hipfile_runtime::config::StreamCopies::All,
+        stream_copy_slots: hipfile_runtime::config::StreamCopySlots::Pinned,
+        // The driver-wide budget above the stream's window: the window bounds.
+        prefetch_budget_bytes: Some(256 * MIB),
+        ..small_config()
+    };
+    let rig = Rig::with(1, config);
+    let data = pattern(71, OPS * OP_BYTES);
+    let file = TempFile::new("slot-window", &data);
+    let fd = file.open_rw();
+    let handle = rig.register(&fd);
+    let buffer = rig.alloc(OPS * OP_BYTES);
+    let stream = rig.registered_stream(7);
+    let window_ops = hipfile_runtime::stream::PREFETCH_WINDOW_BYTES as usize / OP_BYTES;
+    let prefetched =
+        || rig.driver.async_stats().prefetched.load(std::sync::atomic::Ordering::SeqCst);
+    let guard = fault::install(Plan {
+        seed: 0x5107,
+        rules: vec![every(Site::FileRead, Fault::Delay(Duration::from_millis(200)))],
+    });
+    let gate = rig.pause(stream).expect("pause");
+    let started = Instant::now();
+    let ops: Vec<_> = (0..OPS)
+        .map(|i| {
+            let p = params(OP_BYTES, (i * OP_BYTES) as i64, (i * OP_BYTES) as i64);
+            rig.read(handle, buffer, &p, stream);
+            p
+        })
+        .collect();
+    let ahead = prefetched();
+    assert!(started.elapsed() < Duration::from_millis(150), "submitted before a fill ended");
+    assert_eq!(ahead, window_ops as u64, "reads started ahead of the held stream");
+    // The window slides while the stream is held: deferred reads start as fills end.
+    wait_until("a deferred read to start", || prefetched() > ahead);
+    gate.release();
+    rig.sync(stream);
+    drop(guard);
+    for (i, p) in ops.iter().enumerate() {
+        assert_eq!(bytes(p), OP_BYTES as isize, "op {i}");
+    }
+    assert_bytes(&rig.dev_bytes(buffer, OPS * OP_BYTES), &data, "every read");
+    let copies = rig.driver.async_stats().stream_copies.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(copies, OPS as u64, "every read copied on its stream");
+}
+
+/// The same reads past the driver's read-ahead budget, which another stream's slow
+/// staged read holds: none can start ahead, so each is read when its stream reaches it
+/// (in stream order, no read-ahead), every byte right, while that other read is still in.
+#[test]
+fn staged_slot_reads_past_the_budget_are_read_when_their_stream_reaches_them() {
+    let _serial = serial();
+    const OPS: usize = 6;
+    const OP_BYTES: usize = 4 * MIB;
+    let config = Config {
+        stream_copies: hipfile_runtime::config::StreamCopies::All,
+        stream_copy_slots: hipfile_runtime::config::StreamCopySlots::Pinned,
+        prefetch_budget_bytes: Some(OP_BYTES),
+        // One job per read, each stream on an executor of its own: the holder's slow
+        // read holds its executor's blocking thread, not the reader's.
+        request_parallelism: 1,
+        ..small_config()
+    };
+    let rig = Rig::with(1, config);
+    let data = pattern(72, (OPS + 1) * OP_BYTES);
+    let file = TempFile::new("slot-budget", &data);
+    let fd = file.open_rw();
+    let handle = rig.register(&fd);
+    let buffer = rig.alloc((OPS + 1) * OP_BYTES);
+    let (holder, reader) = (rig.registered_stream(7), rig.registered_stream(7));
+    let prefetched =
+        || rig.driver.async_stats().prefetched.load(std::sync::atomic::Ordering::SeqCst);
+    // The first file read (the holder's) takes 3 s; the rest are not slowed.
+    let guard = fault::install(Plan {
+        seed: 0x5108,
+        rules: vec![once(Site::FileRead, Fault::Delay(Duration::from_secs(3)))],
+    });
+    let held = params(OP_BYTES, (OPS * OP_BYTES) as i64, (OPS * OP_BYTES) as i64);
+    rig.read(handle, buffer, &held, holder);
+    wait_until("the holder's read to start", || guard.injected() == vec![1]);
+    let started = Instant::now();
+    let ops: Vec<_> = (0..OPS)
+        .map(|i| {
+            let p = params(OP_BYTES, (i * OP_BYTES) as i64, (i * OP_BYTES) as i64);
+            rig.read(handle, buffer, &p, reader);
+            p
+        })
+        .collect();
+    rig.sync(reader);
+    assert!(started.elapsed() < Duration::from_secs(2), "read while the budget was held");
+    assert_eq!(prefetched(), 1, "only the holder's read started ahead");
+    for (i, p) in ops.iter().enumerate() {
+        assert_eq!(bytes(p), OP_BYTES as isize, "op {i}");
+    }
+    assert_bytes(&rig.dev_bytes(buffer, OPS * OP_BYTES), &data[..OPS * OP_BYTES], "reads at arm");
+    rig.sync(holder);
+    drop(guard);
+    assert_eq!(bytes(&held), OP_BYTES as isize, "the holder's read");
+    let all = rig.dev_bytes(buffer, (OPS + 1) * OP_BYTES);
+    assert_bytes(&all[OPS * OP_BYTES..], &data[OPS * OP_BYTES..], "the holder's read");
+}

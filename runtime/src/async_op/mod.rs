@@ -188,7 +188,8 @@ pub(crate) struct AsyncOp {
     /// abandoned op releases without publishing, so this is not the machine's state).
     released_signal: (Mutex<bool>, std::sync::Condvar),
     /// A fully FIXED read that the stream's prefetch window did not admit at submission:
-    /// it is queued on the stream and starts prefetching when the window has room.
+    /// it is queued on the stream and starts prefetching (a staged slot read: reading
+    /// into its slot) when the window has room, unless the stream reaches it first.
     wants_deferred_prefetch: bool,
     /// Our write count of the file when the prefetch started (see [`prefetch`]).
     prefetch_generation: AtomicU64,
@@ -261,7 +262,14 @@ impl AsyncOp {
             Some(slot_use) => slot_use == stream_copy::SlotUse::StagedRead,
             None => AsyncOp::prefetchable(hazards, state, parts.direction, &parts.file, range),
         };
-        let prefetch = slot.is_none() && eligible && state.admit_prefetch(parts.io.size_bytes());
+        // A read staged into a slot of its own reads ahead within the stream's window and
+        // the driver's read-ahead budget like the engine's prefetch: past them it waits
+        // on the stream (started when the window has room, or read when the stream
+        // reaches it), so the engine works on the reads the streams need first instead
+        // of on every read in flight at once. A long op's pieces read ahead by their ring.
+        let reads_ahead = slot.is_none()
+            || (slot_use == Some(stream_copy::SlotUse::StagedRead) && piece.is_none());
+        let prefetch = reads_ahead && eligible && state.admit_prefetch(parts.io.size_bytes());
         let hazard = match parts.direction {
             Direction::Write => {
                 prefetch::note_write(&parts.file);
@@ -288,7 +296,7 @@ impl AsyncOp {
             holds_prefetch_window: AtomicBool::new(prefetch),
             blocking_fallback,
             released_signal: (Mutex::new(false), std::sync::Condvar::new()),
-            wants_deferred_prefetch: eligible && !prefetch && slot.is_none(),
+            wants_deferred_prefetch: eligible && !prefetch && reads_ahead,
             prefetch_generation: AtomicU64::new(0),
             prefetch_stamp: Mutex::new(None),
             hazard,

@@ -124,6 +124,9 @@ impl AsyncOp {
     /// Starts the prefetch of a fully FIXED read that the stream's window did not admit
     /// at submission, if the stream has not reached it yet and the window has room now.
     pub(super) fn try_start_deferred_prefetch(self: &Arc<Self>) -> DeferredStart {
+        if self.slot.is_some() {
+            return self.try_start_deferred_slot_read();
+        }
         let len_bytes = self.submitted.size_bytes();
         if self.end.is_abandoned() || self.gate.reached() {
             return DeferredStart::Gone;

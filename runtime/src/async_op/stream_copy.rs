@@ -23,12 +23,13 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use hipfile_core::{Direction, OpError, OpEvent, Outcome, ValidIo};
+use hipfile_core::{Direction, OpError, OpEvent, OpState, Outcome, ValidIo};
 
 use super::AsyncOp;
 use super::slots::{MAX_SLOT_BYTES, SLOT_BYTES, Slot, StreamKey};
 use crate::engine::{Completion, Engine, HostMemory, IoJob, JobEnd, PartJoiner};
 use crate::file::FileHandle;
+use crate::stream::DeferredStart;
 
 /// The engine staged the bytes (its outcome is in `slot_outcome`).
 const STAGED: u8 = 1;
@@ -45,6 +46,9 @@ const POSTED: u8 = 4;
 const QUEUED: u8 = 8;
 /// The op's stream was released (the slot holds what the destination must end up with).
 const RELEASED: u8 = 16;
+/// A staged read that the read-ahead window kept from starting ahead was read at its
+/// arm, in stream order: nothing it read can be stale.
+const READ_AT_ARM: u8 = 32;
 /// What a slot read's release needs: its bytes and its stream.
 const RELEASABLE: u8 = STAGED | ARMED;
 /// What a slot read's publication needs: its release and its copy's enqueue.
@@ -444,15 +448,75 @@ impl AsyncOp {
         recorded.unwrap_or(Outcome::Library(OpError::InternalError))
     }
 
-    /// The engine staged the op's bytes (or failed): release if the stream is there.
+    /// The engine staged the op's bytes (or failed): its share of the read-ahead window
+    /// goes back (the next deferred read of the stream may start), and the stream is
+    /// released if it is there.
     fn slot_staged(self: &Arc<Self>, outcome: Outcome) {
         *self.slot_outcome.lock().unwrap_or_else(|p| p.into_inner()) = Some(outcome);
+        self.release_prefetch_window();
         self.advance_slot_flow(STAGED);
     }
 
-    /// The stream reached a slot op (the poller's arm): release if the bytes are staged.
+    /// Claims the posting of a staged read's read into its slot: `true` for the one
+    /// caller that posts it (at submission when the window admitted it, else the deferred
+    /// start or the arm, whichever comes first).
+    pub(super) fn claim_slot_read(&self) -> bool {
+        self.slot_flow.fetch_or(POSTED, Ordering::SeqCst) & POSTED == 0
+    }
+
+    /// Starts the read into its slot of a staged read that the read-ahead window did not
+    /// admit at submission, once the window has room, unless the stream reached it (its
+    /// arm reads it then) or a write of ours submitted since overlaps it (the same).
+    pub(super) fn try_start_deferred_slot_read(self: &Arc<Self>) -> DeferredStart {
+        let len_bytes = self.submitted.size_bytes();
+        if self.end.is_abandoned() || self.slot_flow.load(Ordering::SeqCst) & POSTED != 0 {
+            return DeferredStart::Gone;
+        }
+        let Ok(engine) = self.host.engine() else { return DeferredStart::Gone };
+        if !self
+            .host
+            .write_hazards()
+            .may_prefetch(&self.file, super::prefetch::file_range(&self.submitted))
+        {
+            return DeferredStart::Gone;
+        }
+        if !self.stream.admit_prefetch(len_bytes) {
+            return DeferredStart::NoRoom;
+        }
+        self.holds_prefetch_window.store(true, Ordering::SeqCst);
+        let started = {
+            // Under the machine's lock, which the arm's step takes too: an op the stream
+            // reached first is its arm's to read.
+            let mut machine = self.machine();
+            machine.state() == OpState::Submitted
+                && machine.step(OpEvent::Prefetch).is_ok()
+                && self.claim_slot_read()
+        };
+        if !started {
+            // Given back without starting others: this runs inside `start_deferred`.
+            if self.holds_prefetch_window.swap(false, Ordering::SeqCst) {
+                self.stream.release_prefetch(len_bytes);
+            }
+            return DeferredStart::Gone;
+        }
+        self.note_prefetch_start();
+        self.host.async_stats().prefetched.fetch_add(1, Ordering::Relaxed);
+        self.post_slot_read(engine, self.submitted);
+        DeferredStart::Started
+    }
+
+    /// The stream reached a staged slot op (the poller's arm): release if the bytes are
+    /// staged. A read the window kept from starting ahead is read now, in stream order.
     pub(super) fn arm_slot(self: &Arc<Self>) {
         self.set_state(OpEvent::Arm);
+        if self.wants_deferred_prefetch && self.claim_slot_read() {
+            self.slot_flow.fetch_or(READ_AT_ARM, Ordering::SeqCst);
+            self.set_state(OpEvent::Start);
+            match self.host.engine() {
+                Ok(engine) => self.post_slot_read(engine, self.submitted),
+                Err(error) => self.slot_staged(Outcome::Library(error.code)),
+            }
+        }
         self.advance_slot_flow(ARMED);
     }
 
@@ -461,6 +525,7 @@ impl AsyncOp {
     /// stream from the host. No CUDA call unless the read came back short (the fill).
     fn release_slot_read(self: &Arc<Self>) {
         if self.stages_slot_at_submission()
+            && self.slot_flow.load(Ordering::SeqCst) & READ_AT_ARM == 0
             && !self.machine().prefetch_superseded()
             && !self.prefetch_still_fresh()
         {

@@ -97,7 +97,7 @@ impl AsyncOp {
         let admitted = self.holds_prefetch_window.load(Ordering::SeqCst);
         let prefetch_gate =
             if admitted && self.slot.is_none() { self.start_prefetch(engine) } else { None };
-        if self.stages_slot_at_submission() {
+        if self.stages_slot_at_submission() && !self.wants_deferred_prefetch {
             // A staged slot read prefetches without a gate (`stream_copy`).
             self.set_state(OpEvent::Prefetch);
             self.note_prefetch_start();
@@ -179,8 +179,9 @@ impl AsyncOp {
         // stream, which lets that thread, and then this enqueue, go on. The op publishes
         // once the enqueue is over; a failed enqueue ends it with hipFileHipDriverError
         // (it was accepted; nothing copies into its destination).
-        if copy_after_watch && self.stages_slot_at_submission() {
+        if copy_after_watch && self.stages_slot_at_submission() && !self.wants_deferred_prefetch {
             self.host.async_stats().prefetched.fetch_add(1, Ordering::Relaxed);
+            self.claim_slot_read();
             self.post_slot_read(engine, self.submitted);
         }
         if copy_after_watch && let Some(slot) = &self.slot {
