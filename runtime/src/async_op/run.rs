@@ -292,5 +292,11 @@ impl AsyncOp {
         // SAFETY: the word lives as long as the driver (see enqueue).
         unsafe { self.host.device().store_word_host(word.host_ptr, self.sequence) };
         self.host.async_stats().host_releases.fetch_add(1, Ordering::Relaxed);
+        // (The blocking fallback arms without the poller: none to start for it.)
+        if !self.blocking_fallback
+            && let Ok(poller) = self.host.arm_poller()
+        {
+            poller.note_release();
+        }
     }
 }
