@@ -54,16 +54,39 @@ else
 fi
 per_test_timeout=${HIPFILE_GPU_TEST_TIMEOUT:-60}
 selected() { [ -z "${HIPFILE_GPU_SUITES:-}" ] || [[ " $HIPFILE_GPU_SUITES " == *" $1 "* ]]; }
+# Known open on CUDA (README "Known limits"): the engine's path (HIPFILE_STREAM_COPIES=off)
+# with an application thread creating streams while ops hold streams deadlocks inside
+# CUDA; the test is the control of tests/gpu/lock-checks.sh. It runs in a process of its
+# own (a failed run leaves CUDA's lock held, and a later test of the same process hangs)
+# and is reported KNOWN when it fails, UNEXPECTED PASS (counted as a failure: the README
+# must change) when it passes.
+known_open="async_api streams::streams_made_while_engine_path_ops_hold_streams"
+known() {
+  local name=$1; shift
+  echo "== $name (known open on CUDA)"
+  if "$@"; then results+=("FAIL $name (UNEXPECTED PASS: update README Known limits)")
+  else results+=("KNOWN $name (exit $?; open, README Known limits)"); fi
+}
 for test in "$bundle"/tests/*; do
   [ -x "$test" ] && selected "$(basename "$test")" || continue
+  suite=$(basename "$test")
   # HIPFILE_GPU_WHOLE=1: each test binary once, its tests one after another in one
   # process (faster; a hang or crash fails the whole binary).
   if [ "${HIPFILE_GPU_WHOLE:-0}" = 1 ]; then
-    run "$(basename "$test") (whole, --test-threads=1)" timeout "$per_test_timeout" "$test" --test-threads=1
+    skip=()
+    if [ "$suite" = "${known_open%% *}" ]; then
+      skip=(--skip "${known_open#* }")
+      known "$suite::${known_open#* }" timeout "$per_test_timeout" "$test" --exact "${known_open#* }"
+    fi
+    run "$suite (whole, --test-threads=1)" timeout "$per_test_timeout" "$test" --test-threads=1 "${skip[@]}"
     continue
   fi
   for name in $("$test" --list 2>/dev/null | sed -n 's/: test$//p'); do
-    run "$(basename "$test")::$name" timeout "$per_test_timeout" "$test" --exact "$name" --nocapture
+    if [ "$suite $name" = "$known_open" ]; then
+      known "$suite::$name" timeout "$per_test_timeout" "$test" --exact "$name"
+      continue
+    fi
+    run "$suite::$name" timeout "$per_test_timeout" "$test" --exact "$name" --nocapture
   done
 done
 # The strict caller-thread mode: sync I/O completes while the application alone holds
@@ -82,5 +105,6 @@ echo
 echo "== GPU suite summary"
 printf '%s\n' "${results[@]}"
 pass=$(printf '%s\n' "${results[@]}" | grep -c '^PASS'); fail=$(printf '%s\n' "${results[@]}" | grep -c '^FAIL')
-echo "$pass passed, $fail failed"
+known_count=$(printf '%s\n' "${results[@]}" | grep -c '^KNOWN')
+echo "$pass passed, $fail failed, $known_count known open"
 [ "$fail" -eq 0 ]
