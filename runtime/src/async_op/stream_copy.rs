@@ -1,9 +1,11 @@
 //! Ops copied on the user's own stream (see [`super::slots`]): the op's slot, the copy
 //! enqueued at submission, and the release from the host.
 //!
-//! - A fully FIXED read inside the file ([`SlotUse::StagedRead`]) is posted at once; the
-//!   engine having staged the bytes and the stream having reached the op are two
-//!   finishers, and whichever comes second releases the stream. The op publishes
+//! - A fully FIXED read inside the file ([`SlotUse::StagedRead`]) is posted at once when
+//!   its stream's read-ahead window and the driver's budget admit it (as the engine's
+//!   prefetch: `prefetch`), else when they have room again or, at the latest, when the
+//!   stream reaches it; the engine having staged the bytes and the stream having reached
+//!   the op are two finishers, and whichever comes second releases the stream. The op publishes
 //!   (`*bytes_p`) once its copy's enqueue is over too: before the release when it is,
 //!   else when the enqueue ends (the release never waits for a CUDA call).
 //! - A read whose destination range is FIXED but whose file range is not known to lie
@@ -60,7 +62,8 @@ const DECLINED_READY: u8 = STAGED | ARMED | QUEUED;
 /// What an op's slot serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum SlotUse {
-    /// A fully FIXED read inside the file, staged into the slot at submission.
+    /// A fully FIXED read inside the file, staged into the slot ahead of its stream
+    /// (at submission, or later within the read-ahead window: at the latest at its arm).
     StagedRead,
     /// A read with a FIXED destination range, read into the slot when the stream reaches
     /// it (its file offset bound then).
@@ -83,9 +86,9 @@ impl AsyncOp {
     ///   FIXED, no overlapping write) of at most [`SLOT_BYTES`] on an idle stream (its
     ///   predecessor released).
     /// - With `all`, ops of at most [`MAX_SLOT_BYTES`]: a read that may prefetch and lies
-    ///   inside the file now is staged at once; any other read is read when the stream
-    ///   reaches it; a write has its stream copy the source into the slot before its
-    ///   doorbell. The slot copy is enqueued for the device range as submitted: when the
+    ///   inside the file now is staged ahead of its stream (within its read-ahead window);
+    ///   any other read is read when the stream reaches it; a write has its stream copy
+    ///   the source into the slot before its doorbell. The slot copy is enqueued for the device range as submitted: when the
     ///   stream's flags do not fix it (buffer offset and size), the op takes the slot on
     ///   the bet that it will not change, and declines it at arm if it did
     ///   ([`AsyncOp::declines_slot`]).
@@ -144,7 +147,8 @@ impl AsyncOp {
         self.slot_declined.load(Ordering::SeqCst)
     }
 
-    /// Whether the op is a read staged into its slot at submission.
+    /// Whether the op is a read staged into its slot ahead of its stream (at submission, or
+    /// as the read-ahead window lets it; at the latest at its arm).
     pub(super) fn stages_slot_at_submission(&self) -> bool {
         self.slot.is_some() && self.slot_use == Some(SlotUse::StagedRead)
     }
