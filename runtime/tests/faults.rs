@@ -881,60 +881,91 @@ fn a_read_declining_its_slot_while_its_copy_is_enqueued_leaves_the_submitted_ran
     assert_bytes(moved, &t.data[8192..8192 + 16 * KIB], "the bound range");
 }
 
+/// Reads of 4 MiB staged into pinned slots (`HIPFILE_STREAM_COPIES=all`; pinned slots are
+/// filled by one `pread` each, on every device): a rig under `config`, a file of `ops`
+/// reads' pattern bytes, its handle and a device buffer as long.
+struct StagedReads {
+    rig: Rig,
+    data: Vec<u8>,
+    _file: TempFile,
+    _fd: std::fs::File,
+    handle: HandleId,
+    buffer: u64,
+}
+
+const STAGED_OP_BYTES: usize = 4 * MIB;
+
+impl StagedReads {
+    fn new(tag: &str, ops: usize, config: Config) -> StagedReads {
+        let config = Config {
+            stream_copies: hipfile_runtime::config::StreamCopies::All,
+            stream_copy_slots: hipfile_runtime::config::StreamCopySlots::Pinned,
+            ..config
+        };
+        let rig = Rig::with(1, config);
+        let data = pattern(71, ops * STAGED_OP_BYTES);
+        let file = TempFile::new(tag, &data);
+        let fd = file.open_rw();
+        let handle = rig.register(&fd);
+        let buffer = rig.alloc(ops * STAGED_OP_BYTES);
+        StagedReads { rig, data, _file: file, _fd: fd, handle, buffer }
+    }
+
+    /// Submits read `i` (file and buffer offset `i` × 4 MiB) on `stream`.
+    fn read(&self, i: usize, stream: StreamHandle) -> Arc<AsyncParams> {
+        let offset = (i * STAGED_OP_BYTES) as i64;
+        let p = params(STAGED_OP_BYTES, offset, offset);
+        self.rig.read(self.handle, self.buffer, &p, stream);
+        p
+    }
+
+    /// Reads started ahead of their stream so far.
+    fn prefetched(&self) -> u64 {
+        self.rig.driver.async_stats().prefetched.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Checks reads `range` (each moved 4 MiB, the right bytes in place).
+    fn check(&self, range: std::ops::Range<usize>, ops: &[Arc<AsyncParams>], what: &str) {
+        for (i, p) in range.clone().zip(ops) {
+            assert_eq!(bytes(p), STAGED_OP_BYTES as isize, "{what}: op {i}");
+        }
+        let (start, end) = (range.start * STAGED_OP_BYTES, range.end * STAGED_OP_BYTES);
+        let got = self.rig.dev_bytes(self.buffer + start as u64, end - start);
+        assert_bytes(&got, &self.data[start..end], what);
+    }
+}
+
 /// `HIPFILE_STREAM_COPIES=all`: reads staged into slots of their own read ahead within
 /// their stream's read-ahead window, like the engine's prefetch, instead of all at once.
 /// With every file read slowed (200 ms), sixteen 4 MiB reads submitted on a held stream
 /// start no more than the window's worth (32 MiB: eight) before the first fills end; the
-/// rest start as those end or when the stream reaches them, and every byte lands. Pinned
-/// slots, whose fills are one `pread` each, on every device.
+/// rest start as those end or when the stream reaches them, and every byte lands.
 #[test]
 fn staged_slot_reads_read_ahead_within_the_stream_window() {
     let _serial = serial();
     const OPS: usize = 16;
-    const OP_BYTES: usize = 4 * MIB;
-    let config = Config {
-        stream_copies: hipfile_runtime::config::StreamCopies::All,
-        stream_copy_slots: hipfile_runtime::config::StreamCopySlots::Pinned,
-        // The driver-wide budget above the stream's window: the window bounds.
-        prefetch_budget_bytes: Some(256 * MIB),
-        ..small_config()
-    };
-    let rig = Rig::with(1, config);
-    let data = pattern(71, OPS * OP_BYTES);
-    let file = TempFile::new("slot-window", &data);
-    let fd = file.open_rw();
-    let handle = rig.register(&fd);
-    let buffer = rig.alloc(OPS * OP_BYTES);
-    let stream = rig.registered_stream(7);
-    let window_ops = hipfile_runtime::stream::PREFETCH_WINDOW_BYTES as usize / OP_BYTES;
-    let prefetched =
-        || rig.driver.async_stats().prefetched.load(std::sync::atomic::Ordering::SeqCst);
+    // The driver-wide budget above the stream's window: the window bounds.
+    let config = Config { prefetch_budget_bytes: Some(256 * MIB), ..small_config() };
+    let t = StagedReads::new("slot-window", OPS, config);
+    let stream = t.rig.registered_stream(7);
+    let window_ops = hipfile_runtime::stream::PREFETCH_WINDOW_BYTES as usize / STAGED_OP_BYTES;
     let guard = fault::install(Plan {
         seed: 0x5107,
         rules: vec![every(Site::FileRead, Fault::Delay(Duration::from_millis(200)))],
     });
-    let gate = rig.pause(stream).expect("pause");
+    let gate = t.rig.pause(stream).expect("pause");
     let started = Instant::now();
-    let ops: Vec<_> = (0..OPS)
-        .map(|i| {
-            let p = params(OP_BYTES, (i * OP_BYTES) as i64, (i * OP_BYTES) as i64);
-            rig.read(handle, buffer, &p, stream);
-            p
-        })
-        .collect();
-    let ahead = prefetched();
+    let ops: Vec<_> = (0..OPS).map(|i| t.read(i, stream)).collect();
+    let ahead = t.prefetched();
     assert!(started.elapsed() < Duration::from_millis(150), "submitted before a fill ended");
     assert_eq!(ahead, window_ops as u64, "reads started ahead of the held stream");
     // The window slides while the stream is held: deferred reads start as fills end.
-    wait_until("a deferred read to start", || prefetched() > ahead);
+    wait_until("a deferred read to start", || t.prefetched() > ahead);
     gate.release();
-    rig.sync(stream);
+    t.rig.sync(stream);
     drop(guard);
-    for (i, p) in ops.iter().enumerate() {
-        assert_eq!(bytes(p), OP_BYTES as isize, "op {i}");
-    }
-    assert_bytes(&rig.dev_bytes(buffer, OPS * OP_BYTES), &data, "every read");
-    let copies = rig.driver.async_stats().stream_copies.load(std::sync::atomic::Ordering::SeqCst);
+    t.check(0..OPS, &ops, "every read");
+    let copies = t.rig.driver.async_stats().stream_copies.load(std::sync::atomic::Ordering::SeqCst);
     assert_eq!(copies, OPS as u64, "every read copied on its stream");
 }
 
@@ -945,51 +976,29 @@ fn staged_slot_reads_read_ahead_within_the_stream_window() {
 fn staged_slot_reads_past_the_budget_are_read_when_their_stream_reaches_them() {
     let _serial = serial();
     const OPS: usize = 6;
-    const OP_BYTES: usize = 4 * MIB;
     let config = Config {
-        stream_copies: hipfile_runtime::config::StreamCopies::All,
-        stream_copy_slots: hipfile_runtime::config::StreamCopySlots::Pinned,
-        prefetch_budget_bytes: Some(OP_BYTES),
+        prefetch_budget_bytes: Some(STAGED_OP_BYTES),
         // One job per read, each stream on an executor of its own: the holder's slow
         // read holds its executor's blocking thread, not the reader's.
         request_parallelism: 1,
         ..small_config()
     };
-    let rig = Rig::with(1, config);
-    let data = pattern(72, (OPS + 1) * OP_BYTES);
-    let file = TempFile::new("slot-budget", &data);
-    let fd = file.open_rw();
-    let handle = rig.register(&fd);
-    let buffer = rig.alloc((OPS + 1) * OP_BYTES);
-    let (holder, reader) = (rig.registered_stream(7), rig.registered_stream(7));
-    let prefetched =
-        || rig.driver.async_stats().prefetched.load(std::sync::atomic::Ordering::SeqCst);
+    let t = StagedReads::new("slot-budget", OPS + 1, config);
+    let (holder, reader) = (t.rig.registered_stream(7), t.rig.registered_stream(7));
     // The first file read (the holder's) takes 3 s; the rest are not slowed.
     let guard = fault::install(Plan {
         seed: 0x5108,
         rules: vec![once(Site::FileRead, Fault::Delay(Duration::from_secs(3)))],
     });
-    let held = params(OP_BYTES, (OPS * OP_BYTES) as i64, (OPS * OP_BYTES) as i64);
-    rig.read(handle, buffer, &held, holder);
+    let held = t.read(OPS, holder);
     wait_until("the holder's read to start", || guard.injected() == vec![1]);
     let started = Instant::now();
-    let ops: Vec<_> = (0..OPS)
-        .map(|i| {
-            let p = params(OP_BYTES, (i * OP_BYTES) as i64, (i * OP_BYTES) as i64);
-            rig.read(handle, buffer, &p, reader);
-            p
-        })
-        .collect();
-    rig.sync(reader);
+    let ops: Vec<_> = (0..OPS).map(|i| t.read(i, reader)).collect();
+    t.rig.sync(reader);
     assert!(started.elapsed() < Duration::from_secs(2), "read while the budget was held");
-    assert_eq!(prefetched(), 1, "only the holder's read started ahead");
-    for (i, p) in ops.iter().enumerate() {
-        assert_eq!(bytes(p), OP_BYTES as isize, "op {i}");
-    }
-    assert_bytes(&rig.dev_bytes(buffer, OPS * OP_BYTES), &data[..OPS * OP_BYTES], "reads at arm");
-    rig.sync(holder);
+    assert_eq!(t.prefetched(), 1, "only the holder's read started ahead");
+    t.check(0..OPS, &ops, "reads at arm");
+    t.rig.sync(holder);
     drop(guard);
-    assert_eq!(bytes(&held), OP_BYTES as isize, "the holder's read");
-    let all = rig.dev_bytes(buffer, (OPS + 1) * OP_BYTES);
-    assert_bytes(&all[OPS * OP_BYTES..], &data[OPS * OP_BYTES..], "the holder's read");
+    t.check(OPS..OPS + 1, &[held], "the holder's read");
 }
