@@ -152,6 +152,13 @@ pub struct RunArgs {
     #[arg(long, value_name = "SECS", default_value_t = 60,
           value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub case_timeout: u64,
+    /// `--mode sweep`: cases one child process runs one after another, with one driver
+    /// (1: each case in a process of its own). A process starts CUDA, the engine and its
+    /// memory once for them; a case that is not PASS ends it, and the rest run in a new
+    /// one.
+    #[arg(long, value_name = "N", default_value_t = 8,
+          value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub cases_per_process: u32,
     /// `--mode batch`: entries per batch (and async ops in flight), comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "32,128",
           value_parser = clap::value_parser!(u32).range(1..=128))]
@@ -160,13 +167,15 @@ pub struct RunArgs {
     /// device `s mod N`, each device with its own buffer); default: all on device 0.
     #[arg(long)]
     pub spread_devices: bool,
-    /// `--mode sweep`, internal: run one case in this process (`read:24:mixed:4M:4`).
+    /// `--mode sweep`, internal: run these cases in this process, one after another
+    /// (`read:24:mixed:4M:4`, comma-separated).
     #[arg(long, hide = true, value_name = "CASE")]
     pub sweep_case: Option<String>,
     /// `--mode sweep`, for tests: every case pauses its streams for good before it
     /// submits, so that it hangs and the HANG path runs.
-    #[arg(long, hide = true)]
-    pub sweep_selftest_hang: bool,
+    /// With a stream count, only the cases of that many streams hang.
+    #[arg(long, hide = true, value_name = "STREAMS", num_args = 0..=1, default_missing_value = "0")]
+    pub sweep_selftest_hang: Option<u32>,
 }
 
 impl RunArgs {

@@ -1,7 +1,9 @@
 //! `--mode sweep`: the stream-count sweep. Cases = streams × registration flag sets ×
-//! op sizes × (read, write); each case runs in a child process (this binary again, with
-//! `--sweep-case`) under `--case-timeout`. A child that does not finish in time is asked
-//! for the driver's pending report (SIGUSR1), then killed, and the case is a HANG.
+//! op sizes × (read, write); the cases run in child processes (this binary again, with
+//! `--sweep-case`), up to `--cases-per-process` one after another in each, each case
+//! under `--case-timeout`. A child whose case does not finish in time is asked for the
+//! driver's pending report (SIGUSR1), then killed, and the case is a HANG; the cases
+//! after it run in a new child, as do those after a case that is not PASS.
 
 use std::io::Read;
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -106,7 +108,9 @@ struct SweepRow {
     /// First submit to last stream synchronized.
     seconds: Option<f64>,
     gib_per_s: Option<f64>,
-    /// The child process from start to exit (or kill).
+    /// The case's time in its child process: for the case a child ended in, from its
+    /// start (the previous case's result, or the child's start) to the exit or kill; for
+    /// the others, their own seconds.
     case_seconds: f64,
     detail: Option<String>,
     /// The end of the child's stderr for a case that is not PASS: the pending report of
@@ -287,15 +291,28 @@ enum Ending {
     },
 }
 
-/// Polls `child` until it exits or `timeout` passes; then asks it for its pending report
-/// (SIGUSR1), gives it [`REPORT_GRACE`] to print it, and kills it (SIGKILL).
-fn supervise(child: &mut Child, timeout: Duration, stderr: &Captured) -> Ending {
-    let deadline = Instant::now() + timeout;
+/// Polls `child` until it exits or one of its cases runs past `timeout` (`done` counts
+/// the cases it finished: each one restarts the clock); then asks it for its pending
+/// report (SIGUSR1), gives it [`REPORT_GRACE`] to print it, and kills it (SIGKILL). Also
+/// returns when the case it was running started.
+fn supervise(
+    child: &mut Child,
+    timeout: Duration,
+    stderr: &Captured,
+    done: impl Fn() -> usize,
+) -> (Ending, Instant) {
+    let mut case_started = Instant::now();
+    let mut finished = 0;
     loop {
         if let Ok(Some(status)) = child.try_wait() {
-            return Ending::Exited(status);
+            return (Ending::Exited(status), case_started);
         }
-        if Instant::now() >= deadline {
+        let now = Instant::now();
+        let count = done();
+        if count > finished {
+            (finished, case_started) = (count, now);
+        }
+        if now >= case_started + timeout {
             break;
         }
         std::thread::sleep(POLL);
@@ -321,7 +338,7 @@ fn supervise(child: &mut Child, timeout: Duration, stderr: &Captured) -> Ending 
         }
         std::thread::sleep(POLL);
     };
-    Ending::TimedOut { reported, reaped }
+    (Ending::TimedOut { reported, reaped }, case_started)
 }
 
 /// Starts children: this program with the options a case needs.
@@ -351,8 +368,8 @@ impl Launcher {
         add("--device", name(args.device.and_then(|d| d.to_possible_value())));
         add("--direct", name(args.direct.and_then(|d| d.to_possible_value())));
         add("--threads", args.threads.map(|t| t.to_string()));
-        if args.sweep_selftest_hang {
-            common.push("--sweep-selftest-hang".into());
+        if let Some(streams) = args.sweep_selftest_hang {
+            common.push(format!("--sweep-selftest-hang={streams}").into());
         }
         if args.spread_devices {
             common.push("--spread-devices".into());
@@ -360,12 +377,16 @@ impl Launcher {
         Ok(Launcher { program, common, timeout: Duration::from_secs(args.case_timeout) })
     }
 
-    /// Runs one case in a child process.
-    fn run(&self, case: &SweepCase) -> SweepRow {
-        let started = Instant::now();
+    /// Runs `cases` (at least one) one after another in one child process, each under
+    /// the time limit. Returns the rows of the cases it reached, in order: each case
+    /// with a result, and where the child stopped early, the case it stopped in (HANG
+    /// past the limit, FAIL when it ended without that case's result); the caller runs
+    /// the rest in a new child. A child stops after a case that is not PASS.
+    fn run(&self, cases: &[SweepCase]) -> Vec<SweepRow> {
+        let specs: Vec<String> = cases.iter().map(|c| c.spec.to_arg()).collect();
         let spawned = Command::new(&self.program)
             .args(&self.common)
-            .args(["--sweep-case", &case.spec.to_arg()])
+            .args(["--sweep-case", &specs.join(&sweep_case::CASE_SEPARATOR.to_string())])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -373,26 +394,38 @@ impl Launcher {
         let mut child = match spawned {
             Ok(child) => child,
             Err(e) => {
-                let mut row = SweepRow::new(case, Status::Fail, 0.0);
+                let mut row = SweepRow::new(&cases[0], Status::Fail, 0.0);
                 row.detail = Some(format!("starting {}: {e}", self.program.display()));
-                return row;
+                return vec![row];
             }
         };
         let mut stdout = Captured::start(child.stdout.take());
         let mut stderr = Captured::start(child.stderr.take());
-        let ending = supervise(&mut child, self.timeout, &stderr);
-        let seconds = started.elapsed().as_secs_f64();
+        let done = || results_of(&stdout.text()).len();
+        let (ending, case_started) = supervise(&mut child, self.timeout, &stderr, done);
+        let seconds = case_started.elapsed().as_secs_f64();
         if !matches!(ending, Ending::TimedOut { reaped: false, .. }) {
             stdout.finish();
             stderr.finish();
         }
-        match ending {
-            Ending::Exited(status) => {
-                exited_row(case, status, &stdout.text(), &stderr.text(), seconds)
-            }
+        let results = results_of(&stdout.text());
+        let count = results.len().min(cases.len());
+        // The case the child's end belongs to: its last result's when that one failed or
+        // every case has one, else the first case without a result.
+        let last_failed = count > 0 && results[count - 1].status != "PASS";
+        let (at, result) = if last_failed || count == cases.len() {
+            (count - 1, Some(&results[count - 1]))
+        } else {
+            (count, None)
+        };
+        let mut rows: Vec<SweepRow> =
+            cases[..at].iter().zip(&results).map(|(case, r)| result_row(case, r)).collect();
+        let case = &cases[at];
+        rows.push(match ending {
+            Ending::Exited(status) => exited_row(case, status, result, &stderr.text(), seconds),
             Ending::TimedOut { reported, reaped } => {
                 let mut row = SweepRow::new(case, Status::Hang, seconds);
-                let mut detail = match result_of(&stdout.text()) {
+                let mut detail = match result {
                     Some(r) => format!(
                         "result {} printed, then no exit within {} s",
                         r.status,
@@ -413,49 +446,67 @@ impl Launcher {
                 row.stderr_tail = tail(&stderr.text(), HANG_TAIL_LINES);
                 row
             }
-        }
+        });
+        rows
     }
 }
 
-/// The child's result line, if it printed one.
-fn result_of(stdout: &str) -> Option<CaseResult> {
+/// The child's result lines, in order.
+fn results_of(stdout: &str) -> Vec<CaseResult> {
     stdout
         .lines()
-        .rev()
-        .find_map(|line| line.strip_prefix(RESULT_PREFIX))
-        .and_then(|json| serde_json::from_str(json).ok())
+        .filter_map(|line| line.strip_prefix(RESULT_PREFIX))
+        .filter_map(|json| serde_json::from_str(json).ok())
+        .collect()
 }
 
-/// The row of a child that exited: its result line, else how it ended.
+/// The row of a case whose result the child printed before going on to the next.
+fn result_row(case: &SweepCase, result: &CaseResult) -> SweepRow {
+    let mut row = SweepRow::new(case, Status::Fail, result.seconds.unwrap_or(0.0));
+    match result.status.as_str() {
+        "PASS" => {
+            row.status = Status::Pass;
+            row.seconds = result.seconds;
+            row.gib_per_s = result.seconds.map(|s| case.spec.bytes() as f64 / GIB / s.max(1e-9));
+        }
+        status => {
+            row.status = if status == "WRONG" { Status::Wrong } else { Status::Fail };
+            row.detail.clone_from(&result.detail);
+        }
+    }
+    row
+}
+
+/// The row of the case a child ended in: its result line (`None`: it printed none),
+/// else how it ended.
 fn exited_row(
     case: &SweepCase,
     status: ExitStatus,
-    stdout: &str,
+    result: Option<&CaseResult>,
     stderr: &str,
     case_seconds: f64,
 ) -> SweepRow {
     use std::os::unix::process::ExitStatusExt;
-    let result = result_of(stdout);
     let ended = match (status.code(), status.signal()) {
         (Some(code), _) => format!("exit status {code}"),
         (None, Some(signal)) => format!("killed by signal {signal}"),
         (None, None) => format!("{status}"),
     };
-    let mut row = SweepRow::new(case, Status::Fail, case_seconds);
-    match result {
-        Some(r) if r.status == "PASS" && status.success() => {
-            row.status = Status::Pass;
-            row.seconds = r.seconds;
-            row.gib_per_s = r.seconds.map(|s| case.spec.bytes() as f64 / GIB / s.max(1e-9));
-            return row;
+    let mut row = match result {
+        Some(r) if r.status == "PASS" && status.success() => return result_row(case, r),
+        Some(r) if r.status == "PASS" => {
+            let mut row = SweepRow::new(case, Status::Fail, case_seconds);
+            row.detail = Some(format!("result PASS, then {ended}"));
+            row
         }
-        Some(r) if r.status == "PASS" => row.detail = Some(format!("result PASS, then {ended}")),
-        Some(r) => {
-            row.status = if r.status == "WRONG" { Status::Wrong } else { Status::Fail };
-            row.detail = r.detail;
+        Some(r) => result_row(case, r),
+        None => {
+            let mut row = SweepRow::new(case, Status::Fail, case_seconds);
+            row.detail = Some(format!("{ended}, no result"));
+            row
         }
-        None => row.detail = Some(format!("{ended}, no result")),
-    }
+    };
+    row.case_seconds = case_seconds;
     row.stderr_tail = tail(stderr, FAIL_TAIL_LINES);
     row
 }
@@ -534,7 +585,8 @@ fn describe(args: &RunArgs, streams: &[u32], sizes: &[u64], cases: usize, cap: u
         args.ops_per_stream
     );
     println!(
-        "sweep: each case in a child process, HANG after {} s (SIGUSR1 for the pending report, then SIGKILL); a case over {} (the file) runs fewer ops per stream, then smaller ops",
+        "sweep: cases in child processes, up to {} one after another in each (a new one after a case that is not PASS), HANG after {} s per case (SIGUSR1 for the pending report, then SIGKILL); a case over {} (the file) runs fewer ops per stream, then smaller ops",
+        args.cases_per_process,
         args.case_timeout,
         format_size(cap)
     );
@@ -567,14 +619,18 @@ pub fn main(args: &RunArgs) -> Result<bool> {
     let cases = plan_cases(args, &streams, &sizes, size);
     describe(args, &streams, &sizes, cases.len(), size);
     let launcher = Launcher::new(args, &file)?;
+    let per_process = args.cases_per_process as usize;
     let mut rows = Vec::with_capacity(cases.len());
-    for case in &cases {
-        let row = launcher.run(case);
-        print!("{}", row.text());
-        if !case.spec.read && row.status != Status::Pass {
-            restore(&file, case, &mut scratch)?;
+    while rows.len() < cases.len() {
+        let next = rows.len();
+        let batch = &cases[next..(next + per_process).min(cases.len())];
+        for (case, row) in batch.iter().zip(launcher.run(batch)) {
+            print!("{}", row.text());
+            if !case.spec.read && row.status != Status::Pass {
+                restore(&file, case, &mut scratch)?;
+            }
+            rows.push(row);
         }
-        rows.push(row);
     }
     print!("{}", summary(&rows));
     let ok = count(&rows, Status::Pass) == rows.len();
@@ -625,23 +681,39 @@ mod tests {
                 "noise\n{RESULT_PREFIX}{{\"status\":\"{status}\",\"seconds\":{seconds},\"detail\":\"d\"}}\n"
             )
         };
-        let pass = exited_row(&case(), ok, &line("PASS", "0.5"), "", 1.0);
+        let result = |status: &str, seconds: &str| results_of(&line(status, seconds)).pop();
+        let pass = exited_row(&case(), ok, result("PASS", "0.5").as_ref(), "", 1.0);
         assert_eq!((pass.status, pass.seconds), (Status::Pass, Some(0.5)));
         assert!((pass.gib_per_s.unwrap() - 8.0 / 1024.0 / 0.5).abs() < 1e-12);
         assert!(
             pass.text().contains("io=1M ops=8 PASS 0.500 s 0.0156 GiB/s (fitted: asked io=16M")
         );
-        let wrong = exited_row(&case(), failed, &line("WRONG", "null"), "err\n", 1.0);
+        let wrong = exited_row(&case(), failed, result("WRONG", "null").as_ref(), "err\n", 1.0);
         assert_eq!((wrong.status, wrong.detail.as_deref()), (Status::Wrong, Some("d")));
-        let crash = exited_row(&case(), killed, "", "a\nb\n", 1.0);
+        assert_eq!(wrong.stderr_tail, ["err"]);
+        let crash = exited_row(&case(), killed, None, "a\nb\n", 1.0);
         assert_eq!(crash.status, Status::Fail);
         assert_eq!(crash.detail.as_deref(), Some("killed by signal 9, no result"));
         assert_eq!(crash.stderr_tail, ["a", "b"]);
-        let late = exited_row(&case(), failed, &line("PASS", "0.5"), "", 1.0);
+        let late = exited_row(&case(), failed, result("PASS", "0.5").as_ref(), "", 1.0);
         assert_eq!(late.detail.as_deref(), Some("result PASS, then exit status 1"));
         assert!(summary(&[pass, wrong, crash]).starts_with(
             "sweep: 3 cases, 1 PASS, 0 HANG, 1 FAIL, 1 WRONG\n  not PASS: read streams=2"
         ));
+    }
+
+    #[test]
+    fn results_are_read_in_order_past_noise() {
+        let out = format!(
+            "{RESULT_PREFIX}{{\"status\":\"PASS\",\"seconds\":0.25,\"detail\":null}}\nnoise\n\
+             {RESULT_PREFIX}not json\n{RESULT_PREFIX}{{\"status\":\"FAIL\",\"seconds\":null,\"detail\":\"x\"}}\n"
+        );
+        let results = results_of(&out);
+        let statuses: Vec<&str> = results.iter().map(|r| r.status.as_str()).collect();
+        assert_eq!(statuses, ["PASS", "FAIL"]);
+        let rows: Vec<SweepRow> = results.iter().map(|r| result_row(&case(), r)).collect();
+        assert_eq!((rows[0].status, rows[0].seconds), (Status::Pass, Some(0.25)));
+        assert_eq!((rows[1].status, rows[1].detail.as_deref()), (Status::Fail, Some("x")));
     }
 
     #[test]

@@ -134,34 +134,50 @@ pub struct CaseResult {
     pub detail: Option<String>,
 }
 
-/// Runs the case `--sweep-case` names in this process and prints its result line;
-/// `Ok(false)` when it is not PASS.
+/// Separates the cases of one `--sweep-case` argument.
+pub const CASE_SEPARATOR: char = ',';
+
+/// Runs the cases `--sweep-case` names (one, or several separated by
+/// [`CASE_SEPARATOR`]) in this process, one after another with one driver, and prints a
+/// result line for each; stops after the first that is not PASS (the parent runs the
+/// rest in a new process). `Ok(false)` when one is not PASS.
 ///
 /// # Errors
 /// No `--file` / `--file-size`, a bad case, or no device / driver (the parent reports
 /// these as FAIL with this process's stderr).
 pub fn run(args: &RunArgs, text: &str) -> Result<bool> {
     sys::catch_sigusr1().ctx("installing the SIGUSR1 handler")?;
-    let spec = CaseSpec::parse(text).map_err(Failure)?;
+    let specs = text
+        .split(CASE_SEPARATOR)
+        .map(CaseSpec::parse)
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(Failure)?;
     let (Some(path), Some(size)) = (&args.file, args.file_size) else {
         return fail("--sweep-case needs --file and --file-size");
     };
     let env = open_env(args.device, args.threads, args.direct, &runner::file_dir(path))?;
     let watchdog = Watchdog::start(&env.driver);
-    let outcome = run_case(&env, path, size, &spec, args);
+    for spec in &specs {
+        let result = match run_case(&env, path, size, spec, args) {
+            Ok(seconds) => {
+                CaseResult { status: "PASS".into(), seconds: Some(seconds), detail: None }
+            }
+            Err(RunError::Wrong(detail)) => {
+                CaseResult { status: "WRONG".into(), seconds: None, detail: Some(detail) }
+            }
+            Err(RunError::Failed(detail)) => {
+                CaseResult { status: "FAIL".into(), seconds: None, detail: Some(detail) }
+            }
+        };
+        let json = serde_json::to_string(&result).ctx("encoding the result")?;
+        // One line each (stdout is line-buffered): the parent counts them as they come.
+        println!("{RESULT_PREFIX}{json}");
+        if result.status != "PASS" {
+            return Ok(false);
+        }
+    }
     drop(watchdog);
-    let result = match outcome {
-        Ok(seconds) => CaseResult { status: "PASS".into(), seconds: Some(seconds), detail: None },
-        Err(RunError::Wrong(detail)) => {
-            CaseResult { status: "WRONG".into(), seconds: None, detail: Some(detail) }
-        }
-        Err(RunError::Failed(detail)) => {
-            CaseResult { status: "FAIL".into(), seconds: None, detail: Some(detail) }
-        }
-    };
-    let json = serde_json::to_string(&result).ctx("encoding the result")?;
-    println!("{RESULT_PREFIX}{json}");
-    Ok(result.status == "PASS")
+    Ok(true)
 }
 
 /// The case's streams and buffers: one device buffer per device the streams are spread
@@ -230,8 +246,14 @@ fn run_case(
         .collect();
     prepare(env, &file, &mut rig, spec)?;
     // Held (never opened) until the process is killed: the case hangs on purpose.
-    let _gates =
-        if args.sweep_selftest_hang { pause_all(&env.device, &rig.streams)? } else { Vec::new() };
+    let _gates = if args
+        .sweep_selftest_hang
+        .is_some_and(|streams| streams == 0 || streams as usize == spec.streams)
+    {
+        pause_all(&env.device, &rig.streams)?
+    } else {
+        Vec::new()
+    };
     let timer = Timer::start();
     for (s, i) in round_robin(&plan) {
         env.driver
@@ -248,6 +270,12 @@ fn run_case(
     let (seconds, _) = timer.stop();
     check_counts(&plan, &params)?;
     if spec.read { check_device(env, &mut rig, spec) } else { check_file(&file, &mut rig, spec) }?;
+    // The process's next case registers its own file handle and buffers (every stream
+    // is synchronized: nothing uses these any more).
+    for dev in &rig.devs {
+        env.driver.buf_deregister(dev.addr).ctx("buf_deregister").map_err(failed("cleanup"))?;
+    }
+    env.driver.handle_deregister(handle);
     Ok(seconds)
 }
 

@@ -132,6 +132,58 @@ fn a_hanging_case_is_reported_as_hang_within_its_timeout() {
     assert!(elapsed < Duration::from_secs(60), "took {elapsed:?}");
 }
 
+/// Several cases per child process (the default, 8): the 2-stream cases hang on purpose
+/// and are reported HANG, each with its pending report; the cases before them keep the
+/// results their process printed, and the cases after each hang run in a new process
+/// and pass.
+#[test]
+fn after_a_hang_the_rest_of_its_process_cases_run_in_a_new_one() {
+    let (output, elapsed) = bench(&[
+        "--mode",
+        "sweep",
+        "--streams",
+        "1,2,4",
+        "--io-size",
+        "4K",
+        "--sweep-flags",
+        "mixed",
+        "--ops-per-stream",
+        "1",
+        "--case-timeout",
+        "2",
+        "--sweep-selftest-hang=2",
+    ]);
+    let (stdout, stderr) = (text(&output.stdout), text(&output.stderr));
+    assert!(!output.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(stdout.contains("sweep: 6 cases, 4 PASS, 2 HANG, 0 FAIL, 0 WRONG"), "{stdout}");
+    let rows: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.starts_with("sweep read") || l.starts_with("sweep write"))
+        .collect();
+    let verdicts: Vec<(&str, &str)> = rows
+        .iter()
+        .map(|row| {
+            let streams = row.split_whitespace().find(|w| w.starts_with("streams=")).unwrap();
+            let status = row.split_whitespace().nth(6).unwrap().trim_end_matches(':');
+            (streams, status)
+        })
+        .collect();
+    assert_eq!(
+        verdicts,
+        [
+            ("streams=1", "PASS"),
+            ("streams=1", "PASS"),
+            ("streams=2", "HANG"),
+            ("streams=2", "HANG"),
+            ("streams=4", "PASS"),
+            ("streams=4", "PASS"),
+        ],
+        "{stdout}"
+    );
+    assert_eq!(stdout.matches("| hipfile pending report:").count(), 2, "{stdout}");
+    assert!(elapsed < Duration::from_secs(60), "took {elapsed:?}");
+}
+
 #[test]
 fn four_devices_load_their_shards_at_once() {
     let (output, _) = bench_with(
