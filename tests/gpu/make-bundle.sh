@@ -30,6 +30,18 @@ cargo build --release -p hipfile-bench >/dev/null
 mkdir -p "$out/bin" && cp target/release/hipfile-bench "$out/bin/"
 # Without debug info the bundle fits the device tool's 64 MiB carry limit.
 strip "$out/bin/hipfile-bench" "$out/lib/libhipfile.so.0"
+# BASELINE=REV: hipfile-bench as of that commit too, for same-call A/B runs
+# (benches/scripts/ab-binaries.sh), built in a worktree of its own.
+if [ -n "${BASELINE:-}" ]; then
+  base_tree=$(mktemp -d /tmp/hipfile-baseline.XXXXXX)
+  git worktree add -q --detach "$base_tree" "$BASELINE"
+  CARGO_TARGET_DIR=${BASELINE_TARGET_DIR:-/tmp/hipfile-baseline-target} \
+    cargo build --release -p hipfile-bench --manifest-path "$base_tree/Cargo.toml" >/dev/null
+  cp "${BASELINE_TARGET_DIR:-/tmp/hipfile-baseline-target}/release/hipfile-bench" "$out/bin/hipfile-bench-base"
+  strip "$out/bin/hipfile-bench-base"
+  git worktree remove --force "$base_tree"
+  echo "baseline: hipfile-bench of $(git rev-parse --short "$BASELINE") in $out/bin/hipfile-bench-base"
+fi
 # The Python wheel (abi3), when python/run-tests.sh has made python/.venv with maturin.
 if [ -x python/.venv/bin/maturin ]; then
   mkdir -p "$out/python"
