@@ -5,9 +5,9 @@
 //!   its stream's read-ahead window and the driver's budget admit it (as the engine's
 //!   prefetch: `prefetch`), else when they have room again or, at the latest, when the
 //!   stream reaches it; the engine having staged the bytes and the stream having reached
-//!   the op are two finishers, and whichever comes second releases the stream. The op publishes
-//!   (`*bytes_p`) once its copy's enqueue is over too: before the release when it is,
-//!   else when the enqueue ends (the release never waits for a CUDA call).
+//!   the op are two finishers, and whichever comes second releases the stream. The op
+//!   publishes (`*bytes_p`) once its copy's enqueue is over too: before the release when
+//!   it is, else when the enqueue ends (the release never waits for a CUDA call).
 //! - A read whose destination range is FIXED but whose file range is not known to lie
 //!   inside the file, or may not be read ahead ([`SlotUse::ReadAtArm`]: its file offset
 //!   binds late, it reaches past the end of the file now, or an unfinished write overlaps
@@ -88,8 +88,9 @@ impl AsyncOp {
     /// - With `all`, ops of at most [`MAX_SLOT_BYTES`]: a read that may prefetch and lies
     ///   inside the file now is staged ahead of its stream (within its read-ahead window);
     ///   any other read is read when the stream reaches it; a write has its stream copy
-    ///   the source into the slot before its doorbell. The slot copy is enqueued for the device range as submitted: when the
-    ///   stream's flags do not fix it (buffer offset and size), the op takes the slot on
+    ///   the source into the slot before its doorbell. The slot copy is enqueued for the
+    ///   device range as submitted: when the stream's flags do not fix it (buffer offset
+    ///   and size), the op takes the slot on
     ///   the bet that it will not change, and declines it at arm if it did
     ///   ([`AsyncOp::declines_slot`]).
     pub(super) fn wants_slot(
