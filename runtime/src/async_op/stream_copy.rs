@@ -90,9 +90,8 @@ impl AsyncOp {
     ///   any other read is read when the stream reaches it; a write has its stream copy
     ///   the source into the slot before its doorbell. The slot copy is enqueued for the
     ///   device range as submitted: when the stream's flags do not fix it (buffer offset
-    ///   and size), the op takes the slot on
-    ///   the bet that it will not change, and declines it at arm if it did
-    ///   ([`AsyncOp::declines_slot`]).
+    ///   and size), the op takes the slot on the bet that it will not change, and
+    ///   declines it at arm if it did ([`AsyncOp::declines_slot`]).
     pub(super) fn wants_slot(
         host: &dyn super::OpHost,
         blocking_fallback: bool,
