@@ -160,7 +160,7 @@ pub struct ProfileStart {
 /// The async path's round-trip counters (`AsyncStats`): arm-to-release ns and ops,
 /// release-to-next-arm ns and arms.
 #[derive(Clone, Copy, Debug, Default)]
-struct RoundTripCounters([u64; 4]);
+struct RoundTripCounters([u64; 5]);
 
 impl RoundTripCounters {
     fn now(b: &Bench) -> RoundTripCounters {
@@ -171,6 +171,7 @@ impl RoundTripCounters {
             load(&a.timed_releases),
             load(&a.release_to_arm_ns),
             load(&a.timed_arms),
+            load(&a.arm_look_gap_ns),
         ])
     }
 
@@ -181,6 +182,7 @@ impl RoundTripCounters {
         (d(1) > 0).then(|| AsyncRoundTrip {
             arm_to_release_us: mean_us(d(0), d(1)),
             release_to_arm_us: mean_us(d(2), d(3)),
+            arm_look_gap_us: mean_us(d(4), d(3)),
         })
     }
 }
@@ -195,6 +197,9 @@ pub struct AsyncRoundTrip {
     /// Mean µs from a release enqueued to the next arm on that stream (device: copy,
     /// release, next doorbell; then the poller noticing it).
     pub release_to_arm_us: f64,
+    /// Of that, mean µs between the poller's look that found the next doorbell and its
+    /// look before: the doorbell rang in that gap, so it bounds the poller's share.
+    pub arm_look_gap_us: f64,
 }
 
 impl ProfileStart {
@@ -323,8 +328,8 @@ impl Profile {
         }
         if let Some(r) = &self.round_trip {
             out.push_str(&format!(
-                "    async round trip per op and stream: arm to release enqueued {:.1} us (host), release to next arm {:.1} us (device + poller)\n",
-                r.arm_to_release_us, r.release_to_arm_us
+                "    async round trip per op and stream: arm to release enqueued {:.1} us (host), release to next arm {:.1} us (device + poller; the poller's looks {:.1} us apart where it found the doorbell)\n",
+                r.arm_to_release_us, r.release_to_arm_us, r.arm_look_gap_us
             ));
         }
         out

@@ -234,6 +234,18 @@ impl<S> Drop for ArmPoller<S> {
     }
 }
 
+std::thread_local! {
+    /// On the poller thread, while it runs the arms a look found: nanoseconds since its
+    /// look before (0 elsewhere).
+    static LOOK_GAP_NS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// For an arm running now: how long before the look that found its doorbell the poller
+/// had looked last (the doorbell rang in between); 0 off the poller thread.
+pub(crate) fn look_gap_ns() -> u64 {
+    LOOK_GAP_NS.with(std::cell::Cell::get)
+}
+
 /// The poller thread's loop.
 fn poll_doorbells<S: ArmedStream>(shared: &Shared<S>, spin: bool) {
     let (spin_after_submit, spin_after_release, spin_after_arm) = if spin {
@@ -252,6 +264,9 @@ fn poll_doorbells<S: ArmedStream>(shared: &Shared<S>, spin: bool) {
     let mut seen_submissions = 0;
     let mut seen_releases = 0;
     let mut sleep = MIN_SLEEP;
+    // When the doorbells were last looked at (the gap to the look that finds one is
+    // reported with its arms).
+    let mut previous_look = Instant::now();
     while !shared.list.stopping() {
         let submissions = shared.submissions.load(Ordering::Relaxed);
         if submissions != seen_submissions {
@@ -265,16 +280,21 @@ fn poll_doorbells<S: ArmedStream>(shared: &Shared<S>, spin: bool) {
             spin_until = spin_until.max(Instant::now() + spin_after_release);
             sleep = MIN_SLEEP;
         }
+        let look = Instant::now();
         let mut any_waiting = false;
         for stream in &streams {
             any_waiting |= stream.arm_queue().take_reached(&mut due);
         }
+        let gap = look.duration_since(previous_look);
+        previous_look = look;
         if !due.is_empty() {
+            LOOK_GAP_NS.with(|g| g.set(u64::try_from(gap.as_nanos()).unwrap_or(u64::MAX)));
             for arm in due.drain(..) {
                 // An arm's panic is the op's to report (its Drop publishes -5030); it
                 // must not stop the poller.
                 let _ = catch_unwind(AssertUnwindSafe(arm));
             }
+            LOOK_GAP_NS.with(|g| g.set(0));
             last_arm = Instant::now();
             spin_until = spin_until.max(last_arm + spin_after_arm);
             sleep = MIN_SLEEP;
@@ -292,6 +312,7 @@ fn poll_doorbells<S: ArmedStream>(shared: &Shared<S>, spin: bool) {
                 }
                 streams.clear();
                 drop(shared.list.park(listed));
+                previous_look = Instant::now();
                 copied_generation = u64::MAX;
                 spin_until = Instant::now() + spin_after_submit;
                 sleep = MIN_SLEEP;
@@ -392,6 +413,33 @@ mod tests {
         }
         drop(poller);
         drop(stream);
+    }
+
+    #[test]
+    fn an_arm_learns_how_long_before_its_look_the_poller_looked_last() {
+        let mut word = 0u32;
+        let host_ptr: *mut u32 = &mut word;
+        let doorbell = ReleaseWord { host_ptr, device_addr: host_ptr as u64 };
+        let stream = Arc::new(TestStream(ArmQueue::new(doorbell)));
+        // No spinning: after its first looks the poller sleeps in steps of up to 50 µs.
+        let poller = ArmPoller::start(false).expect("start poller");
+        let gap = Arc::new(AtomicU64::new(u64::MAX));
+        let seen = Arc::clone(&gap);
+        poller.watch(&stream, 1, Box::new(move || seen.store(look_gap_ns(), Ordering::SeqCst)));
+        std::thread::sleep(Duration::from_millis(20));
+        doorbell.store(1);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while gap.load(Ordering::SeqCst) == u64::MAX {
+            assert!(Instant::now() < deadline, "the arm did not run");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let gap_ns = gap.load(Ordering::SeqCst);
+        // A sleep of at least MIN_SLEEP lay between the two looks; far less than the 20 ms
+        // the doorbell waited (the poller kept looking).
+        assert!(gap_ns >= MIN_SLEEP.as_nanos() as u64, "gap {gap_ns} ns");
+        assert!(gap_ns < 10_000_000, "gap {gap_ns} ns");
+        assert_eq!(look_gap_ns(), 0, "off the poller thread");
+        drop(poller);
     }
 
     #[test]

@@ -135,6 +135,11 @@ pub struct AsyncStats {
     pub release_to_arm_ns: AtomicU64,
     /// Arms timed in [`AsyncStats::release_to_arm_ns`].
     pub timed_arms: AtomicU64,
+    /// Of those arms, nanoseconds between the poller's look that found the doorbell and
+    /// its look before, summed: the doorbell rang somewhere in that gap (the poller's
+    /// sleep or spin, and its scan), so it bounds the poller's share of
+    /// [`AsyncStats::release_to_arm_ns`].
+    pub arm_look_gap_ns: AtomicU64,
     /// Reads staged ahead into a slot and copied on the user's stream, and writes whose
     /// bytes the user's stream copied into a slot (`slots`).
     pub stream_copies: AtomicU64,

@@ -169,6 +169,7 @@ impl AsyncOp {
             let stats = self.host.async_stats();
             stats.release_to_arm_ns.fetch_add(now.saturating_sub(released), Ordering::Relaxed);
             stats.timed_arms.fetch_add(1, Ordering::Relaxed);
+            stats.arm_look_gap_ns.fetch_add(crate::arm::look_gap_ns(), Ordering::Relaxed);
         }
     }
 
