@@ -10,6 +10,8 @@
 # HIPFILE_GPU_SUITES="async_sweep faults" runs only those test binaries ("python": the
 # Python package's suite, run when the bundle has the wheel). HIPFILE_GPU_WHOLE=1 runs
 # each test binary in one process (HIPFILE_GPU_TEST_TIMEOUT then bounds the binary).
+# The summary counts PASS, FAIL and KNOWN (the one test known to fail on CUDA: README
+# "Known limits"; it always runs in a process of its own).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 bundle=${1:-$here/../../target/gpu-bundle}
