@@ -101,13 +101,14 @@ fn small_sweep_passes_on_the_cpu_device() {
     assert_eq!(report["pass"], 36);
 }
 
-#[test]
-fn a_hanging_case_is_reported_as_hang_within_its_timeout() {
-    let (output, elapsed) = bench(&[
+/// A sweep of 4 KiB reads and writes at `streams`, mixed flags, one op per stream, 2 s per
+/// case, with `hang` (a `--sweep-selftest-hang` form) making cases hang on purpose.
+fn hanging_sweep(streams: &str, hang: &str) -> (Output, Duration) {
+    bench(&[
         "--mode",
         "sweep",
         "--streams",
-        "2",
+        streams,
         "--io-size",
         "4K",
         "--sweep-flags",
@@ -116,8 +117,13 @@ fn a_hanging_case_is_reported_as_hang_within_its_timeout() {
         "1",
         "--case-timeout",
         "2",
-        "--sweep-selftest-hang",
-    ]);
+        hang,
+    ])
+}
+
+#[test]
+fn a_hanging_case_is_reported_as_hang_within_its_timeout() {
+    let (output, elapsed) = hanging_sweep("2", "--sweep-selftest-hang");
     let (stdout, stderr) = (text(&output.stdout), text(&output.stderr));
     assert!(!output.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
     assert!(stdout.contains("sweep: 2 cases, 0 PASS, 2 HANG, 0 FAIL, 0 WRONG"), "{stdout}");
@@ -138,21 +144,7 @@ fn a_hanging_case_is_reported_as_hang_within_its_timeout() {
 /// and pass.
 #[test]
 fn after_a_hang_the_rest_of_its_process_cases_run_in_a_new_one() {
-    let (output, elapsed) = bench(&[
-        "--mode",
-        "sweep",
-        "--streams",
-        "1,2,4",
-        "--io-size",
-        "4K",
-        "--sweep-flags",
-        "mixed",
-        "--ops-per-stream",
-        "1",
-        "--case-timeout",
-        "2",
-        "--sweep-selftest-hang=2",
-    ]);
+    let (output, elapsed) = hanging_sweep("1,2,4", "--sweep-selftest-hang=2");
     let (stdout, stderr) = (text(&output.stdout), text(&output.stderr));
     assert!(!output.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
     assert!(stdout.contains("sweep: 6 cases, 4 PASS, 2 HANG, 0 FAIL, 0 WRONG"), "{stdout}");

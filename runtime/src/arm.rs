@@ -300,7 +300,8 @@ fn poll_doorbells<S: ArmedStream>(shared: &Shared<S>, spin: bool) {
             sleep = MIN_SLEEP;
             continue;
         }
-        let now = Instant::now();
+        // Nothing was due: the look (a scan of a few words ago) is the time now.
+        let now = look;
         if !any_waiting || shared.list.generation() != copied_generation {
             let mut listed = shared.list.lock();
             // Streams with nothing queued leave the list (`handoff`'s protocol: a push
@@ -352,6 +353,22 @@ mod tests {
         ArmQueue::new(ReleaseWord { host_ptr, device_addr: host_ptr as u64 })
     }
 
+    /// A test stream whose doorbell is `word`, and that doorbell.
+    fn stream_over(word: &mut u32) -> (ReleaseWord, Arc<TestStream>) {
+        let host_ptr: *mut u32 = word;
+        let doorbell = ReleaseWord { host_ptr, device_addr: host_ptr as u64 };
+        (doorbell, Arc::new(TestStream(ArmQueue::new(doorbell))))
+    }
+
+    /// Waits up to 10 s for `done`, failing with `what`.
+    fn wait_for(what: &str, done: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !done() {
+            assert!(Instant::now() < deadline, "{what}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
     fn counting_arm(runs: &Arc<AtomicUsize>, expect_index: usize) -> ArmFn {
         let runs = Arc::clone(runs);
         Box::new(move || {
@@ -388,9 +405,7 @@ mod tests {
     #[test]
     fn the_poller_runs_arms_when_their_doorbell_rings_and_stops_on_drop() {
         let mut word = 0u32;
-        let host_ptr: *mut u32 = &mut word;
-        let doorbell = ReleaseWord { host_ptr, device_addr: host_ptr as u64 };
-        let stream = Arc::new(TestStream(ArmQueue::new(doorbell)));
+        let (doorbell, stream) = stream_over(&mut word);
         let poller = ArmPoller::start(true).expect("start poller");
         let runs = Arc::new(AtomicUsize::new(0));
         for index in 0..3 {
@@ -399,18 +414,11 @@ mod tests {
         std::thread::sleep(Duration::from_millis(20));
         assert_eq!(runs.load(Ordering::SeqCst), 0, "no arm before its doorbell");
         doorbell.store(2);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while runs.load(Ordering::SeqCst) < 2 {
-            assert!(Instant::now() < deadline, "arms 1 and 2 did not run");
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        wait_for("arms 1 and 2 did not run", || runs.load(Ordering::SeqCst) >= 2);
         std::thread::sleep(Duration::from_millis(20));
         assert_eq!(runs.load(Ordering::SeqCst), 2, "arm 3 waits for its doorbell");
         doorbell.store(3);
-        while runs.load(Ordering::SeqCst) < 3 {
-            assert!(Instant::now() < deadline, "arm 3 did not run");
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        wait_for("arm 3 did not run", || runs.load(Ordering::SeqCst) >= 3);
         drop(poller);
         drop(stream);
     }
@@ -418,9 +426,7 @@ mod tests {
     #[test]
     fn an_arm_learns_how_long_before_its_look_the_poller_looked_last() {
         let mut word = 0u32;
-        let host_ptr: *mut u32 = &mut word;
-        let doorbell = ReleaseWord { host_ptr, device_addr: host_ptr as u64 };
-        let stream = Arc::new(TestStream(ArmQueue::new(doorbell)));
+        let (doorbell, stream) = stream_over(&mut word);
         // No spinning: after its first looks the poller sleeps in steps of up to 50 µs.
         let poller = ArmPoller::start(false).expect("start poller");
         let gap = Arc::new(AtomicU64::new(u64::MAX));
@@ -428,11 +434,7 @@ mod tests {
         poller.watch(&stream, 1, Box::new(move || seen.store(look_gap_ns(), Ordering::SeqCst)));
         std::thread::sleep(Duration::from_millis(20));
         doorbell.store(1);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while gap.load(Ordering::SeqCst) == u64::MAX {
-            assert!(Instant::now() < deadline, "the arm did not run");
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        wait_for("the arm did not run", || gap.load(Ordering::SeqCst) != u64::MAX);
         let gap_ns = gap.load(Ordering::SeqCst);
         // A sleep of at least MIN_SLEEP lay between the two looks; far less than the 20 ms
         // the doorbell waited (the poller kept looking).
@@ -448,9 +450,7 @@ mod tests {
         // stream from its list) just as the next op arrives: the window where a lost
         // `watched` update would strand an op forever.
         let mut word = 1 << 20;
-        let host_ptr: *mut u32 = &mut word;
-        let doorbell = ReleaseWord { host_ptr, device_addr: host_ptr as u64 };
-        let stream = Arc::new(TestStream(ArmQueue::new(doorbell)));
+        let (_, stream) = stream_over(&mut word);
         let poller = ArmPoller::start(true).expect("start poller");
         let runs = Arc::new(AtomicUsize::new(0));
         for index in 0..20_000 {

@@ -745,8 +745,15 @@ impl SlotClass {
                 if let Some(budget) = &self.budget {
                     budget.release(self.slab_bytes());
                 }
+                // Reads past device slots take pinned ones (`try_take_for_read`); past
+                // pinned ones, the engine's path.
+                let (memory, then) = if self.memory.is_some() {
+                    ("engine device", "pinned slots")
+                } else {
+                    ("pinned", "the engine's path")
+                };
                 log::info!(
-                    "read staging slots: no more pinned memory ({error}); reads take the engine's path"
+                    "read staging slots: no more {memory} memory ({error}); reads take {then}"
                 );
                 state.alloc_failed = true;
             }
