@@ -122,11 +122,12 @@ pub struct AsyncStats {
     /// Prefetched reads read again at arm because a write to their file was submitted
     /// after the prefetch started.
     pub prefetches_redone: AtomicU64,
-    /// Of device-released ops (and reads copied on their own stream): nanoseconds from the arm (the poller saw the stream reach
-    /// the op) to the release enqueued behind the op's copies, summed (the host's share
-    /// of a stream's per-op round trip: waking the executor, enqueueing copy and release).
+    /// Of released ops (device-side, or from the host; not the blocking fallback's):
+    /// nanoseconds from the arm (the poller saw the stream reach the op) to the release
+    /// enqueued or stored, summed (the host's share of a stream's per-op round trip:
+    /// reading what was not read ahead, the engine's copies, the release).
     pub arm_to_release_ns: AtomicU64,
-    /// Device-released ops timed in [`AsyncStats::arm_to_release_ns`].
+    /// Released ops timed in [`AsyncStats::arm_to_release_ns`].
     pub timed_releases: AtomicU64,
     /// Nanoseconds from an op's release enqueued to the arm of the next op of its stream,
     /// summed (the device's share of the round trip: the copy, the release reaching the

@@ -173,8 +173,8 @@ impl AsyncOp {
         }
     }
 
-    /// Times the arm-to-release share of an op released device-side, or host-side after
-    /// a copy on its own stream.
+    /// Times the arm-to-release share of an op released device-side, or from the host
+    /// (after the engine's copies or with a copy on its own stream).
     pub(super) fn note_release(&self, stats: &super::AsyncStats) {
         let now = clock_ns();
         let armed = self.armed_at_ns.load(Ordering::Relaxed);
@@ -288,6 +288,8 @@ impl AsyncOp {
     pub(super) fn release_host(&self) {
         if self.blocking_fallback {
             self.signal_released();
+        } else {
+            self.note_release(self.host.async_stats());
         }
         let word = self.stream.word();
         // SAFETY: the word lives as long as the driver (see enqueue).

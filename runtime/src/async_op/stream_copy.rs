@@ -544,7 +544,6 @@ impl AsyncOp {
         }
         let filled = self.keep_destination_past(self.take_slot_outcome());
         *self.slot_outcome.lock().unwrap_or_else(|p| p.into_inner()) = Some(filled);
-        self.note_release(self.host.async_stats());
         // `*bytes_p` goes before the release when the copy is queued (a stream synchronized
         // after it must find it); with the enqueue still on its way (the submission has
         // not returned, so nothing can have waited for the op yet), the enqueue's end
