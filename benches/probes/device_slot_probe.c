@@ -24,7 +24,9 @@
  *    cuMemFreeAsync + cuMemPoolTrimTo on an engine stream (stream-ordered allocation)? And
  *    while a free has not returned, does a copy into engine memory on another thread
  *    (the engine filling a slot) still complete? (Can a slot pool give device memory back
- *    while ops hold streams, or only when none does?)
+ *    while ops hold streams, or only when none does?) Also for memory mapped through
+ *    virtual memory management (cuMemCreate + cuMemMap; freed by cuMemUnmap +
+ *    cuMemAddressFree), the kind the cuda backend allocates since the nineteenth session.
  * One line per fact on stdout; every wait is bounded (a line saying WAITS instead).
  */
 #define _GNU_SOURCE
@@ -198,6 +200,7 @@ static void lock(int held, size_t bytes, int control) {
 struct free_job {
     int async; /* 0: cuMemFree, 1: cuMemFreeAsync + trim */
     CUdeviceptr ptr;
+    size_t mapped_bytes; /* async == 2: memory mapped through cuMemCreate + cuMemMap */
     CUstream stream;
     volatile double took_s; /* < 0 while not returned */
     volatile int result;
@@ -208,7 +211,10 @@ static void *freer(void *arg) {
     CHECK(cuCtxSetCurrent(engine));
     double t0 = now_s();
     CUresult r;
-    if (job->async) {
+    if (job->async == 2) {
+        r = cuMemUnmap(job->ptr, job->mapped_bytes);
+        if (r == CUDA_SUCCESS) r = cuMemAddressFree(job->ptr, job->mapped_bytes);
+    } else if (job->async) {
         r = cuMemFreeAsync(job->ptr, job->stream);
         if (r == CUDA_SUCCESS) r = cuStreamSynchronize(job->stream);
         CUmemoryPool pool;
@@ -236,8 +242,28 @@ static void free_while_held(int held, int with_creator) {
     mapped_words(&words, &words_dev);
     mapped_words(&done, &done_dev);
     CHECK(cuMemAlloc(&fill, bytes));
-    struct free_job jobs[2] = {{0}, {0}};
-    jobs[0].took_s = jobs[1].took_s = -2; /* -2: not started */
+    struct free_job jobs[3] = {{0}, {0}, {0}};
+    jobs[0].took_s = jobs[1].took_s = jobs[2].took_s = -2; /* -2: not started */
+    {
+        CUmemAllocationProp prop = {0};
+        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.location.id = 0;
+        size_t granularity = 0;
+        CHECK(cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+        size_t mapped = (bytes + granularity - 1) / granularity * granularity;
+        CUmemGenericAllocationHandle handle;
+        CHECK(cuMemCreate(&handle, mapped, &prop, 0));
+        CHECK(cuMemAddressReserve(&jobs[2].ptr, mapped, granularity, 0, 0));
+        CHECK(cuMemMap(jobs[2].ptr, mapped, 0, handle, 0));
+        CHECK(cuMemRelease(handle));
+        CUmemAccessDesc access = {0};
+        access.location = prop.location;
+        access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        CHECK(cuMemSetAccess(jobs[2].ptr, mapped, &access, 1));
+        jobs[2].async = 2;
+        jobs[2].mapped_bytes = mapped;
+    }
     CHECK(cuMemAlloc(&jobs[0].ptr, bytes));
     jobs[1].async = 1;
     jobs[1].stream = engine_stream;
@@ -263,8 +289,9 @@ static void free_while_held(int held, int with_creator) {
         }
         printf("  creator: %s after %d streams\n", blocked ? "blocked in cuStreamCreate" : "not blocked", creator_count);
     }
-    for (int j = 0; j < 2; j++) {
-        const char *name = jobs[j].async ? "cuMemFreeAsync + cuMemPoolTrimTo" : "cuMemFree";
+    for (int j = 0; j < 3; j++) {
+        const char *name = jobs[j].async == 2 ? "cuMemUnmap + cuMemAddressFree (mapped)"
+                           : jobs[j].async ? "cuMemFreeAsync + cuMemPoolTrimTo" : "cuMemFree";
         jobs[j].took_s = -1;
         pthread_t t;
         pthread_create(&t, NULL, freer, &jobs[j]);
@@ -294,10 +321,10 @@ static void free_while_held(int held, int with_creator) {
     int finished = wait_words(done, held, 10.0);
     printf("  streams done after release: %d of %d\n", finished, held);
     double t0 = now_s();
-    for (int j = 0; j < 2; j++) {
+    for (int j = 0; j < 3; j++) {
         if (jobs[j].took_s != -1) continue; /* not started, or returned while held */
         while (jobs[j].took_s < 0 && now_s() - t0 < 5.0) usleep(1000);
-        printf("  %s: %s\n", jobs[j].async ? "cuMemFreeAsync + trim" : "cuMemFree",
+        printf("  %s: %s\n", jobs[j].async == 2 ? "cuMemUnmap (mapped)" : jobs[j].async ? "cuMemFreeAsync + trim" : "cuMemFree",
                jobs[j].took_s >= 0 ? "returned after the release" : "still waiting 5 s after the release");
     }
     creator_done = 1;

@@ -130,8 +130,8 @@ impl CudaDevice {
         if let Some(&scratch) = entry.scratch.get() {
             // SAFETY: our stream; once it is idle nothing uses its scratch.
             let _ = unsafe { result::stream_synchronize_status(&self.api, entry.stream) };
-            // SAFETY: allocated in copy_through_scratch, freed once.
-            let _ = unsafe { result::mem_free_status(&self.api, scratch) };
+            // SAFETY: allocated in scratch_of, freed once, idle.
+            unsafe { self.free_engine_memory(scratch) };
         }
         // SAFETY: our own stream, of the current context.
         unsafe { result::stream_destroy(&self.api, entry.stream) }
@@ -149,8 +149,13 @@ impl CudaDevice {
         if let Some(&scratch) = entry.scratch.get() {
             return Ok(scratch);
         }
-        let scratch = result::mem_alloc(&self.api, self.scratch_bytes())?;
-        Ok(*entry.scratch.get_or_init(|| scratch))
+        let scratch = self.alloc_engine_memory(entry.ordinal, self.scratch_bytes())?;
+        let kept = *entry.scratch.get_or_init(|| scratch);
+        if kept != scratch {
+            // SAFETY: ours, never used (another call set the entry's scratch first).
+            unsafe { self.free_engine_memory(scratch) };
+        }
+        Ok(kept)
     }
 
     /// A new non-blocking stream of the current context, with its device scratch when
@@ -394,8 +399,9 @@ impl DeviceCopies for CudaDevice {
         device_ordinal: u32,
         len_bytes: usize,
     ) -> Result<u64, DeviceError> {
-        let addr =
-            self.in_engine_context(device_ordinal, || result::mem_alloc(&self.api, len_bytes))?;
+        let addr = self.in_engine_context(device_ordinal, || {
+            self.alloc_engine_memory(device_ordinal, len_bytes)
+        })?;
         note_engine_device_memory(addr, Some(len_bytes));
         Ok(addr)
     }
@@ -404,7 +410,7 @@ impl DeviceCopies for CudaDevice {
         note_engine_device_memory(addr, None);
         let _ = self.in_engine_context(device_ordinal, || {
             // SAFETY: the caller's contract: ours, freed once, no copy still uses it.
-            let _ = unsafe { result::mem_free_status(&self.api, addr) };
+            unsafe { self.free_engine_memory(addr) };
             Ok(())
         });
     }

@@ -43,6 +43,7 @@
 
 mod contexts;
 mod copies;
+mod device_memory;
 mod events;
 mod hardware_queues;
 mod info;
@@ -127,6 +128,8 @@ pub(crate) struct CudaDevice {
     /// Pinned host memory is allocated and registered in the engine context
     /// (`HIPFILE_CUDA_STAGING_CONTEXT=engine`, diagnostic) instead of the primary one.
     staging_in_engine_context: bool,
+    /// How the engine's device memory is allocated (`HIPFILE_CUDA_ENGINE_MEMORY`).
+    engine_memory: device_memory::EngineMemory,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -224,6 +227,7 @@ impl CudaDevice {
             caller_copy: CallerCopy::from_environment(),
             staging_in_engine_context: std::env::var("HIPFILE_CUDA_STAGING_CONTEXT")
                 .is_ok_and(|value| value.trim() == "engine"),
+            engine_memory: device_memory::EngineMemory::from_environment(),
         }))
     }
 }

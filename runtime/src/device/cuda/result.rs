@@ -527,3 +527,136 @@ pub(super) fn pointer_get_attributes(
     }
     Ok((memory_type, is_managed, ordinal, start, size))
 }
+
+/// An optional entry point, or `HIP_ERROR_NOT_SUPPORTED` naming it.
+fn optional<F>(entry: Option<F>, what: &'static str) -> Result<F, DeviceError> {
+    entry.ok_or(DeviceError::new(DeviceError::HIP_ERROR_NOT_SUPPORTED, what))
+}
+
+/// The properties of a plain device allocation on device `ordinal` (virtual memory
+/// management: `cuMemCreate`).
+pub(super) fn device_allocation_prop(ordinal: c_int) -> CUmemAllocationProp {
+    CUmemAllocationProp {
+        kind: CU_MEM_ALLOCATION_TYPE_PINNED,
+        requested_handle_types: 0,
+        location: CUmemLocation { kind: CU_MEM_LOCATION_TYPE_DEVICE, id: ordinal },
+        win32_handle_meta_data: std::ptr::null_mut(),
+        alloc_flags: [0; 8],
+    }
+}
+
+/// `cuMemGetAllocationGranularity(prop, minimum)`.
+pub(super) fn mem_get_allocation_granularity(
+    api: &Api,
+    prop: &CUmemAllocationProp,
+) -> Result<usize, DeviceError> {
+    let call = optional(api.cuMemGetAllocationGranularity, "cuMemGetAllocationGranularity")?;
+    let mut granularity = 0usize;
+    // SAFETY: valid out-pointer and properties.
+    let code = unsafe { call(&mut granularity, prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) };
+    status(api, code, "cuMemGetAllocationGranularity")?;
+    Ok(granularity)
+}
+
+/// `cuMemCreate(len_bytes, prop)`: physical memory, not yet mapped.
+pub(super) fn mem_create(
+    api: &Api,
+    len_bytes: usize,
+    prop: &CUmemAllocationProp,
+) -> Result<CUmemGenericAllocationHandle, DeviceError> {
+    let call = optional(api.cuMemCreate, "cuMemCreate")?;
+    let mut handle: CUmemGenericAllocationHandle = 0;
+    // SAFETY: valid out-pointer and properties; flags must be 0.
+    status(api, unsafe { call(&mut handle, len_bytes, prop, 0) }, "cuMemCreate")?;
+    Ok(handle)
+}
+
+/// `cuMemRelease(handle)`: a mapping keeps the memory until it is unmapped.
+///
+/// # Safety
+/// `handle` came from [`mem_create`] and is released once.
+pub(super) unsafe fn mem_release(
+    api: &Api,
+    handle: CUmemGenericAllocationHandle,
+) -> Result<(), DeviceError> {
+    let call = optional(api.cuMemRelease, "cuMemRelease")?;
+    // SAFETY: the caller's contract.
+    status(api, unsafe { call(handle) }, "cuMemRelease")
+}
+
+/// `cuMemAddressReserve(len_bytes, alignment)`: a range of the process's unified address
+/// space.
+pub(super) fn mem_address_reserve(
+    api: &Api,
+    len_bytes: usize,
+    alignment: usize,
+) -> Result<CUdeviceptr, DeviceError> {
+    let call = optional(api.cuMemAddressReserve, "cuMemAddressReserve")?;
+    let mut address: CUdeviceptr = 0;
+    // SAFETY: valid out-pointer; no fixed address, flags 0.
+    let code = unsafe { call(&mut address, len_bytes, alignment, 0, 0) };
+    status(api, code, "cuMemAddressReserve")?;
+    Ok(address)
+}
+
+/// `cuMemAddressFree(address, len_bytes)`.
+///
+/// # Safety
+/// The range came from [`mem_address_reserve`], nothing is mapped in it, freed once.
+pub(super) unsafe fn mem_address_free(
+    api: &Api,
+    address: CUdeviceptr,
+    len_bytes: usize,
+) -> Result<(), DeviceError> {
+    let call = optional(api.cuMemAddressFree, "cuMemAddressFree")?;
+    // SAFETY: the caller's contract.
+    status(api, unsafe { call(address, len_bytes) }, "cuMemAddressFree")
+}
+
+/// `cuMemMap(address, len_bytes, offset 0, handle)`.
+///
+/// # Safety
+/// The range is reserved and unmapped; `handle` holds at least `len_bytes`.
+pub(super) unsafe fn mem_map(
+    api: &Api,
+    address: CUdeviceptr,
+    len_bytes: usize,
+    handle: CUmemGenericAllocationHandle,
+) -> Result<(), DeviceError> {
+    let call = optional(api.cuMemMap, "cuMemMap")?;
+    // SAFETY: the caller's contract; flags must be 0.
+    status(api, unsafe { call(address, len_bytes, 0, handle, 0) }, "cuMemMap")
+}
+
+/// `cuMemUnmap(address, len_bytes)`.
+///
+/// # Safety
+/// The range is mapped by [`mem_map`] and no queued work uses it.
+pub(super) unsafe fn mem_unmap(
+    api: &Api,
+    address: CUdeviceptr,
+    len_bytes: usize,
+) -> Result<(), DeviceError> {
+    let call = optional(api.cuMemUnmap, "cuMemUnmap")?;
+    // SAFETY: the caller's contract.
+    status(api, unsafe { call(address, len_bytes) }, "cuMemUnmap")
+}
+
+/// `cuMemSetAccess(address, len_bytes, read-write for device `ordinal`)`.
+///
+/// # Safety
+/// The range is mapped.
+pub(super) unsafe fn mem_set_access_read_write(
+    api: &Api,
+    address: CUdeviceptr,
+    len_bytes: usize,
+    ordinal: c_int,
+) -> Result<(), DeviceError> {
+    let call = optional(api.cuMemSetAccess, "cuMemSetAccess")?;
+    let access = CUmemAccessDesc {
+        location: CUmemLocation { kind: CU_MEM_LOCATION_TYPE_DEVICE, id: ordinal },
+        flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+    };
+    // SAFETY: the caller's contract; one valid descriptor.
+    status(api, unsafe { call(address, len_bytes, &access, 1) }, "cuMemSetAccess")
+}

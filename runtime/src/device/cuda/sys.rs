@@ -59,6 +59,55 @@ const _: () = assert!(std::mem::offset_of!(CUstreamBatchMemOpParams, value64) ==
 const _: () = assert!(std::mem::offset_of!(CUstreamBatchMemOpParams, flags) == 24);
 const _: () = assert!(std::mem::offset_of!(CUstreamBatchMemOpParams, alias) == 32);
 
+/// `CUmemGenericAllocationHandle`.
+pub(crate) type CUmemGenericAllocationHandle = u64;
+/// `CU_MEM_ALLOCATION_TYPE_PINNED`.
+pub(crate) const CU_MEM_ALLOCATION_TYPE_PINNED: c_uint = 1;
+/// `CU_MEM_LOCATION_TYPE_DEVICE`.
+pub(crate) const CU_MEM_LOCATION_TYPE_DEVICE: c_uint = 1;
+/// `CU_MEM_ACCESS_FLAGS_PROT_READWRITE`.
+pub(crate) const CU_MEM_ACCESS_FLAGS_PROT_READWRITE: c_uint = 3;
+/// `CU_MEM_ALLOC_GRANULARITY_MINIMUM`.
+pub(crate) const CU_MEM_ALLOC_GRANULARITY_MINIMUM: c_uint = 0;
+
+/// cuda.h's `CUmemLocation`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct CUmemLocation {
+    /// `CUmemLocationType`.
+    pub(crate) kind: c_uint,
+    pub(crate) id: c_int,
+}
+
+/// cuda.h's `CUmemAllocationProp` (32 bytes; the handle types, the Windows metadata and
+/// the allocation flags stay zero).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CUmemAllocationProp {
+    /// `CUmemAllocationType`.
+    pub(crate) kind: c_uint,
+    pub(crate) requested_handle_types: c_uint,
+    pub(crate) location: CUmemLocation,
+    pub(crate) win32_handle_meta_data: *mut c_void,
+    /// `allocFlags`: compression type, GPUDirect RDMA capable, usage, reserved.
+    pub(crate) alloc_flags: [u8; 8],
+}
+
+const _: () = assert!(size_of::<CUmemAllocationProp>() == 32);
+const _: () = assert!(std::mem::offset_of!(CUmemAllocationProp, location) == 8);
+const _: () = assert!(std::mem::offset_of!(CUmemAllocationProp, alloc_flags) == 24);
+
+/// cuda.h's `CUmemAccessDesc` (12 bytes).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct CUmemAccessDesc {
+    pub(crate) location: CUmemLocation,
+    /// `CUmemAccess_flags`.
+    pub(crate) flags: c_uint,
+}
+
+const _: () = assert!(size_of::<CUmemAccessDesc>() == 12);
+
 pub(crate) const CU_POINTER_ATTRIBUTE_MEMORY_TYPE: c_int = 2;
 pub(crate) const CU_POINTER_ATTRIBUTE_IS_MANAGED: c_int = 8;
 pub(crate) const CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: c_int = 9;
@@ -148,6 +197,16 @@ driver_api! {
     optional {
         // The CUDA 11/12 ABI of `cuCtxCreate` (flags, device); CUDA 13 drivers keep it.
         cuCtxCreate_v2: fn(*mut CUcontext, c_uint, CUdevice) = ["cuCtxCreate_v2"];
+        // Virtual memory management (CUDA 10.2+): the engine's device memory is mapped
+        // through these where the driver has them (`device_memory.rs`).
+        cuMemCreate: fn(*mut CUmemGenericAllocationHandle, usize, *const CUmemAllocationProp, u64) = ["cuMemCreate"];
+        cuMemRelease: fn(CUmemGenericAllocationHandle) = ["cuMemRelease"];
+        cuMemAddressReserve: fn(*mut CUdeviceptr, usize, usize, CUdeviceptr, u64) = ["cuMemAddressReserve"];
+        cuMemAddressFree: fn(CUdeviceptr, usize) = ["cuMemAddressFree"];
+        cuMemMap: fn(CUdeviceptr, usize, usize, CUmemGenericAllocationHandle, u64) = ["cuMemMap"];
+        cuMemUnmap: fn(CUdeviceptr, usize) = ["cuMemUnmap"];
+        cuMemSetAccess: fn(CUdeviceptr, usize, *const CUmemAccessDesc, usize) = ["cuMemSetAccess"];
+        cuMemGetAllocationGranularity: fn(*mut usize, *const CUmemAllocationProp, c_uint) = ["cuMemGetAllocationGranularity"];
     }
 }
 
