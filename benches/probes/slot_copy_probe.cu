@@ -6,7 +6,7 @@
  * the user's stream (the SMs, no copy engine) escape that?
  *
  *     nvcc -O2 -o slot_copy_probe slot_copy_probe.cu -lcuda -ldl
- *     ./slot_copy_probe [streams] [slot-MiB] [ptx-file: runtime/src/device/cuda/slot_copy.ptx]
+ *     ./slot_copy_probe [streams] [slot-MiB] [ptx-file: benches/probes/slot_copy.ptx]
  *
  * An "engine" thread with a context of its own (cuCtxCreate) allocates one slot per
  * application stream (cuMemAlloc, and a second set through cuMemCreate + cuMemMap with
@@ -135,7 +135,7 @@ __global__ void copy_kernel(const uint4 *src, uint4 *dst, size_t n) {
         dst[i] = src[i];
 }
 
-static CUfunction ptx_copy;  // hipfile_copy16 of the library's PTX (argv[3]), if given
+static CUfunction ptx_copy;  // hipfile_copy16 of the hand-written PTX (argv[3], slot_copy.ptx), if given
 
 enum How { CE_COPY, KERNEL, PTX_KERNEL };
 

@@ -36,10 +36,15 @@ pub(super) enum EngineMemory {
 
 impl EngineMemory {
     pub(super) fn from_environment() -> EngineMemory {
-        match std::env::var("HIPFILE_CUDA_ENGINE_MEMORY").as_deref().map(str::trim) {
-            Ok("context") => EngineMemory::Context,
-            Ok("mapped") | Err(_) => EngineMemory::Mapped,
-            Ok(other) => {
+        EngineMemory::parse(std::env::var("HIPFILE_CUDA_ENGINE_MEMORY").ok().as_deref())
+    }
+
+    /// The setting's value (`None`: unset); an unknown value warns and keeps the default.
+    fn parse(value: Option<&str>) -> EngineMemory {
+        match value.map(str::trim) {
+            Some("context") => EngineMemory::Context,
+            Some("mapped" | "") | None => EngineMemory::Mapped,
+            Some(other) => {
                 log::warn!(
                     "HIPFILE_CUDA_ENGINE_MEMORY={other:?} is neither \"mapped\" nor \"context\": mapped"
                 );
@@ -141,5 +146,19 @@ impl CudaDevice {
                 let _ = unsafe { result::mem_free_status(&self.api, address) };
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::EngineMemory;
+
+    #[test]
+    fn the_engine_memory_setting_picks_context_only_when_asked() {
+        assert_eq!(EngineMemory::parse(None), EngineMemory::Mapped);
+        assert_eq!(EngineMemory::parse(Some("mapped")), EngineMemory::Mapped);
+        assert_eq!(EngineMemory::parse(Some(" context ")), EngineMemory::Context);
+        assert_eq!(EngineMemory::parse(Some("")), EngineMemory::Mapped);
+        assert_eq!(EngineMemory::parse(Some("cuMemAlloc")), EngineMemory::Mapped);
     }
 }
