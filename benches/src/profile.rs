@@ -160,7 +160,7 @@ pub struct ProfileStart {
 /// The async path's round-trip counters (`AsyncStats`): arm-to-release ns and ops,
 /// release-to-next-arm ns and arms.
 #[derive(Clone, Copy, Debug, Default)]
-struct RoundTripCounters([u64; 5]);
+struct RoundTripCounters([u64; 6]);
 
 impl RoundTripCounters {
     fn now(b: &Bench) -> RoundTripCounters {
@@ -172,6 +172,7 @@ impl RoundTripCounters {
             load(&a.release_to_arm_ns),
             load(&a.timed_arms),
             load(&a.arm_look_gap_ns),
+            load(&a.arm_behind_look_ns),
         ])
     }
 
@@ -183,6 +184,7 @@ impl RoundTripCounters {
             arm_to_release_us: mean_us(d(0), d(1)),
             release_to_arm_us: mean_us(d(2), d(3)),
             arm_look_gap_us: mean_us(d(4), d(3)),
+            arm_behind_look_us: mean_us(d(5), d(3)),
         })
     }
 }
@@ -200,6 +202,9 @@ pub struct AsyncRoundTrip {
     /// Of that, mean µs between the poller's look that found the next doorbell and its
     /// look before: the doorbell rang in that gap, so it bounds the poller's share.
     pub arm_look_gap_us: f64,
+    /// Of that, mean µs from the look that found the doorbell to the arm running (the arms
+    /// of that look before it).
+    pub arm_behind_look_us: f64,
 }
 
 impl ProfileStart {
@@ -328,8 +333,8 @@ impl Profile {
         }
         if let Some(r) = &self.round_trip {
             out.push_str(&format!(
-                "    async round trip per op and stream: arm to release enqueued {:.1} us (host), release to next arm {:.1} us (device + poller; the poller's looks {:.1} us apart where it found the doorbell)\n",
-                r.arm_to_release_us, r.release_to_arm_us, r.arm_look_gap_us
+                "    async round trip per op and stream: arm to release enqueued {:.1} us (host), release to next arm {:.1} us (device + poller; the poller's looks {:.1} us apart where it found the doorbell, and {:.1} us from that look to the arm)\n",
+                r.arm_to_release_us, r.release_to_arm_us, r.arm_look_gap_us, r.arm_behind_look_us
             ));
         }
         out

@@ -240,10 +240,26 @@ std::thread_local! {
     static LOOK_GAP_NS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
+std::thread_local! {
+    /// On the poller thread, while it runs the arms a look found: that look's time
+    /// (`async_op::clock_ns`; 0 elsewhere).
+    static LOOK_AT_NS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
 /// For an arm running now: how long before the look that found its doorbell the poller
 /// had looked last (the doorbell rang in between); 0 off the poller thread.
 pub(crate) fn look_gap_ns() -> u64 {
     LOOK_GAP_NS.with(std::cell::Cell::get)
+}
+
+/// For an arm running at `now_ns` (`async_op::clock_ns`): how long after the look that
+/// found its doorbell it runs (the arms of that look before it ran meanwhile); 0 off the
+/// poller thread.
+pub(crate) fn behind_look_ns(now_ns: u64) -> u64 {
+    match LOOK_AT_NS.with(std::cell::Cell::get) {
+        0 => 0,
+        look => now_ns.saturating_sub(look),
+    }
 }
 
 /// The poller thread's loop.
@@ -289,12 +305,14 @@ fn poll_doorbells<S: ArmedStream>(shared: &Shared<S>, spin: bool) {
         previous_look = look;
         if !due.is_empty() {
             LOOK_GAP_NS.with(|g| g.set(u64::try_from(gap.as_nanos()).unwrap_or(u64::MAX)));
+            LOOK_AT_NS.with(|g| g.set(crate::async_op::clock_ns()));
             for arm in due.drain(..) {
                 // An arm's panic is the op's to report (its Drop publishes -5030); it
                 // must not stop the poller.
                 let _ = catch_unwind(AssertUnwindSafe(arm));
             }
             LOOK_GAP_NS.with(|g| g.set(0));
+            LOOK_AT_NS.with(|g| g.set(0));
             last_arm = Instant::now();
             spin_until = spin_until.max(last_arm + spin_after_arm);
             sleep = MIN_SLEEP;
@@ -441,6 +459,41 @@ mod tests {
         assert!(gap_ns >= MIN_SLEEP.as_nanos() as u64, "gap {gap_ns} ns");
         assert!(gap_ns < 10_000_000, "gap {gap_ns} ns");
         assert_eq!(look_gap_ns(), 0, "off the poller thread");
+        drop(poller);
+    }
+
+    #[test]
+    fn an_arm_learns_how_long_the_arms_of_its_look_before_it_took() {
+        let mut word = 0u32;
+        let (doorbell, stream) = stream_over(&mut word);
+        let poller = ArmPoller::start(false).expect("start poller");
+        // Two ops of one stream; one store rings both, so one look finds both, and they
+        // run in order: the first takes 5 ms.
+        let behind = Arc::new([AtomicU64::new(u64::MAX), AtomicU64::new(u64::MAX)]);
+        for sequence in 1..=2u32 {
+            let seen = Arc::clone(&behind);
+            poller.watch(
+                &stream,
+                sequence,
+                Box::new(move || {
+                    let waited = behind_look_ns(crate::async_op::clock_ns());
+                    seen[sequence as usize - 1].store(waited, Ordering::SeqCst);
+                    if sequence == 1 {
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                }),
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        doorbell.store(2);
+        wait_for("the arms did not run", || {
+            behind.iter().all(|b| b.load(Ordering::SeqCst) != u64::MAX)
+        });
+        let first = behind[0].load(Ordering::SeqCst);
+        let second = behind[1].load(Ordering::SeqCst);
+        assert!(first < 5_000_000, "the first arm ran at once after its look: {first} ns");
+        assert!(second >= 5_000_000, "the second ran after the first's 5 ms: {second} ns");
+        assert_eq!(behind_look_ns(crate::async_op::clock_ns()), 0, "off the poller thread");
         drop(poller);
     }
 

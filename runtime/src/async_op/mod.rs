@@ -141,6 +141,10 @@ pub struct AsyncStats {
     /// sleep or spin, and its scan), so it bounds the poller's share of
     /// [`AsyncStats::release_to_arm_ns`].
     pub arm_look_gap_ns: AtomicU64,
+    /// Of those arms, nanoseconds from the look that found the doorbell to the arm
+    /// running, summed: the time the arms that look found before it took (the poller runs
+    /// them one after another).
+    pub arm_behind_look_ns: AtomicU64,
     /// Reads staged ahead into a slot and copied on the user's stream, and writes whose
     /// bytes the user's stream copied into a slot (`slots`).
     pub stream_copies: AtomicU64,
