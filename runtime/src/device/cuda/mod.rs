@@ -36,7 +36,8 @@
 //! ([`DeviceInfo`](super::DeviceInfo)), `memory.rs` ([`HostMemory`](super::HostMemory):
 //! pinned staging and registrations), `copies.rs` ([`DeviceCopies`](super::DeviceCopies):
 //! internal streams, the caller-thread stream pools, the device scratch and when a copy
-//! is bounced through it), `events.rs` ([`DeviceEvents`](super::DeviceEvents), pooled
+//! is bounced through it), `device_memory.rs` (the engine's device memory: mapped, or
+//! `cuMemAlloc` in the engine context), `events.rs` ([`DeviceEvents`](super::DeviceEvents), pooled
 //! through the shared `gpu::OwnedHandles`), `stream_ops.rs`
 //! ([`StreamMemoryOps`](super::StreamMemoryOps) on the application's streams) and
 //! `user.rs` ([`UserDevice`](super::user::UserDevice)).
