@@ -18,7 +18,7 @@
  * fill load. One line per case: copy time p50 / p90 / max in us and the load's GB/s;
  * bytes checked once per case.
  */
-#include <cuda.h>
+#include "probe_common.h"
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 #include <pthread.h>
@@ -30,14 +30,6 @@
 #include <algorithm>
 #include <vector>
 
-#define CU(call)                                                                        \
-    do {                                                                                \
-        CUresult r_ = (call);                                                           \
-        if (r_ != CUDA_SUCCESS) {                                                       \
-            fprintf(stderr, "%s:%d %s = %d\n", __FILE__, __LINE__, #call, (int)r_);     \
-            exit(2);                                                                    \
-        }                                                                               \
-    } while (0)
 #define RT(call)                                                                        \
     do {                                                                                \
         cudaError_t r_ = (call);                                                        \
@@ -60,17 +52,11 @@ struct Engine {
     volatile double loaded_bytes;
 };
 
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
-}
-
 static void *engine_main(void *arg) {
     Engine *e = (Engine *)arg;
     CUdevice dev;
     CUcontext ctx;
-    CU(cuDeviceGet(&dev, 0));
+    CHECK(cuDeviceGet(&dev, 0));
     // cuCtxCreate_v2 by name: CUDA 13's header maps cuCtxCreate to a newer signature.
     typedef CUresult (*ctx_create_t)(CUcontext *, unsigned, CUdevice);
     ctx_create_t ctx_create = (ctx_create_t)dlsym(RTLD_DEFAULT, "cuCtxCreate_v2");
@@ -78,39 +64,39 @@ static void *engine_main(void *arg) {
         fprintf(stderr, "no cuCtxCreate_v2\n");
         exit(2);
     }
-    CU(ctx_create(&ctx, 0, dev));
+    CHECK(ctx_create(&ctx, 0, dev));
     size_t granularity = 0;
     CUmemAllocationProp prop = {};
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop.location.id = 0;
-    CU(cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+    CHECK(cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
     std::vector<unsigned char> pattern(e->slot_bytes);
     for (int s = 0; s < e->slots; s++) {
         for (size_t i = 0; i < e->slot_bytes; i++) pattern[i] = (unsigned char)(i * 7 + s * 13);
         CUdeviceptr plain;
-        CU(cuMemAlloc(&plain, e->slot_bytes));
-        CU(cuMemcpyHtoD(plain, pattern.data(), e->slot_bytes));
+        CHECK(cuMemAlloc(&plain, e->slot_bytes));
+        CHECK(cuMemcpyHtoD(plain, pattern.data(), e->slot_bytes));
         e->plain.push_back(plain);
         size_t bytes = (e->slot_bytes + granularity - 1) / granularity * granularity;
         CUmemGenericAllocationHandle handle;
         CUdeviceptr mapped;
-        CU(cuMemCreate(&handle, bytes, &prop, 0));
-        CU(cuMemAddressReserve(&mapped, bytes, 0, 0, 0));
-        CU(cuMemMap(mapped, bytes, 0, handle, 0));
+        CHECK(cuMemCreate(&handle, bytes, &prop, 0));
+        CHECK(cuMemAddressReserve(&mapped, bytes, 0, 0, 0));
+        CHECK(cuMemMap(mapped, bytes, 0, handle, 0));
         CUmemAccessDesc access = {};
         access.location = prop.location;
         access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-        CU(cuMemSetAccess(mapped, bytes, &access, 1));
-        CU(cuMemcpyHtoD(mapped, pattern.data(), e->slot_bytes));
+        CHECK(cuMemSetAccess(mapped, bytes, &access, 1));
+        CHECK(cuMemcpyHtoD(mapped, pattern.data(), e->slot_bytes));
         e->mapped.push_back(mapped);
     }
     void *host;
     CUdeviceptr sink;
-    CU(cuMemHostAlloc(&host, LOAD_CHUNK * LOAD_DEPTH, 0));
-    CU(cuMemAlloc(&sink, LOAD_CHUNK * LOAD_DEPTH * LOAD_STREAMS));
+    CHECK(cuMemHostAlloc(&host, LOAD_CHUNK * LOAD_DEPTH, 0));
+    CHECK(cuMemAlloc(&sink, LOAD_CHUNK * LOAD_DEPTH * LOAD_STREAMS));
     CUstream streams[LOAD_STREAMS];
-    for (int i = 0; i < LOAD_STREAMS; i++) CU(cuStreamCreate(&streams[i], CU_STREAM_NON_BLOCKING));
+    for (int i = 0; i < LOAD_STREAMS; i++) CHECK(cuStreamCreate(&streams[i], CU_STREAM_NON_BLOCKING));
     __sync_synchronize();
     e->state = 1;
     while (e->state != 3) {
@@ -121,9 +107,9 @@ static void *engine_main(void *arg) {
         }
         for (int i = 0; i < LOAD_STREAMS; i++)
             for (int d = 0; d < LOAD_DEPTH; d++)
-                CU(cuMemcpyHtoDAsync(sink + (CUdeviceptr)((i * LOAD_DEPTH + d) * LOAD_CHUNK),
+                CHECK(cuMemcpyHtoDAsync(sink + (CUdeviceptr)((i * LOAD_DEPTH + d) * LOAD_CHUNK),
                                      (char *)host + d * LOAD_CHUNK, LOAD_CHUNK, streams[i]));
-        for (int i = 0; i < LOAD_STREAMS; i++) CU(cuStreamSynchronize(streams[i]));
+        for (int i = 0; i < LOAD_STREAMS; i++) CHECK(cuStreamSynchronize(streams[i]));
         e->loaded_bytes += (double)LOAD_CHUNK * LOAD_DEPTH * LOAD_STREAMS;
     }
     return NULL;
@@ -152,13 +138,13 @@ static void run_case(const char *name, Engine *e, const std::vector<CUdeviceptr>
     for (int s = 0; s < n; s++) RT(cudaMemsetAsync(apps[s], 0, e->slot_bytes, streams[s]));
     RT(cudaDeviceSynchronize());
     double loaded0 = e->loaded_bytes;
-    double t0 = now_s();
+    double t0 = now_us() / 1e6;
     if (load) {
         e->state = 2;
         struct timespec t = {0, 20000000};
         nanosleep(&t, NULL);
         loaded0 = e->loaded_bytes;
-        t0 = now_s();
+        t0 = now_us() / 1e6;
     }
     cudaError_t launched = cudaSuccess;
     for (int r = 0; r < rounds; r++) {
@@ -186,7 +172,7 @@ static void run_case(const char *name, Engine *e, const std::vector<CUdeviceptr>
         for (int s = 0; s < n; s++) RT(cudaEventSynchronize(end[r * n + s]));
     }
     cudaError_t synced = cudaDeviceSynchronize();
-    double wall = now_s() - t0;
+    double wall = now_us() / 1e6 - t0;
     double loaded = e->loaded_bytes - loaded0;
     if (load) e->state = 1;
     if (launched != cudaSuccess || synced != cudaSuccess) {
@@ -258,8 +244,8 @@ int main(int argc, char **argv) {
         fclose(f);
         ptx[got] = 0;
         CUmodule module;
-        CU(cuModuleLoadData(&module, ptx.data()));
-        CU(cuModuleGetFunction(&ptx_copy, module, "hipfile_copy16"));
+        CHECK(cuModuleLoadData(&module, ptx.data()));
+        CHECK(cuModuleGetFunction(&ptx_copy, module, "hipfile_copy16"));
         run_case("ptx kernel (vmm slot), under load", &e, e.mapped, PTX_KERNEL, true, streams, apps);
         run_case("ptx kernel (cuMemAlloc), under load", &e, e.plain, PTX_KERNEL, true, streams, apps);
     }
