@@ -8,8 +8,11 @@
 //! copying a 16 MiB slot into its buffer at once, device → device on the stream: out of
 //! `cuMemAlloc` memory of the engine context 404 µs per copy (480 µs while the engine's
 //! host → device copies ran); out of mapped memory 51 µs under the same load (16 streams:
-//! 528 against 82 µs). A copy between contexts is a peer copy to CUDA; mapped memory
-//! belongs to no context, so the copy is a plain device → device one.
+//! 528 against 82 µs). Mapped memory belongs to no context; `cuMemAlloc` memory of
+//! another context seems to take CUDA's slower path for copies between contexts (not
+//! documented; measured only). Each allocation is rounded up to the driver's allocation
+//! granularity (typically 2 MiB), which the small slot sizes' 1 MiB slabs and the 1 MiB
+//! scratches of the engine's streams pay.
 
 use std::collections::BTreeMap;
 use std::ffi::c_int;
