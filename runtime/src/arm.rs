@@ -242,8 +242,8 @@ std::thread_local! {
 
 std::thread_local! {
     /// On the poller thread, while it runs the arms a look found: that look's time
-    /// (`async_op::clock_ns`; 0 elsewhere).
-    static LOOK_AT_NS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    /// (`None` elsewhere).
+    static LOOK_AT: std::cell::Cell<Option<Instant>> = const { std::cell::Cell::new(None) };
 }
 
 /// For an arm running now: how long before the look that found its doorbell the poller
@@ -252,14 +252,12 @@ pub(crate) fn look_gap_ns() -> u64 {
     LOOK_GAP_NS.with(std::cell::Cell::get)
 }
 
-/// For an arm running at `now_ns` (`async_op::clock_ns`): how long after the look that
-/// found its doorbell it runs (the arms of that look before it ran meanwhile); 0 off the
-/// poller thread.
-pub(crate) fn behind_look_ns(now_ns: u64) -> u64 {
-    match LOOK_AT_NS.with(std::cell::Cell::get) {
-        0 => 0,
-        look => now_ns.saturating_sub(look),
-    }
+/// For an arm running now: how long after the look that found its doorbell it runs (the
+/// arms of that look before it ran meanwhile); 0 off the poller thread.
+pub(crate) fn behind_look_ns() -> u64 {
+    LOOK_AT
+        .with(std::cell::Cell::get)
+        .map_or(0, |look| u64::try_from(look.elapsed().as_nanos()).unwrap_or(u64::MAX))
 }
 
 /// The poller thread's loop.
@@ -305,14 +303,14 @@ fn poll_doorbells<S: ArmedStream>(shared: &Shared<S>, spin: bool) {
         previous_look = look;
         if !due.is_empty() {
             LOOK_GAP_NS.with(|g| g.set(u64::try_from(gap.as_nanos()).unwrap_or(u64::MAX)));
-            LOOK_AT_NS.with(|g| g.set(crate::async_op::clock_ns()));
+            LOOK_AT.with(|g| g.set(Some(look)));
             for arm in due.drain(..) {
                 // An arm's panic is the op's to report (its Drop publishes -5030); it
                 // must not stop the poller.
                 let _ = catch_unwind(AssertUnwindSafe(arm));
             }
             LOOK_GAP_NS.with(|g| g.set(0));
-            LOOK_AT_NS.with(|g| g.set(0));
+            LOOK_AT.with(|g| g.set(None));
             last_arm = Instant::now();
             spin_until = spin_until.max(last_arm + spin_after_arm);
             sleep = MIN_SLEEP;
@@ -476,7 +474,7 @@ mod tests {
                 &stream,
                 sequence,
                 Box::new(move || {
-                    let waited = behind_look_ns(crate::async_op::clock_ns());
+                    let waited = behind_look_ns();
                     seen[sequence as usize - 1].store(waited, Ordering::SeqCst);
                     if sequence == 1 {
                         std::thread::sleep(Duration::from_millis(5));
@@ -493,7 +491,7 @@ mod tests {
         let second = behind[1].load(Ordering::SeqCst);
         assert!(first < 5_000_000, "the first arm ran at once after its look: {first} ns");
         assert!(second >= 5_000_000, "the second ran after the first's 5 ms: {second} ns");
-        assert_eq!(behind_look_ns(crate::async_op::clock_ns()), 0, "off the poller thread");
+        assert_eq!(behind_look_ns(), 0, "off the poller thread");
         drop(poller);
     }
 

@@ -170,7 +170,7 @@ impl AsyncOp {
             stats.release_to_arm_ns.fetch_add(now.saturating_sub(released), Ordering::Relaxed);
             stats.timed_arms.fetch_add(1, Ordering::Relaxed);
             stats.arm_look_gap_ns.fetch_add(crate::arm::look_gap_ns(), Ordering::Relaxed);
-            stats.arm_behind_look_ns.fetch_add(crate::arm::behind_look_ns(now), Ordering::Relaxed);
+            stats.arm_behind_look_ns.fetch_add(crate::arm::behind_look_ns(), Ordering::Relaxed);
         }
     }
 
