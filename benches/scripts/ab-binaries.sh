@@ -6,7 +6,10 @@
 # streams (ASYNC and our SYNC path of the same process), random 4 KiB and 64 KiB reads at
 # 8 streams (one submitting thread and a thread per stream), the 4 KiB round trip and
 # submit cost. Extra NAME=VALUE arguments go to both (e.g. HIPFILE_STREAM_COPIES=off).
-# FILE_SIZE (default 2G) sizes the test file. Usage:
+# FILE_SIZE (default 2G) sizes the test file. BASE_ENV / NEW_ENV (space-separated
+# NAME=VALUE) go to one side only: one binary against itself under two settings, e.g.
+#   BASE_ENV=HIPFILE_CUDA_ENGINE_MEMORY=context ab-binaries.sh target/gpu-bundle/bin/hipfile-bench target/gpu-bundle/bin/hipfile-bench
+# Usage:
 #   OUT=dir ROUNDS=2 benches/scripts/ab-binaries.sh [BASE-BINARY [NEW-BINARY]] [NAME=VALUE...]
 set -u
 cd "$(dirname "$0")/../.." || exit 1
@@ -35,8 +38,10 @@ one() {
     | awk '{printf "%s/%s/%s=%s ", $2, $3, $4, $5}')"
   grep -E "submit_async \+ stream sync|of which the submit call" "$log" | head -2
 }
+read -r -a base_env <<< "${BASE_ENV:-}"
+read -r -a new_env <<< "${NEW_ENV:-}"
 for round in $(seq "${ROUNDS:-2}"); do
-  one "base-$round" "$base" "$@"
-  one "new-$round" "$new" "$@"
+  one "base-$round" "$base" "$@" "${base_env[@]}"
+  one "new-$round" "$new" "$@" "${new_env[@]}"
 done
 rm -f "$file"
