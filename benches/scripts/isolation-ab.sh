@@ -7,7 +7,9 @@
 # pre-isolation data path (HIPFILE_CUDA_ENGINE_CONTEXT=shared, no bounce); latency
 # interleaved, two rounds. ROUNDS / READS=0 / WRITES=0 shorten it; VARIANTS picks the
 # latency variants (also iso-nobounce: HIPFILE_CUDA_MIN_COPY_BYTES=0; iso-engine-staging:
-# HIPFILE_CUDA_STAGING_CONTEXT=engine), READ_VARIANTS the read runs.
+# HIPFILE_CUDA_STAGING_CONTEXT=engine; off: HIPFILE_STREAM_COPIES=off, the engine's own
+# copies; pre-isolation: shared-nobounce with stream copies off, the data path before #14),
+# READ_VARIANTS the read runs, WRITE_VARIANTS the write runs.
 # Run with target/gpu-bundle built (tests/gpu/make-bundle.sh); results go to $OUT.
 cd "$(dirname "$0")/../.." || exit 1
 OUT=${OUT:-/tmp/hf-ab-out}; mkdir -p "$OUT"
@@ -20,7 +22,9 @@ v() { case $1 in
   iso-64k) echo "HIPFILE_CUDA_MIN_COPY_BYTES=65536";;
   iso-nobounce) echo "HIPFILE_CUDA_MIN_COPY_BYTES=0";;
   iso-engine-staging) echo "HIPFILE_CUDA_STAGING_CONTEXT=engine";;
-  shared-nobounce) echo "HIPFILE_CUDA_ENGINE_CONTEXT=shared HIPFILE_CUDA_MIN_COPY_BYTES=0";; esac; }
+  shared-nobounce) echo "HIPFILE_CUDA_ENGINE_CONTEXT=shared HIPFILE_CUDA_MIN_COPY_BYTES=0";;
+  off) echo "HIPFILE_STREAM_COPIES=off";;
+  pre-isolation) echo "HIPFILE_CUDA_ENGINE_CONTEXT=shared HIPFILE_CUDA_MIN_COPY_BYTES=0 HIPFILE_STREAM_COPIES=off";; esac; }
 for round in $(seq 1 ${ROUNDS:-2}); do for var in ${VARIANTS:-iso iso-engine shared-nobounce}; do
   echo "=== latency round=$round variant=$var" >> $log
   env $(v $var) timeout -s KILL 60 $H --latency --no-baselines --iterations 3000 --file $F --file-size 256M --json $OUT/lat-$var-$round.json >> $log 2>&1
@@ -29,7 +33,7 @@ if [ "${READS:-1}" != 0 ]; then for var in ${READ_VARIANTS:-iso shared-nobounce 
   echo "=== read variant=$var" >> $log
   env $(v $var) timeout -s KILL 120 $H --mode read --streams 1,8,16 --io-size 16M --no-baselines --file $F --file-size 2G >> $log 2>&1
 done; fi
-if [ "${WRITES:-1}" != 0 ]; then for var in iso shared-nobounce; do
+if [ "${WRITES:-1}" != 0 ]; then for var in ${WRITE_VARIANTS:-iso shared-nobounce}; do
   echo "=== write variant=$var" >> $log
   env $(v $var) timeout -s KILL 120 $H --mode write --streams 8 --io-size 16M --no-baselines --file $F --file-size 2G >> $log 2>&1
 done; fi

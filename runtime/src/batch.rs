@@ -222,7 +222,7 @@ impl Batch {
             self.shared.finish(slot, Outcome::Bytes(0));
             return;
         }
-        let parts = engine.parts(io.file_offset_bytes(), io.size_bytes());
+        let parts = engine.parts(direction, &file, io.file_offset_bytes(), io.size_bytes());
         let mut guards = Vec::with_capacity(parts.len());
         for _ in &parts {
             match file.begin_op() {

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use hipfile_core::{FileRange, OpEvent, PrefetchVerdict, ValidIo, WriteHazards};
+use hipfile_core::{Direction, FileRange, OpEvent, PrefetchVerdict, ValidIo, WriteHazards};
 
 use super::AsyncOp;
 use crate::engine::Engine;
@@ -161,8 +161,12 @@ impl AsyncOp {
             // the gate runs this only before the stream reached the op.
             self.set_state(OpEvent::Prefetch);
             self.note_prefetch_start();
-            let parts =
-                engine.parts(self.submitted.file_offset_bytes(), self.submitted.size_bytes());
+            let parts = engine.parts(
+                Direction::Read,
+                &self.file,
+                self.submitted.file_offset_bytes(),
+                self.submitted.size_bytes(),
+            );
             let (sender, waiting) = flume::bounded(parts.len());
             receiver = Some(waiting);
             Some((sender, parts.len()))

@@ -112,7 +112,8 @@ impl AsyncOp {
         io: ValidIo,
         gate: Option<flume::Receiver<bool>>,
     ) {
-        let parts = engine.parts(io.file_offset_bytes(), io.size_bytes());
+        let parts =
+            engine.parts(self.direction, &self.file, io.file_offset_bytes(), io.size_bytes());
         let fan_out = parts.len() > 1;
         let joiner = Arc::new(PartJoiner::new(self.direction, parts.clone()));
         for (index, &(offset, len)) in parts.iter().enumerate() {

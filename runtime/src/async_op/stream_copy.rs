@@ -294,7 +294,8 @@ impl AsyncOp {
     pub(super) fn post_slot_read(self: &Arc<Self>, engine: &Engine, io: ValidIo) {
         let Some(slot) = self.slot else { return };
         let at_arm = self.reads_slot_at_arm();
-        let parts = engine.parts(io.file_offset_bytes(), io.size_bytes());
+        let parts =
+            engine.parts(Direction::Read, &self.file, io.file_offset_bytes(), io.size_bytes());
         let joiner = Arc::new(PartJoiner::new(Direction::Read, parts.clone()));
         for (index, &(offset, len)) in parts.iter().enumerate() {
             let Some(guard) = self.share_guard() else {

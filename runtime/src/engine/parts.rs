@@ -6,6 +6,18 @@ use hipfile_core::{Direction, OpError, Outcome};
 use super::part_results;
 use crate::device::DeviceError;
 
+/// How many executors one request may fan out to, of `parallel`: one for a write to a
+/// file without an O_DIRECT descriptor (`file_has_direct`), whose bytes all go through
+/// the page cache, where buffered writes to one file take its inode lock one at a time
+/// (parts on several executors would only queue for it, with more calls per byte);
+/// `parallel` otherwise.
+pub(super) fn fan_out(direction: Direction, file_has_direct: bool, parallel: usize) -> usize {
+    match direction {
+        Direction::Write if !file_has_direct => 1,
+        _ => parallel,
+    }
+}
+
 /// Splits `len_bytes` at `file_offset_bytes` into at most `parallel` parts of whole
 /// chunks (`chunk_bytes`-aligned in the file), as even as chunks allow: the first parts
 /// get one chunk more than the rest. Returns `(offset in the request, length)` pairs in
@@ -111,6 +123,15 @@ mod tests {
     use super::*;
 
     const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn only_writes_through_the_page_cache_stay_on_one_executor() {
+        assert_eq!(fan_out(Direction::Write, false, 14), 1, "buffered write");
+        assert_eq!(fan_out(Direction::Write, true, 14), 14, "O_DIRECT write");
+        assert_eq!(fan_out(Direction::Read, false, 14), 14, "buffered read");
+        assert_eq!(fan_out(Direction::Read, true, 14), 14, "O_DIRECT read");
+        assert_eq!(fan_out(Direction::Write, false, 0), 1);
+    }
 
     #[test]
     fn a_16_mib_request_uses_every_executor_up_to_its_chunk_count() {
