@@ -95,6 +95,8 @@ struct StatsInfo {
     buffered_written_bytes: u64,
     /// Device memory the read slots held when the run ended (`HIPFILE_STREAM_COPY_SLOTS=device`).
     device_slot_bytes: u64,
+    /// Reads that found no free device slot (the cap reached) and took pinned slots.
+    reads_past_device_slots: u64,
 }
 
 /// Default streams: usable CPUs, at most 8.
@@ -388,12 +390,13 @@ fn stats(b: &Bench) -> Option<StatsInfo> {
         direct_written_bytes: file.direct_written_bytes,
         buffered_written_bytes: file.buffered_written_bytes,
         device_slot_bytes: b.env.driver.device_slot_bytes() as u64,
+        reads_past_device_slots: b.env.driver.reads_past_device_slots(),
     })
 }
 
 fn print_stats(s: &StatsInfo) {
     println!(
-        "hipfile-rs counters: {} engine jobs ({} arena chunks, {} fallback, {} waits for a fallback chunk, {} sync retries; {} on blocking executors; slot jobs moved by one pread / pwrite: {} / {}), {} requests on the caller's thread ({} while async ops were alive); async {} submitted, {} prefetched, {} copied on the user's stream ({} ops through their stream's spare slot), {} device / {} host releases; file {} MiB O_DIRECT + {} MiB buffered read, {} MiB O_DIRECT + {} MiB buffered written; device slots hold {} MiB",
+        "hipfile-rs counters: {} engine jobs ({} arena chunks, {} fallback, {} waits for a fallback chunk, {} sync retries; {} on blocking executors; slot jobs moved by one pread / pwrite: {} / {}), {} requests on the caller's thread ({} while async ops were alive); async {} submitted, {} prefetched, {} copied on the user's stream ({} ops through their stream's spare slot), {} device / {} host releases; file {} MiB O_DIRECT + {} MiB buffered read, {} MiB O_DIRECT + {} MiB buffered written; device slots hold {} MiB ({} reads found none free: pinned slots)",
         s.engine_jobs,
         s.arena_chunks,
         s.fallback_chunks,
@@ -414,7 +417,8 @@ fn print_stats(s: &StatsInfo) {
         s.buffered_read_bytes >> 20,
         s.direct_written_bytes >> 20,
         s.buffered_written_bytes >> 20,
-        s.device_slot_bytes >> 20
+        s.device_slot_bytes >> 20,
+        s.reads_past_device_slots
     );
 }
 

@@ -180,6 +180,13 @@ impl Driver {
         self.slots.as_ref().map_or(0, |pool| pool.device_bytes_held())
     }
 
+    /// Reads (over 64 KiB, `HIPFILE_STREAM_COPY_SLOTS=device`) that found no free slot of
+    /// device memory, their device's `HIPFILE_STREAM_COPY_DEVICE_MB` reached (or a slab
+    /// refused), and took pinned slots: slower for large reads (README, Known limits).
+    pub fn reads_past_device_slots(&self) -> u64 {
+        self.slots.as_ref().map_or(0, |pool| pool.reads_past_device_slots())
+    }
+
     /// What the async path holds right now, for a watchdog that found a stream stuck:
     /// every stream with its submitted / reached (doorbell) / released sequence numbers,
     /// the arm poller, the async and engine counters, the device's queue setting. Idle
@@ -213,7 +220,8 @@ impl Driver {
         let _ = writeln!(
             report,
             "  async: {} submitted, {} prefetched, {} released device-side, {} host-side; {} \
-             copied on their stream ({} through spare slots), device slots hold {} MiB",
+             copied on their stream ({} through spare slots), device slots hold {} MiB ({} \
+             reads found none free)",
             stats.submitted.load(Ordering::Relaxed),
             stats.prefetched.load(Ordering::Relaxed),
             stats.device_releases.load(Ordering::Relaxed),
@@ -221,6 +229,7 @@ impl Driver {
             stats.stream_copies.load(Ordering::Relaxed),
             stats.spare_ops.load(Ordering::Relaxed),
             self.device_slot_bytes() >> 20,
+            self.reads_past_device_slots(),
         );
         if let Some(engine) = self.engine.get() {
             let _ = writeln!(

@@ -788,6 +788,39 @@ fn held_reads_land(t: &Paused, flags: u32, reads: &[HeldRead], old: &[u8], buffe
     }
 }
 
+/// Device slots with the smallest cap (`HIPFILE_STREAM_COPY_DEVICE_MB=16`): of three
+/// 16 MiB reads queued on a held stream the first takes the device slot, the other two
+/// find none free and take pinned slots, which the driver counts (the bench prints it, the
+/// log says it once); every byte lands either way. Reads of 64 KiB never want device
+/// memory and are not counted.
+#[test]
+fn reads_past_the_device_slots_cap_take_pinned_slots_and_are_counted() {
+    let config = Config {
+        stream_copy_slots: StreamCopySlots::Device,
+        stream_copy_device_cap_bytes: 16 * MIB,
+        ..all_config()
+    };
+    let t = Paused::with(Rig::with(1, config), "stream-copies-past-cap", 64 * MIB, 64 * MIB);
+    let old = pattern(97, 64 * MIB);
+    t.rig.set_dev_bytes(t.buffer, &old);
+    let copied_other = || t.rig.cpu.as_ref().map(|cpu| cpu.stats().bytes_copied_other);
+    let other_before = copied_other();
+    assert_eq!(t.rig.driver.reads_past_device_slots(), 0);
+    let reads = [
+        (16 * MIB, 0, 0, 0, 16 * MIB),
+        (16 * MIB, 16 * MIB, 16 * MIB, 20 * MIB, 16 * MIB),
+        (16 * MIB, 40 * MIB, 40 * MIB, 40 * MIB, 16 * MIB),
+        (64 * KIB, 60 * MIB, 60 * MIB, 60 * MIB, 64 * KIB),
+    ];
+    held_reads_land(&t, 15, &reads, &old, 64 * MIB);
+    assert_eq!(t.rig.driver.reads_past_device_slots(), 2, "the two reads past the cap");
+    // On the cpu device: one slot copied device → device (16 MiB), the others host → device.
+    if let (Some(after), Some(before)) = (copied_other(), other_before) {
+        assert_eq!(after - before, 16 * MIB as u64, "one read out of device memory");
+    }
+    assert!(t.rig.driver.pending_report().contains("2 reads found none free"));
+}
+
 /// `all` with room for the rings of several long ops in flight (256 MiB of 16 MiB slots;
 /// the default 64 MiB holds one ring of four).
 fn all_config() -> Config {
