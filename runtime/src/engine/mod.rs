@@ -488,18 +488,6 @@ impl Engine {
         self.fallback.pinned_bytes()
     }
 
-    /// Splits `len_bytes` into the chunk-aligned parts a request fans out to (one part
-    /// for small requests, and for writes through the page cache: [`Engine::split`]).
-    pub(crate) fn parts(
-        &self,
-        direction: Direction,
-        file: &FileHandle,
-        file_offset_bytes: u64,
-        len_bytes: u64,
-    ) -> Vec<(u64, u64)> {
-        self.split(direction, file, file_offset_bytes, len_bytes)
-    }
-
     /// Posts a job to executor `index % executor_count`. A foreign thread blocks while
     /// that executor's channel holds [`JOB_QUEUE_CAPACITY`] requests; an executor never
     /// blocks (a deferred prefetch started by a finished op goes to the target's
@@ -523,7 +511,7 @@ impl Engine {
         if let Some(result) = self.run_on_caller_thread(&request) {
             return result;
         }
-        let parts = self.split(
+        let parts = self.parts(
             request.direction,
             &request.file,
             request.file_offset_bytes,
@@ -568,17 +556,18 @@ impl Engine {
         combine(request.direction, &parts, &results)
     }
 
-    /// Splits `[file_offset, file_offset + len)` into up to `request_parallelism`
-    /// parts (offsets relative to the request) whose inner boundaries fall on multiples
-    /// of the chunk size in the *file*, so each part keeps O_DIRECT alignment.
+    /// Splits `[file_offset, file_offset + len)` into the parts a request fans out to: up
+    /// to `request_parallelism` parts (offsets relative to the request; one for a small
+    /// request) whose inner boundaries fall on multiples of the chunk size in the *file*,
+    /// so each part keeps O_DIRECT alignment.
     ///
     /// A write to a file without an O_DIRECT descriptor (every byte goes through the page
     /// cache) stays one part: buffered writes to one file take its inode lock one at a
     /// time, so parts on several executors only queue for it, with more calls per byte.
-    /// On an H100 one part moved 16 MiB writes at 1 / 8 / 16 streams from 4.7–5.6 to
-    /// 5.5–6.6 GiB/s (our sync path likewise), at less CPU per GiB
-    /// (`benches/results/h100-2026-12-06-e/`).
-    fn split(
+    /// On an H100 one part wrote 16 MiB at 1 / 8 / 16 streams 1.14–1.33× as fast as
+    /// parts over 14 executors, async and sync (A/B of the builds, two rounds,
+    /// `benches/results/h100-2026-12-06-e/`).
+    pub(crate) fn parts(
         &self,
         direction: Direction,
         file: &FileHandle,

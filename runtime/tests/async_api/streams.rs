@@ -478,7 +478,7 @@ fn ops_from_several_threads_on_one_stream_keep_submission_order() {
 /// 32 MiB in 256 KiB chunks over 2 executors (request_parallelism 2), on the engine's path
 /// (`HIPFILE_STREAM_COPIES=off`: under `all` such ops go in pieces, `pieces.rs`). Reads
 /// fan out; writes fan out only where the file has an O_DIRECT descriptor (through the
-/// page cache, writes to one file queue for its inode lock: `Engine::split`), so a handle
+/// page cache, writes to one file queue for its inode lock: `Engine::parts`), so a handle
 /// registered with O_DIRECT off writes each op as one job.
 #[test]
 fn large_ops_fan_out_and_are_verified() {
