@@ -160,7 +160,7 @@ fn engine(config: &Config, device: Option<Arc<dyn UserDevice>>, file: Option<&Pa
     item(
         "async copies on the user's stream",
         format!(
-            "{:?} (HIPFILE_STREAM_COPIES {}), read slots over 64 KiB {:?}, {} MiB of device slots per device, {}",
+            "{:?} (HIPFILE_STREAM_COPIES {}), read slots over 64 KiB {:?}, {} MiB of device slots per device (reads past it: {:?}), {}",
             resolved.stream_copies,
             if config.stream_copies == hipfile_runtime::config::StreamCopies::Auto {
                 "unset: the backend's choice"
@@ -169,6 +169,7 @@ fn engine(config: &Config, device: Option<Arc<dyn UserDevice>>, file: Option<&Pa
             },
             resolved.stream_copy_slots,
             resolved.stream_copy_device_cap_bytes >> 20,
+            resolved.stream_copy_device_full,
             idle_text(resolved.stream_copy_device_idle_ms)
         ),
     );

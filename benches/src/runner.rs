@@ -95,8 +95,10 @@ struct StatsInfo {
     buffered_written_bytes: u64,
     /// Device memory the read slots held when the run ended (`HIPFILE_STREAM_COPY_SLOTS=device`).
     device_slot_bytes: u64,
-    /// Reads that found no free device slot (the cap reached) and took pinned slots.
+    /// Reads that found no free device slot (the cap reached).
     reads_past_device_slots: u64,
+    /// Of those, reads that shared a slot of their stream (`HIPFILE_STREAM_COPY_DEVICE_FULL=share`).
+    reads_sharing_device_slots: u64,
 }
 
 /// Default streams: usable CPUs, at most 8.
@@ -176,8 +178,9 @@ pub fn describe_env(env: &Env, path: &Path, size: u64, args: &RunArgs) {
             c.stream_copy_cap_bytes >> 20,
             if c.stream_copy_slots == hipfile_runtime::config::StreamCopySlots::Device {
                 format!(
-                    ", {} MiB of device slots per device, {}",
+                    ", {} MiB of device slots per device (reads past it: {:?}), {}",
                     c.stream_copy_device_cap_bytes >> 20,
+                    c.stream_copy_device_full,
                     crate::check::idle_text(c.stream_copy_device_idle_ms)
                 )
             } else {
@@ -391,12 +394,13 @@ fn stats(b: &Bench) -> Option<StatsInfo> {
         buffered_written_bytes: file.buffered_written_bytes,
         device_slot_bytes: b.env.driver.device_slot_bytes() as u64,
         reads_past_device_slots: b.env.driver.reads_past_device_slots(),
+        reads_sharing_device_slots: b.env.driver.reads_sharing_device_slots(),
     })
 }
 
 fn print_stats(s: &StatsInfo) {
     println!(
-        "hipfile-rs counters: {} engine jobs ({} arena chunks, {} fallback, {} waits for a fallback chunk, {} sync retries; {} on blocking executors; slot jobs moved by one pread / pwrite: {} / {}), {} requests on the caller's thread ({} while async ops were alive); async {} submitted, {} prefetched, {} copied on the user's stream ({} ops through their stream's spare slot), {} device / {} host releases; file {} MiB O_DIRECT + {} MiB buffered read, {} MiB O_DIRECT + {} MiB buffered written; device slots hold {} MiB ({} reads found none free: pinned slots)",
+        "hipfile-rs counters: {} engine jobs ({} arena chunks, {} fallback, {} waits for a fallback chunk, {} sync retries; {} on blocking executors; slot jobs moved by one pread / pwrite: {} / {}), {} requests on the caller's thread ({} while async ops were alive); async {} submitted, {} prefetched, {} copied on the user's stream ({} ops through their stream's spare slot), {} device / {} host releases; file {} MiB O_DIRECT + {} MiB buffered read, {} MiB O_DIRECT + {} MiB buffered written; device slots hold {} MiB ({} reads found none free, {} of them shared their stream's)",
         s.engine_jobs,
         s.arena_chunks,
         s.fallback_chunks,
@@ -418,7 +422,8 @@ fn print_stats(s: &StatsInfo) {
         s.direct_written_bytes >> 20,
         s.buffered_written_bytes >> 20,
         s.device_slot_bytes >> 20,
-        s.reads_past_device_slots
+        s.reads_past_device_slots,
+        s.reads_sharing_device_slots
     );
 }
 

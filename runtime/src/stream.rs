@@ -244,6 +244,15 @@ pub(crate) struct StreamState {
     deferred: Mutex<std::collections::VecDeque<DeferredPrefetch>>,
     /// Where the words go back when the state drops (`None`: test states).
     words: Option<Arc<WordPool>>,
+    /// This state's number, unique in the process ([`StreamState::serial`]).
+    serial: u64,
+}
+
+/// The next [`StreamState::serial`].
+static NEXT_STREAM_SERIAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+fn next_stream_serial() -> u64 {
+    NEXT_STREAM_SERIAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 impl Drop for StreamState {
@@ -292,6 +301,13 @@ impl StreamState {
         self.word
     }
 
+    /// A number no other state of this process has had or will have (an address may be
+    /// reused once a state is gone; this is not): what the slot pool keys a stream's
+    /// retired slots by.
+    pub(crate) fn serial(&self) -> u64 {
+        self.serial
+    }
+
     /// A state over `arms` with a dangling release word, for the poller's unit tests.
     #[cfg(test)]
     pub(crate) fn for_arm_tests(arms: ArmQueue) -> StreamState {
@@ -308,6 +324,7 @@ impl StreamState {
             prefetch_bytes: std::sync::atomic::AtomicU64::new(0),
             prefetch_budget: Arc::new(PrefetchBudget::new(u64::MAX)),
             deferred: Mutex::new(std::collections::VecDeque::new()),
+            serial: next_stream_serial(),
             words: None,
         }
     }
@@ -552,6 +569,7 @@ impl StreamTable {
             prefetch_budget: Arc::clone(&self.prefetch_budget),
             deferred: Mutex::new(std::collections::VecDeque::new()),
             words: Some(Arc::clone(&self.words)),
+            serial: next_stream_serial(),
         })
     }
 }

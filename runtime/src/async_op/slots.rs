@@ -76,6 +76,10 @@ pub(crate) struct Slot {
     pub(crate) done_word: ReleaseWord,
     /// The value the stream writes into `done_word` for this use.
     pub(crate) generation: u32,
+    /// A slot shared with an earlier read of the same stream whose copy out of it may not
+    /// have run yet ([`SlotPool::try_take_for_read`]): that use's generation and stream.
+    /// Given back unused, the slot waits for that copy again instead of being lent.
+    prior: Option<(u32, StreamKey)>,
 }
 
 impl Slot {
@@ -110,20 +114,17 @@ enum SlabData {
     Device(u64),
 }
 
-/// The stream a retired slot's last copy was enqueued on: the address of its
-/// [`StreamState`](crate::stream::StreamState). A stream runs its copies in order, so the
-/// pool looks at each stream's retired slots oldest first and stops at the first whose copy
-/// has not run ([`SlotClass::reclaim`]).
+/// The stream a retired slot's last copy was enqueued on: the serial of its
+/// [`StreamState`](crate::stream::StreamState) (never reused, unlike its address). A stream
+/// runs its copies in order, so the pool looks at each stream's retired slots oldest first
+/// and stops at the first whose copy has not run ([`SlotClass::reclaim`]), and a read of
+/// the same stream may share a slot whose copy is still queued ([`SlotPool::try_take_for_read`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct StreamKey(usize);
+pub(crate) struct StreamKey(u64);
 
 impl StreamKey {
     pub(crate) fn of(stream: &crate::stream::StreamState) -> StreamKey {
-        StreamKey(std::ptr::from_ref(stream) as usize)
-    }
-
-    fn of_weak(stream: &Weak<crate::stream::StreamState>) -> StreamKey {
-        StreamKey(stream.as_ptr() as usize)
+        StreamKey(stream.serial())
     }
 }
 
@@ -195,7 +196,7 @@ impl SpareSlot {
 }
 
 /// The spares lent to streams: each with the stream it belongs to.
-type Spares = Vec<(Weak<crate::stream::StreamState>, Arc<SpareSlot>)>;
+type Spares = Vec<(Weak<crate::stream::StreamState>, StreamKey, Arc<SpareSlot>)>;
 
 /// The driver's slots, by size (allocated on first use, a slab at a time).
 pub(crate) struct SlotPool {
@@ -215,6 +216,11 @@ pub(crate) struct SlotPool {
     grown: Arc<GrowSignal>,
     /// Reads that wanted a device slot and found none free ([`SlotPool::try_take_for_read`]).
     reads_past_device_slots: AtomicU64,
+    /// Of those, reads that shared a slot with an earlier read of their stream.
+    reads_sharing_device_slots: AtomicU64,
+    /// `HIPFILE_STREAM_COPY_DEVICE_FULL=share`: a read that finds no device slot free
+    /// shares one of its stream's ([`SlotPool::try_take_for_read`]).
+    share_when_full: bool,
     /// The cap of each device's slots (`HIPFILE_STREAM_COPY_DEVICE_MB`), for the message.
     device_cap_bytes: Option<usize>,
 }
@@ -228,7 +234,7 @@ impl SlotPool {
         large_cap_bytes: usize,
         piece_bytes: usize,
     ) -> SlotPool {
-        SlotPool::with_memory(device, all_reads, large_cap_bytes, piece_bytes, None)
+        SlotPool::with_memory(device, all_reads, large_cap_bytes, piece_bytes, None, false)
     }
 
     /// Slots of every size, none allocated yet; `large_cap_bytes` bounds each size above
@@ -244,6 +250,7 @@ impl SlotPool {
         large_cap_bytes: usize,
         piece_bytes: usize,
         device_cap_bytes: Option<usize>,
+        share_when_full: bool,
     ) -> SlotPool {
         let grown = Arc::new(GrowSignal::default());
         let classes_of = |memory: Option<u32>| -> [SlotClass; CLASS_BYTES.len()] {
@@ -285,6 +292,8 @@ impl SlotPool {
         SlotPool {
             grown,
             reads_past_device_slots: AtomicU64::new(0),
+            reads_sharing_device_slots: AtomicU64::new(0),
+            share_when_full,
             device_cap_bytes,
             all_reads,
             piece_bytes,
@@ -342,14 +351,38 @@ impl SlotPool {
     /// engine's device memory there when the pool has them and the read is over
     /// [`SLOT_BYTES`] (`HIPFILE_STREAM_COPY_SLOTS=device`), else — or when none is free or
     /// can be made — a pinned one ([`SlotPool::try_take`]). Never blocks on a stream.
-    pub(crate) fn try_take_for_read(&self, len_bytes: usize, device_ordinal: u32) -> Option<Slot> {
+    ///
+    /// With [`SlotPool::with_memory`]'s `share_when_full`, a read that finds no device slot
+    /// free shares one with an earlier read of its own `stream` whose copy out of it is
+    /// queued but may not have run (that stream's oldest such slot of its size): the stream
+    /// runs that copy before it reaches this read, so the read must fill the slot only
+    /// then — the caller reads it at arm (`SlotUse::ReadAtArm`). Returns the slot and
+    /// whether it is shared so.
+    pub(crate) fn try_take_for_read(
+        &self,
+        len_bytes: usize,
+        device_ordinal: u32,
+        stream: StreamKey,
+    ) -> Option<(Slot, bool)> {
         let Some(class) = self.device_class_for(len_bytes, device_ordinal) else {
-            return self.try_take(len_bytes);
+            return self.try_take(len_bytes).map(|slot| (slot, false));
         };
-        class.try_take().or_else(|| {
-            self.note_read_past_device_slots();
-            self.try_take(len_bytes)
-        })
+        if let Some(slot) = class.try_take() {
+            return Some((slot, false));
+        }
+        self.note_read_past_device_slots();
+        if self.share_when_full
+            && let Some(slot) = class.take_from_stream(stream)
+        {
+            self.reads_sharing_device_slots.fetch_add(1, Ordering::Relaxed);
+            return Some((slot, true));
+        }
+        self.try_take(len_bytes).map(|slot| (slot, false))
+    }
+
+    /// Reads that shared a device slot with an earlier read of their stream.
+    pub(crate) fn reads_sharing_device_slots(&self) -> u64 {
+        self.reads_sharing_device_slots.load(Ordering::Relaxed)
     }
 
     /// Counts a read that wanted a device slot and found none free (its device's cap is
@@ -443,9 +476,8 @@ impl SlotPool {
         {
             let mut spares = self.spares.lock().unwrap_or_else(|p| p.into_inner());
             self.take_back_spares(&mut spares, false);
-            if let Some((_, spare)) =
-                spares.iter().find(|(owner, _)| std::ptr::eq(owner.as_ptr(), Arc::as_ptr(stream)))
-            {
+            let key = StreamKey::of(stream);
+            if let Some((.., spare)) = spares.iter().find(|(_, owner, _)| *owner == key) {
                 return (!spare.lost()).then(|| Arc::clone(spare));
             }
         }
@@ -459,7 +491,7 @@ impl SlotPool {
         let last = Mutex::new(vec![SpareUse::Unused; slots.len()]);
         let spare = Arc::new(SpareSlot { slots, last });
         let mut spares = self.spares.lock().unwrap_or_else(|p| p.into_inner());
-        spares.push((Arc::downgrade(stream), Arc::clone(&spare)));
+        spares.push((Arc::downgrade(stream), StreamKey::of(stream), Arc::clone(&spare)));
         Some(spare)
     }
 
@@ -467,7 +499,7 @@ impl SlotPool {
     /// holds any more go back: at once if never used, once their done word shows their
     /// last use, never if a done write was refused.
     fn take_back_spares(&self, spares: &mut Spares, all: bool) {
-        spares.retain(|(owner, spare)| {
+        spares.retain(|(owner, key, spare)| {
             // At the pool's end no op is left (each holds the driver), whatever the count.
             let free = all || (owner.strong_count() == 0 && Arc::strong_count(spare) == 1);
             if !free {
@@ -479,7 +511,7 @@ impl SlotPool {
                 match last {
                     SpareUse::Unused => self.give_back(slot),
                     SpareUse::Queued(generation) => {
-                        self.retire(&slot.with_generation(generation), StreamKey::of_weak(owner))
+                        self.retire(&slot.with_generation(generation), *key)
                     }
                     SpareUse::Lost => self.lose(),
                 }
@@ -503,9 +535,15 @@ impl SlotPool {
         class.slot(&state, slot.index, state.next_generation)
     }
 
-    /// Gives back a slot whose stream copy was never enqueued.
+    /// Gives back a slot whose stream copy was never enqueued (a shared one goes back to
+    /// waiting for its earlier use's copy).
     pub(crate) fn give_back(&self, slot: &Slot) {
-        self.class_of(slot).lock().free.push(slot.index);
+        match slot.prior {
+            Some((generation, stream)) => {
+                self.retire(&Slot { prior: None, ..slot.with_generation(generation) }, stream);
+            }
+            None => self.class_of(slot).lock().free.push(slot.index),
+        }
     }
 
     /// The copy out of `slot` and its done write are enqueued on `stream`: lend it again
@@ -640,6 +678,20 @@ impl SlotClass {
         self.take_up_to(self.max_slabs())
     }
 
+    /// The oldest retired slot of `stream` whose copy has not run, for a later read of the
+    /// same stream (a new generation; `prior` records the one its queued copy will write).
+    fn take_from_stream(&self, stream: StreamKey) -> Option<Slot> {
+        let mut state = self.lock();
+        let position = state.pending.iter().position(|pending| pending.stream == stream)?;
+        let (index, prior) = state.pending[position].slots.pop_front()?;
+        if state.pending[position].slots.is_empty() {
+            state.pending.swap_remove(position);
+        }
+        state.next_generation = state.next_generation.wrapping_add(1).max(1);
+        let generation = state.next_generation;
+        Some(Slot { prior: Some((prior, stream)), ..self.slot(&state, index, generation) })
+    }
+
     /// A slot for a stream's spare: as [`SlotClass::try_take`], growing past the cap up to
     /// twice it.
     fn try_take_spare(&self) -> Option<Slot> {
@@ -695,6 +747,7 @@ impl SlotClass {
             device_data,
             done_word: self.done_word_in(slabs, index),
             generation,
+            prior: None,
         }
     }
 
@@ -985,9 +1038,23 @@ mod tests {
         assert!(pool.try_take(MAX_SLOT_BYTES + 1).is_none());
     }
 
+    /// A read's slot for stream 0, never shared (these tests' pools do not share).
+    fn read_slot(pool: &SlotPool, len_bytes: usize, device_ordinal: u32) -> Option<Slot> {
+        let (slot, shared) = pool.try_take_for_read(len_bytes, device_ordinal, StreamKey(0))?;
+        assert!(!shared, "a pool that does not share lent a shared slot");
+        Some(slot)
+    }
+
     /// Two cpu devices and a pool with device slots: pinned sizes up to 32 MiB each, each
     /// device's slots up to `device_cap_bytes`.
     fn two_device_pool(device_cap_bytes: usize) -> (Arc<CpuDevice>, Arc<dyn Device>, SlotPool) {
+        two_device_pool_sharing(device_cap_bytes, false)
+    }
+
+    fn two_device_pool_sharing(
+        device_cap_bytes: usize,
+        share_when_full: bool,
+    ) -> (Arc<CpuDevice>, Arc<dyn Device>, SlotPool) {
         let cpu = CpuDevice::new(2);
         let device: Arc<dyn Device> = cpu.clone();
         let pool = SlotPool::with_memory(
@@ -996,8 +1063,66 @@ mod tests {
             32 << 20,
             MAX_SLOT_BYTES,
             Some(device_cap_bytes),
+            share_when_full,
         );
         (cpu, device, pool)
+    }
+
+    /// `HIPFILE_STREAM_COPY_DEVICE_FULL=share`: with the device's slots all taken, a read
+    /// shares the oldest slot of its own stream whose copy is queued (never another
+    /// stream's, never one still held by an op), with a new generation; given back unused,
+    /// a shared slot waits for its earlier use's copy again instead of being lent; once that
+    /// copy ran, the slot is lent as a free one. A stream with no such slot gets a pinned one.
+    #[test]
+    fn a_read_past_the_cap_shares_its_own_streams_queued_slot() {
+        let (cpu, _, pool) = two_device_pool_sharing(32 << 20, true);
+        let (a, b) = (StreamKey(1), StreamKey(2));
+        let take = |stream| pool.try_take_for_read(MAX_SLOT_BYTES, 0, stream).expect("a slot");
+        let (first, shared) = take(a);
+        assert!(first.device_memory().is_some() && !shared);
+        let (held, shared) = take(b);
+        assert!(held.device_memory().is_some() && !shared, "the cap: two 16 MiB slots");
+        pool.retire(&first, a);
+        // Stream b holds its slot (no copy queued): b's next read finds nothing to share.
+        let (pinned, shared) = take(b);
+        assert!(pinned.device_memory().is_none() && !shared, "b: pinned");
+        // Stream a's copy out of `first` has not run: a's next read shares it.
+        let (second, shared) = take(a);
+        assert!(shared, "a shares its queued slot");
+        assert_eq!(second.device_memory(), first.device_memory(), "the same memory");
+        assert_ne!(second.generation, first.generation, "a use of its own");
+        assert_eq!(pool.reads_sharing_device_slots(), 1);
+        assert_eq!(pool.reads_past_device_slots(), 2);
+        // Given back unused (its op ended before enqueueing its copy), it waits again for
+        // the first use's copy: b cannot have it, a can share it again.
+        pool.give_back(&second);
+        let (pinned_too, shared) = take(b);
+        assert!(pinned_too.device_memory().is_none() && !shared, "not lent to another stream");
+        let (third, shared) = take(a);
+        assert!(shared && third.device_memory() == first.device_memory());
+        pool.retire(&third, a);
+        // The stream ran both copies: the slot is free again, for any stream.
+        third.done_word.store(third.generation);
+        let (free, shared) = take(b);
+        assert!(!shared && free.device_memory() == first.device_memory(), "lent as a free slot");
+        for slot in [&held, &pinned, &pinned_too, &free] {
+            pool.give_back(slot);
+        }
+        drop(pool);
+        assert_eq!(cpu.stats().invalid_releases, 0, "every slab freed as allocated");
+    }
+
+    /// Without `share`, a read past the cap never takes its stream's queued slot.
+    #[test]
+    fn without_sharing_a_read_past_the_cap_takes_a_pinned_slot() {
+        let (_, _, pool) = two_device_pool(16 << 20);
+        let stream = StreamKey(1);
+        let (slot, _) = pool.try_take_for_read(MAX_SLOT_BYTES, 0, stream).expect("device");
+        pool.retire(&slot, stream);
+        let (past, shared) = pool.try_take_for_read(MAX_SLOT_BYTES, 0, stream).expect("pinned");
+        assert!(!shared && past.device_memory().is_none());
+        assert_eq!((pool.reads_past_device_slots(), pool.reads_sharing_device_slots()), (1, 0));
+        pool.give_back(&past);
     }
 
     /// With device slots: reads over 64 KiB take slots of the engine's device memory on the
@@ -1007,7 +1132,7 @@ mod tests {
     #[test]
     fn with_device_slots_large_reads_take_device_memory_of_their_device() {
         let (cpu, device, pool) = two_device_pool(32 << 20);
-        let small = pool.try_take_for_read(SLOT_BYTES, 1).expect("small");
+        let small = read_slot(&pool, SLOT_BYTES, 1).expect("small");
         assert!(small.device_memory().is_none() && !small.host_ptr.is_null(), "64 KiB: pinned");
         let write = pool.try_take(1 << 20).expect("write");
         assert!(write.device_memory().is_none(), "try_take: pinned");
@@ -1015,7 +1140,7 @@ mod tests {
         for ordinal in [0, 1] {
             // 32 MiB of device slots per device: two of 16 MiB, then pinned ones.
             for _ in 0..2 {
-                let slot = pool.try_take_for_read(MAX_SLOT_BYTES, ordinal).expect("slot");
+                let slot = read_slot(&pool, MAX_SLOT_BYTES, ordinal).expect("slot");
                 let addr = slot.device_memory().expect("device memory");
                 assert!(slot.host_ptr.is_null());
                 let info = device.pointer_info(addr).expect("tracked");
@@ -1026,13 +1151,13 @@ mod tests {
         let mut ranges: Vec<u64> = taken.iter().filter_map(Slot::device_memory).collect();
         ranges.sort_unstable();
         assert!(ranges.windows(2).all(|w| w[1] - w[0] >= MAX_SLOT_BYTES as u64), "distinct");
-        let past_cap = pool.try_take_for_read(MAX_SLOT_BYTES, 0).expect("a pinned one");
+        let past_cap = read_slot(&pool, MAX_SLOT_BYTES, 0).expect("a pinned one");
         assert!(past_cap.device_memory().is_none(), "past the device cap: pinned");
         pool.give_back(&taken[0]);
-        let again = pool.try_take_for_read(MAX_SLOT_BYTES, 0).expect("given back");
+        let again = read_slot(&pool, MAX_SLOT_BYTES, 0).expect("given back");
         assert_eq!(again.device_memory(), taken[0].device_memory(), "lent again");
-        let plain = SlotPool::with_memory(device, true, 32 << 20, MAX_SLOT_BYTES, None);
-        let slot = plain.try_take_for_read(MAX_SLOT_BYTES, 0).expect("slot");
+        let plain = SlotPool::with_memory(device, true, 32 << 20, MAX_SLOT_BYTES, None, false);
+        let slot = read_slot(&plain, MAX_SLOT_BYTES, 0).expect("slot");
         assert!(slot.device_memory().is_none(), "device slots off");
         for slot in [small, write, past_cap, again].iter().chain(&taken[1..]) {
             pool.give_back(slot);
@@ -1050,7 +1175,7 @@ mod tests {
         let (cpu, _, pool) = two_device_pool(40 << 20);
         let mut taken = Vec::new();
         let mut take = |len_bytes: usize, ordinal: u32| {
-            let slot = pool.try_take_for_read(len_bytes, ordinal).expect("a slot");
+            let slot = read_slot(&pool, len_bytes, ordinal).expect("a slot");
             let on_device = slot.device_memory().is_some();
             taken.push(slot);
             on_device
@@ -1089,12 +1214,12 @@ mod tests {
     #[test]
     fn idle_device_slots_give_their_memory_back_and_grow_again() {
         let (cpu, _, pool) = two_device_pool(64 << 20);
-        let large = pool.try_take_for_read(MAX_SLOT_BYTES, 0).expect("16 MiB");
+        let large = read_slot(&pool, MAX_SLOT_BYTES, 0).expect("16 MiB");
         // 256 KiB slots: four to a 1 MiB slab.
         let quarters: Vec<Slot> =
-            (0..4).map(|_| pool.try_take_for_read(256 * 1024, 0).expect("256 KiB")).collect();
-        let on_device_1 = pool.try_take_for_read(4 << 20, 1).expect("4 MiB");
-        let pinned = pool.try_take_for_read(SLOT_BYTES, 0).expect("pinned");
+            (0..4).map(|_| read_slot(&pool, 256 * 1024, 0).expect("256 KiB")).collect();
+        let on_device_1 = read_slot(&pool, 4 << 20, 1).expect("4 MiB");
+        let pinned = read_slot(&pool, SLOT_BYTES, 0).expect("pinned");
         assert!(quarters.iter().all(|slot| slot.device_memory().is_some()));
         assert_eq!(pool.device_bytes_held(), (16 << 20) + (1 << 20) + (4 << 20));
         assert_eq!(pool.give_back_idle(Duration::ZERO), 0, "every slot lent");
@@ -1115,16 +1240,16 @@ mod tests {
         assert_eq!(pool.device_bytes_held(), 0);
         // None of the given-back slots is lent; new reads get memory again, in the slabs
         // of before (their done words kept), up to the cap as before.
-        let again = pool.try_take_for_read(MAX_SLOT_BYTES, 0).expect("16 MiB again");
+        let again = read_slot(&pool, MAX_SLOT_BYTES, 0).expect("16 MiB again");
         assert!(again.device_memory().is_some());
         assert_eq!(again.index, large.index, "the same slab, new memory");
         assert!(again.generation > large.generation);
         let classes = &pool.device_classes[0];
         assert_eq!(classes[MAX_SLOT_CLASS].lock().slabs.len(), 1);
         let more: Vec<Slot> =
-            (0..3).map(|_| pool.try_take_for_read(MAX_SLOT_BYTES, 0).expect("slot")).collect();
+            (0..3).map(|_| read_slot(&pool, MAX_SLOT_BYTES, 0).expect("slot")).collect();
         assert!(more.iter().all(|slot| slot.device_memory().is_some()), "64 MiB: the cap");
-        let past = pool.try_take_for_read(MAX_SLOT_BYTES, 0).expect("pinned");
+        let past = read_slot(&pool, MAX_SLOT_BYTES, 0).expect("pinned");
         assert!(past.device_memory().is_none(), "past the cap: pinned, as before");
         assert_eq!(pool.give_back_idle(Duration::ZERO), 0, "all lent");
         {
@@ -1235,7 +1360,7 @@ mod tests {
         assert!(starts.windows(2).all(|w| w[1] - w[0] >= SLOT_BYTES));
         // Retired on eight streams in turn (slot i on stream i mod 8).
         for (i, slot) in taken.iter().enumerate() {
-            pool.retire(slot, StreamKey(i % 8));
+            pool.retire(slot, StreamKey((i % 8) as u64));
         }
         assert!(pool.try_take(SLOT_BYTES).is_none(), "pending until the stream copied");
         // Stream 7's done write for its first slot: that slot, and only it, comes back.
@@ -1262,7 +1387,7 @@ mod tests {
     fn retire_all(pool: &SlotPool, slot_bytes: usize, per_stream: usize) -> Vec<Slot> {
         let taken = take_all(pool, slot_bytes);
         for (i, slot) in taken.iter().enumerate() {
-            pool.retire(slot, StreamKey(i / per_stream));
+            pool.retire(slot, StreamKey((i / per_stream) as u64));
         }
         taken
     }

@@ -120,11 +120,19 @@ impl AsyncOp {
             (Direction::Write, true) if fits => SlotUse::Write,
             _ => return None,
         };
-        let slot = match direction {
-            Direction::Read => pool.try_take_for_read(size_bytes as usize, device_ordinal),
-            Direction::Write => pool.try_take(size_bytes as usize),
-        };
-        slot.map(|slot| (slot, wanted))
+        match direction {
+            Direction::Read => {
+                let (slot, shared) = pool.try_take_for_read(
+                    size_bytes as usize,
+                    device_ordinal,
+                    StreamKey::of(state),
+                )?;
+                // A slot shared with an earlier read of the stream may be filled only once
+                // the stream ran that read's copy out of it: when it reaches this one.
+                Some((slot, if shared { SlotUse::ReadAtArm } else { wanted }))
+            }
+            Direction::Write => pool.try_take(size_bytes as usize).map(|slot| (slot, wanted)),
+        }
     }
 
     /// At arm, for an op whose device range its stream does not fix: whether the bound

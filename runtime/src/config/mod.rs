@@ -40,6 +40,8 @@ const STREAM_COPY_SLOTS: &str = "HIPFILE_STREAM_COPY_SLOTS";
 const STREAM_COPY_DEVICE_MB: &str = "HIPFILE_STREAM_COPY_DEVICE_MB";
 /// Default of `HIPFILE_STREAM_COPY_DEVICE_MB`.
 const DEFAULT_STREAM_COPY_DEVICE_MB: usize = 1024;
+const STREAM_COPY_DEVICE_FULL: &str = "HIPFILE_STREAM_COPY_DEVICE_FULL";
+const REASON_STREAM_COPY_DEVICE_FULL: &str = "must be pinned or share";
 const STREAM_COPY_DEVICE_IDLE_MS: &str = "HIPFILE_STREAM_COPY_DEVICE_IDLE_MS";
 /// Default of `HIPFILE_STREAM_COPY_DEVICE_IDLE_MS`.
 const DEFAULT_STREAM_COPY_DEVICE_IDLE_MS: u64 = 5_000;
@@ -203,7 +205,14 @@ pub const ENV_VARS: &[(&str, &str)] = &[
         STREAM_COPY_DEVICE_MB,
         "with HIPFILE_STREAM_COPY_SLOTS=device: the most MiB of the engine's device memory \
          that the slots of one device hold, all sizes together, at least 16 (default 1024); \
-         reads past it take pinned slots",
+         reads past it take pinned slots (HIPFILE_STREAM_COPY_DEVICE_FULL)",
+    ),
+    (
+        STREAM_COPY_DEVICE_FULL,
+        "with HIPFILE_STREAM_COPY_SLOTS=device: what a read over 64 KiB does when its \
+         device's slots are all taken: pinned (take a pinned slot; the default) or share \
+         (share the slot of an earlier read of its own stream whose copy is still queued, \
+         and read the file when the stream reaches it)",
     ),
     (
         STREAM_COPY_DEVICE_IDLE_MS,
@@ -279,6 +288,22 @@ pub enum StreamCopySlots {
     /// as many slots as ops in flight. Writes and reads of at most 64 KiB keep pinned
     /// slots. A backend without engine device memory (rocm today) uses pinned slots.
     Device,
+}
+
+/// What a read over 64 KiB does when every slot of device memory of its size is taken
+/// and the device's cap is reached (`HIPFILE_STREAM_COPY_DEVICE_FULL`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum DeviceSlotsFull {
+    /// Take a pinned slot (`pinned`, the default): read ahead like any staged read, its
+    /// stream then copies host → device after the release, in the stream's round trip.
+    #[default]
+    Pinned,
+    /// Share the slot of an earlier read of the same stream whose copy out of it is
+    /// queued (`share`): the stream runs that copy before it reaches this read, which is
+    /// therefore read into the slot only then (no read-ahead); its stream copies device →
+    /// device as for a slot of its own. No memory beyond the cap; where the stream has no
+    /// such slot, a pinned one.
+    Share,
 }
 
 /// Which device backend to use (`HIPFILE_DEVICE`).
@@ -370,8 +395,11 @@ pub struct Config {
     pub stream_copy_slots: StreamCopySlots,
     /// With [`StreamCopySlots::Device`]: the most bytes of the engine's device memory that
     /// the slots of one device hold, all sizes together (`HIPFILE_STREAM_COPY_DEVICE_MB`);
-    /// reads past it take pinned slots.
+    /// reads past it take pinned slots ([`Config::stream_copy_device_full`]).
     pub stream_copy_device_cap_bytes: usize,
+    /// With [`StreamCopySlots::Device`]: what a read does when its device's slots are all
+    /// taken (`HIPFILE_STREAM_COPY_DEVICE_FULL`; [`DeviceSlotsFull`]).
+    pub stream_copy_device_full: DeviceSlotsFull,
     /// With [`StreamCopySlots::Device`]: the milliseconds after which a slot size that no
     /// read took gives the device memory of its free slots back
     /// (`HIPFILE_STREAM_COPY_DEVICE_IDLE_MS`, default 5000; 0: never, until the driver is
@@ -560,6 +588,18 @@ impl Config {
             16,
             REASON_STREAM_COPY_MB,
         )?;
+        config.stream_copy_device_full =
+            match get(STREAM_COPY_DEVICE_FULL).as_deref().map(str::trim) {
+                None | Some("pinned") => DeviceSlotsFull::Pinned,
+                Some("share") => DeviceSlotsFull::Share,
+                Some(other) => {
+                    return Err(ConfigError {
+                        variable: STREAM_COPY_DEVICE_FULL,
+                        value: other.to_string(),
+                        reason: REASON_STREAM_COPY_DEVICE_FULL,
+                    });
+                }
+            };
         config.stream_copy_device_idle_ms = parse_count(
             STREAM_COPY_DEVICE_IDLE_MS,
             get(STREAM_COPY_DEVICE_IDLE_MS),
@@ -667,6 +707,7 @@ impl Config {
             stream_copy_piece_bytes: DEFAULT_STREAM_COPY_PIECE_MB * MIB,
             stream_copy_slots: StreamCopySlots::Auto,
             stream_copy_device_cap_bytes: DEFAULT_STREAM_COPY_DEVICE_MB * MIB,
+            stream_copy_device_full: DeviceSlotsFull::Pinned,
             stream_copy_device_idle_ms: DEFAULT_STREAM_COPY_DEVICE_IDLE_MS,
         }
     }

@@ -28,7 +28,7 @@ use hipfile_core::OpError;
 use crate::arm::ArmPoller;
 use crate::async_op::{AsyncStats, IdleSlotGiver, OpHost, SlotPool, WriteHazardTable};
 use crate::buffer::RegisteredBuffer;
-use crate::config::{Config, StreamCopies, StreamCopySlots};
+use crate::config::{Config, DeviceSlotsFull, StreamCopies, StreamCopySlots};
 use crate::device::Device;
 use crate::engine::Engine;
 use crate::error::Error;
@@ -121,6 +121,7 @@ impl Driver {
                     config.stream_copy_piece_bytes,
                     (config.stream_copy_slots == StreamCopySlots::Device)
                         .then_some(config.stream_copy_device_cap_bytes),
+                    config.stream_copy_device_full == DeviceSlotsFull::Share,
                 ))
             });
         let idle = Duration::from_millis(config.stream_copy_device_idle_ms);
@@ -187,6 +188,12 @@ impl Driver {
         self.slots.as_ref().map_or(0, |pool| pool.reads_past_device_slots())
     }
 
+    /// Of [`Driver::reads_past_device_slots`], the reads that shared a slot with an
+    /// earlier read of their stream instead (`HIPFILE_STREAM_COPY_DEVICE_FULL=share`).
+    pub fn reads_sharing_device_slots(&self) -> u64 {
+        self.slots.as_ref().map_or(0, |pool| pool.reads_sharing_device_slots())
+    }
+
     /// What the async path holds right now, for a watchdog that found a stream stuck:
     /// every stream with its submitted / reached (doorbell) / released sequence numbers,
     /// the arm poller, the async and engine counters, the device's queue setting. Idle
@@ -221,7 +228,7 @@ impl Driver {
             report,
             "  async: {} submitted, {} prefetched, {} released device-side, {} host-side; {} \
              copied on their stream ({} through spare slots), device slots hold {} MiB ({} \
-             reads found none free)",
+             reads found none free, {} of them shared their stream's)",
             stats.submitted.load(Ordering::Relaxed),
             stats.prefetched.load(Ordering::Relaxed),
             stats.device_releases.load(Ordering::Relaxed),
@@ -230,6 +237,7 @@ impl Driver {
             stats.spare_ops.load(Ordering::Relaxed),
             self.device_slot_bytes() >> 20,
             self.reads_past_device_slots(),
+            self.reads_sharing_device_slots(),
         );
         if let Some(engine) = self.engine.get() {
             let _ = writeln!(

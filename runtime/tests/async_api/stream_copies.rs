@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use hipfile_core::OpError;
 use hipfile_runtime::AsyncParams;
-use hipfile_runtime::config::{Config, StreamCopies, StreamCopySlots};
+use hipfile_runtime::config::{Config, DeviceSlotsFull, StreamCopies, StreamCopySlots};
 use hipfile_runtime::file::DirectPolicy;
 
 use super::paused::Paused;
@@ -790,35 +790,57 @@ fn held_reads_land(t: &Paused, flags: u32, reads: &[HeldRead], old: &[u8], buffe
 
 /// Device slots with the smallest cap (`HIPFILE_STREAM_COPY_DEVICE_MB=16`): of three
 /// 16 MiB reads queued on a held stream the first takes the device slot, the other two
-/// find none free and take pinned slots, which the driver counts (the bench prints it, the
-/// log says it once); every byte lands either way. Reads of 64 KiB never want device
-/// memory and are not counted.
+/// find none free, which the driver counts (the bench prints it, the log says it once).
+/// With `HIPFILE_STREAM_COPY_DEVICE_FULL=pinned` they take pinned slots (copied host →
+/// device); with `share` each shares the slot of the read before it on the stream and is
+/// read into it when the stream reaches it, after that read's copy ran (all three copied
+/// device → device out of the one slot). Every byte lands either way, also with a late
+/// file offset (flags 5). Reads of 64 KiB never want device memory and are not counted.
 #[test]
-fn reads_past_the_device_slots_cap_take_pinned_slots_and_are_counted() {
-    let config = Config {
-        stream_copy_slots: StreamCopySlots::Device,
-        stream_copy_device_cap_bytes: 16 * MIB,
-        ..all_config()
-    };
-    let t = Paused::with(Rig::with(1, config), "stream-copies-past-cap", 64 * MIB, 64 * MIB);
-    let old = pattern(97, 64 * MIB);
-    t.rig.set_dev_bytes(t.buffer, &old);
-    let copied_other = || t.rig.cpu.as_ref().map(|cpu| cpu.stats().bytes_copied_other);
-    let other_before = copied_other();
-    assert_eq!(t.rig.driver.reads_past_device_slots(), 0);
-    let reads = [
-        (16 * MIB, 0, 0, 0, 16 * MIB),
-        (16 * MIB, 16 * MIB, 16 * MIB, 20 * MIB, 16 * MIB),
-        (16 * MIB, 40 * MIB, 40 * MIB, 40 * MIB, 16 * MIB),
-        (64 * KIB, 60 * MIB, 60 * MIB, 60 * MIB, 64 * KIB),
-    ];
-    held_reads_land(&t, 15, &reads, &old, 64 * MIB);
-    assert_eq!(t.rig.driver.reads_past_device_slots(), 2, "the two reads past the cap");
-    // On the cpu device: one slot copied device → device (16 MiB), the others host → device.
-    if let (Some(after), Some(before)) = (copied_other(), other_before) {
-        assert_eq!(after - before, 16 * MIB as u64, "one read out of device memory");
+fn reads_past_the_device_slots_cap_take_pinned_slots_or_share_their_streams() {
+    for full in [DeviceSlotsFull::Pinned, DeviceSlotsFull::Share] {
+        let config = Config {
+            stream_copy_slots: StreamCopySlots::Device,
+            stream_copy_device_cap_bytes: 16 * MIB,
+            stream_copy_device_full: full,
+            ..all_config()
+        };
+        let t = Paused::with(Rig::with(1, config), "stream-copies-past-cap", 64 * MIB, 64 * MIB);
+        let old = pattern(97, 64 * MIB);
+        let copied_other = || t.rig.cpu.as_ref().map(|cpu| cpu.stats().bytes_copied_other);
+        for (round, flags) in [15u32, 5].into_iter().enumerate() {
+            t.rig.set_dev_bytes(t.buffer, &old);
+            let other_before = copied_other();
+            let (past_before, shared_before) =
+                (t.rig.driver.reads_past_device_slots(), t.rig.driver.reads_sharing_device_slots());
+            // (size, file offset submitted, file offset bound, buffer offset, bytes read)
+            let reads = [
+                (16 * MIB, 0, 4096, 0, 16 * MIB),
+                (16 * MIB, 16 * MIB, 16 * MIB + 4096, 20 * MIB, 16 * MIB),
+                (16 * MIB, 40 * MIB, 40 * MIB + 4096, 40 * MIB, 16 * MIB),
+                (64 * KIB, 60 * MIB, 60 * MIB + 4096, 60 * MIB, 64 * KIB),
+            ];
+            held_reads_land(&t, flags, &reads, &old, 64 * MIB);
+            let what = format!("{full:?}, flags {flags}");
+            let past = t.rig.driver.reads_past_device_slots() - past_before;
+            let shared = t.rig.driver.reads_sharing_device_slots() - shared_before;
+            // The first round's slot is the pool's after its copy ran: taken again first.
+            assert_eq!(past, 2, "{what}: the two reads past the cap");
+            let want_shared = if full == DeviceSlotsFull::Share { 2 } else { 0 };
+            assert_eq!(shared, want_shared, "{what}: reads that shared their stream's slot");
+            // On the cpu device: device → device copies out of device slots only.
+            if let (Some(after), Some(before)) = (copied_other(), other_before) {
+                let device_reads = 1 + shared;
+                assert_eq!(
+                    after - before,
+                    device_reads * 16 * MIB as u64,
+                    "{what} (round {round})"
+                );
+            }
+        }
+        let report = t.rig.driver.pending_report();
+        assert!(report.contains("4 reads found none free"), "{report}");
     }
-    assert!(t.rig.driver.pending_report().contains("2 reads found none free"));
 }
 
 /// `all` with room for the rings of several long ops in flight (256 MiB of 16 MiB slots;

@@ -528,6 +528,21 @@ fn stream_copies_are_the_backends_choice_unless_asked_for() {
             "HIPFILE_STREAM_COPY_DEVICE_MB",
         );
     }
+    // What a read does past the device slots' cap: a pinned slot unless set.
+    use hipfile_runtime::config::DeviceSlotsFull;
+    assert_eq!(parse_ok(&[]).stream_copy_device_full, DeviceSlotsFull::Pinned);
+    for (raw, want) in [("pinned", DeviceSlotsFull::Pinned), (" share ", DeviceSlotsFull::Share)] {
+        let got = parse_ok(&[("HIPFILE_STREAM_COPY_DEVICE_FULL", raw)]).stream_copy_device_full;
+        assert_eq!(got, want, "{raw:?}");
+    }
+    for bad in ["shared", "Share", "1"] {
+        let error = rejected(
+            &[("HIPFILE_STREAM_COPY_DEVICE_FULL", bad)],
+            &cpus(4),
+            "HIPFILE_STREAM_COPY_DEVICE_FULL",
+        );
+        assert!(error.to_string().contains("pinned or share"), "{bad:?}: {error}");
+    }
     // How long device slots may go unused before their memory goes back: 5 s unless set,
     // 0 (never) to a day.
     assert_eq!(parse_ok(&[]).stream_copy_device_idle_ms, 5_000);
