@@ -279,7 +279,11 @@ impl AsyncOp {
         // of on every read in flight at once. A long op's pieces read ahead by their ring.
         let reads_ahead = slot.is_none()
             || (slot_use == Some(stream_copy::SlotUse::StagedRead) && piece.is_none());
-        let prefetch = reads_ahead && eligible && state.admit_prefetch(parts.io.size_bytes());
+        // A slot shared with an earlier read of the stream waits for that read's copy out
+        // of it: never read at submission (the deferred start checks the copy ran).
+        let shared = slot.is_some_and(|slot| slot.is_shared());
+        let prefetch =
+            reads_ahead && eligible && !shared && state.admit_prefetch(parts.io.size_bytes());
         let hazard = match parts.direction {
             Direction::Write => {
                 prefetch::note_write(&parts.file);

@@ -13,8 +13,16 @@ use crate::file::OpGuard;
 
 impl AsyncOp {
     /// The stream reached the op (on the arm poller, or in the host function of the
-    /// blocking fallback; O(1), no device calls).
+    /// blocking fallback; O(1), no device calls). Then the stream's reads waiting to read
+    /// ahead get another try: the stream ran every copy queued before this op, so a read
+    /// sharing a slot with one of them may fill it now (`try_start_deferred_slot_read`).
     pub(super) fn arm(self: Arc<Self>) {
+        let stream = Arc::clone(&self.stream);
+        self.arm_now();
+        stream.start_deferred();
+    }
+
+    fn arm_now(self: Arc<Self>) {
         self.note_arm();
         if self.end.end_if_abandoned() {
             // Abandoned because its wait could not be queued: no copy of its slot is

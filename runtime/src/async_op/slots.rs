@@ -93,6 +93,18 @@ impl Slot {
     pub(crate) fn with_generation(self, generation: u32) -> Slot {
         Slot { generation, ..self }
     }
+
+    /// Whether the slot is shared with an earlier read of the stream
+    /// ([`SlotPool::try_take_for_read`]).
+    pub(crate) fn is_shared(&self) -> bool {
+        self.prior.is_some()
+    }
+
+    /// For a shared slot: whether the stream's copy of the earlier use has yet to run (its
+    /// done word does not show that use); nothing may be read into the slot until it has.
+    pub(crate) fn waits_for_earlier_copy(&self) -> bool {
+        self.prior.is_some_and(|(generation, _)| self.done_word.load() != generation)
+    }
 }
 
 // SAFETY: the slot's memory belongs to the pool, which lives as long as the driver that
@@ -355,9 +367,9 @@ impl SlotPool {
     /// With [`SlotPool::with_memory`]'s `share_when_full`, a read that finds no device slot
     /// free shares one with an earlier read of its own `stream` whose copy out of it is
     /// queued but may not have run (that stream's oldest such slot of its size): the stream
-    /// runs that copy before it reaches this read, so the read must fill the slot only
-    /// then — the caller reads it at arm (`SlotUse::ReadAtArm`). Returns the slot and
-    /// whether it is shared so.
+    /// runs that copy before it reaches this read, so the read may fill the slot once that
+    /// copy ran ([`Slot::waits_for_earlier_copy`]: read ahead from then on) and at the
+    /// latest at its arm. Returns the slot and whether it is shared so.
     pub(crate) fn try_take_for_read(
         &self,
         len_bytes: usize,

@@ -122,14 +122,15 @@ impl AsyncOp {
         };
         match direction {
             Direction::Read => {
-                let (slot, shared) = pool.try_take_for_read(
+                // A slot shared with an earlier read of the stream is filled only once the
+                // stream ran that read's copy out of it (a staged read reads ahead from
+                // then on: `try_start_deferred_slot_read`; any read at the latest at arm).
+                let (slot, _shared) = pool.try_take_for_read(
                     size_bytes as usize,
                     device_ordinal,
                     StreamKey::of(state),
                 )?;
-                // A slot shared with an earlier read of the stream may be filled only once
-                // the stream ran that read's copy out of it: when it reaches this one.
-                Some((slot, if shared { SlotUse::ReadAtArm } else { wanted }))
+                Some((slot, wanted))
             }
             Direction::Write => pool.try_take(size_bytes as usize).map(|slot| (slot, wanted)),
         }
@@ -493,7 +494,10 @@ impl AsyncOp {
         {
             return DeferredStart::Gone;
         }
-        if !self.stream.admit_prefetch(len_bytes) {
+        // A shared slot's earlier use is copied out of it first (the stream's arms retry).
+        if self.slot.is_some_and(|slot| slot.waits_for_earlier_copy())
+            || !self.stream.admit_prefetch(len_bytes)
+        {
             return DeferredStart::NoRoom;
         }
         self.holds_prefetch_window.store(true, Ordering::SeqCst);

@@ -843,6 +843,60 @@ fn reads_past_the_device_slots_cap_take_pinned_slots_or_share_their_streams() {
     }
 }
 
+/// `HIPFILE_STREAM_COPY_DEVICE_FULL=share`: a fully FIXED read sharing the slot of an
+/// earlier read of its stream reads ahead as soon as the stream ran that read's copy —
+/// here when the stream reaches a 64 KiB write between them (an arm after that copy),
+/// while a gate of the application holds the stream before the shared read — not only at
+/// its own arm; every byte lands once the gate opens.
+#[test]
+fn a_read_sharing_its_streams_slot_reads_ahead_once_the_earlier_copy_ran() {
+    let config = Config {
+        stream_copy_slots: StreamCopySlots::Device,
+        stream_copy_device_cap_bytes: 16 * MIB,
+        stream_copy_device_full: DeviceSlotsFull::Share,
+        ..all_config()
+    };
+    let t = Paused::with(Rig::with(1, config), "stream-copies-share-ahead", 64 * MIB, 64 * MIB);
+    let old = pattern(98, 64 * MIB);
+    t.rig.set_dev_bytes(t.buffer, &old);
+    let prefetched = || t.rig.driver.async_stats().prefetched.load(Ordering::SeqCst);
+    let stream = t.rig.registered_stream(15);
+    let first_gate = t.rig.pause(stream).expect("pause");
+    let first = params(16 * MIB, 0, 0);
+    read(&t, &first, stream);
+    // A write between them (no read ahead of its own): its arm follows the first's copy.
+    let written = params(64 * KIB, 60 * MIB as i64, 30 * MIB as i64);
+    t.rig.write(t.handle, t.buffer, &written, stream);
+    let second_gate = t.rig.pause(stream).expect("pause");
+    let shared = params(16 * MIB, 40 * MIB as i64, 40 * MIB as i64);
+    read(&t, &shared, stream);
+    assert_eq!(t.rig.driver.reads_sharing_device_slots(), 1, "the read shares the first's slot");
+    // The first read is staged by now (milliseconds on the cpu device); the shared one must
+    // not start while the first's copy is queued.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let before = prefetched();
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert_eq!(prefetched(), before, "not read ahead while the first's copy is queued");
+    first_gate.release();
+    wait_until("the shared read to read ahead", || prefetched() > before);
+    assert_eq!(bytes(&shared), 0, "still held by the application's second gate");
+    second_gate.release();
+    t.rig.sync(stream);
+    let got = t.rig.dev_bytes(t.buffer, 64 * MIB);
+    for (p, at, len) in [(&first, 0, 16 * MIB), (&shared, 40 * MIB, 16 * MIB)] {
+        assert_eq!(bytes(p), len as isize);
+        assert_bytes(&got[at..at + len], &t.data[at..at + len], &format!("{len} bytes at {at}"));
+    }
+    assert_bytes(&got[16 * MIB..40 * MIB], &old[16 * MIB..40 * MIB], "untouched");
+    assert_eq!(bytes(&written), (64 * KIB) as isize);
+    let contents = t.file.contents();
+    assert_bytes(
+        &contents[60 * MIB..60 * MIB + 64 * KIB],
+        &old[30 * MIB..30 * MIB + 64 * KIB],
+        "written",
+    );
+}
+
 /// `all` with room for the rings of several long ops in flight (256 MiB of 16 MiB slots;
 /// the default 64 MiB holds one ring of four).
 fn all_config() -> Config {
