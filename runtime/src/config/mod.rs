@@ -212,7 +212,7 @@ pub const ENV_VARS: &[(&str, &str)] = &[
         "with HIPFILE_STREAM_COPY_SLOTS=device: what a read over 64 KiB does when its \
          device's slots are all taken: pinned (take a pinned slot; the default) or share \
          (share the slot of an earlier read of its own stream whose copy is still queued, \
-         and read the file when the stream reaches it)",
+         and read the file into it once that copy ran)",
     ),
     (
         STREAM_COPY_DEVICE_IDLE_MS,
@@ -300,9 +300,10 @@ pub enum DeviceSlotsFull {
     Pinned,
     /// Share the slot of an earlier read of the same stream whose copy out of it is
     /// queued (`share`): the stream runs that copy before it reaches this read, which is
-    /// therefore read into the slot only then (no read-ahead); its stream copies device →
-    /// device as for a slot of its own. No memory beyond the cap; where the stream has no
-    /// such slot, a pinned one.
+    /// therefore read into the slot only once that copy ran (ahead of the stream from then
+    /// on, at the latest when the stream reaches it); its stream copies device → device
+    /// as for a slot of its own. No memory beyond the cap; where the stream has no such
+    /// slot, a pinned one.
     Share,
 }
 

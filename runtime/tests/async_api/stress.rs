@@ -301,6 +301,38 @@ fn stress_with_every_fixed_range_copied_on_the_stream_through_spares() {
     assert!(spared > 0, "ops through spares");
 }
 
+/// The same with device slots at their least cap (16 MiB per device) and
+/// `HIPFILE_STREAM_COPY_DEVICE_FULL=share`: reads over 64 KiB past the cap share the queued
+/// slot of an earlier read of their stream (read ahead once that read's copy ran, else when
+/// the stream reaches them), between ops in slots of their own, pinned slots, rings, spares
+/// and the engine's path, with late file offsets; every byte must match the model.
+#[test]
+fn stress_with_reads_sharing_their_streams_device_slots() {
+    let config = hipfile_runtime::config::Config {
+        stream_copies: hipfile_runtime::config::StreamCopies::All,
+        stream_copy_slots: hipfile_runtime::config::StreamCopySlots::Device,
+        stream_copy_device_cap_bytes: 16 * MIB,
+        stream_copy_device_full: hipfile_runtime::config::DeviceSlotsFull::Share,
+        stream_copy_cap_bytes: 64 * MIB,
+        ..hipfile_runtime::config::Config::default()
+    };
+    let shape = Shape {
+        streams: 4,
+        threads: 2,
+        ops: 300,
+        region: 24 * MIB,
+        max_op: 16 * MIB,
+        max_outstanding: 48,
+        late_file_offsets: true,
+    };
+    let rig = Rig::with(1, config);
+    let driver = std::sync::Arc::clone(&rig.driver);
+    let copied = stress(rig, shape);
+    assert!(copied > 0, "ops copied on their streams");
+    let (past, shared) = (driver.reads_past_device_slots(), driver.reads_sharing_device_slots());
+    assert!(shared > 0, "reads that shared their stream's slot: {shared} of {past} past the cap");
+}
+
 /// The same with pieces of 1 MiB (`HIPFILE_STREAM_COPY_PIECE_MB=1`): every op of more than
 /// 1 MiB with a FIXED device range goes in pieces sharing a ring of four 1 MiB slots,
 /// several of them on one stream at once, and every byte must match the model.
