@@ -13,13 +13,18 @@ use crate::file::OpGuard;
 
 impl AsyncOp {
     /// The stream reached the op (on the arm poller, or in the host function of the
-    /// blocking fallback; O(1), no device calls). Then the stream's reads waiting to read
-    /// ahead get another try: the stream ran every copy queued before this op, so a read
-    /// sharing a slot with one of them may fill it now (`try_start_deferred_slot_read`).
+    /// blocking fallback; O(1), no device calls). Where reads may share their stream's
+    /// slots (`HIPFILE_STREAM_COPY_DEVICE_FULL=share`), the stream's reads waiting to read
+    /// ahead then get another try: the stream ran every copy queued before this op, so a
+    /// read sharing a slot with one of them may fill it now
+    /// (`try_start_deferred_slot_read`).
     pub(super) fn arm(self: Arc<Self>) {
+        let retry = self.host.slots().is_some_and(|pool| pool.shares_when_full());
         let stream = Arc::clone(&self.stream);
         self.arm_now();
-        stream.start_deferred();
+        if retry {
+            stream.start_deferred();
+        }
     }
 
     fn arm_now(self: Arc<Self>) {

@@ -392,6 +392,11 @@ impl SlotPool {
         self.try_take(len_bytes).map(|slot| (slot, false))
     }
 
+    /// Whether a read past the device slots' cap shares its stream's queued slot.
+    pub(crate) fn shares_when_full(&self) -> bool {
+        self.share_when_full && self.has_device_slots()
+    }
+
     /// Reads that shared a device slot with an earlier read of their stream.
     pub(crate) fn reads_sharing_device_slots(&self) -> u64 {
         self.reads_sharing_device_slots.load(Ordering::Relaxed)
