@@ -183,7 +183,8 @@ impl Driver {
 
     /// Reads (over 64 KiB, `HIPFILE_STREAM_COPY_SLOTS=device`) that found no free slot of
     /// device memory, their device's `HIPFILE_STREAM_COPY_DEVICE_MB` reached (or a slab
-    /// refused), and took pinned slots: slower for large reads (README, Known limits).
+    /// refused): they took pinned slots, slower for large reads (README, Known limits), or
+    /// shared their stream's ([`Driver::reads_sharing_device_slots`]).
     pub fn reads_past_device_slots(&self) -> u64 {
         self.slots.as_ref().map_or(0, |pool| pool.reads_past_device_slots())
     }
