@@ -602,6 +602,29 @@ fn streams_made_while_reads_copied_from_device_slots_hold_streams() {
     assert_eq!(copies, 8 * 4 * 6, "every read copied on its own stream");
 }
 
+/// The same with 16 MiB reads past a 128 MiB cap of device slots (room for one per
+/// stream) that share their stream's slot (`HIPFILE_STREAM_COPY_DEVICE_FULL=share`): a
+/// shared read is filled only after the earlier read's copy ran on the stream, at the
+/// latest at its own arm, so the stream waits on nothing but its own doorbell while
+/// another thread makes streams.
+#[test]
+fn streams_made_while_reads_share_their_streams_device_slots_hold_streams() {
+    let config = Config {
+        stream_copies: StreamCopies::All,
+        stream_copy_slots: StreamCopySlots::Device,
+        stream_copy_device_cap_bytes: 128 * MIB,
+        stream_copy_device_full: hipfile_runtime::config::DeviceSlotsFull::Share,
+        ..small_config()
+    };
+    let rig = Rig::with(1, config);
+    let driver = Arc::clone(&rig.driver);
+    let copies = streams_made_during(rig, Direction::Read, 2, 16 * MIB, [Some(15); 4]);
+    assert_eq!(copies, 8 * 2 * 6, "every read copied on its own stream");
+    // Each round submits every stream's first read before its second: the second shares.
+    let shared = driver.reads_sharing_device_slots();
+    assert!(shared >= 24, "most second reads shared their stream's slot ({shared})");
+}
+
 /// The same with writes whose bytes their stream copies into a slot ahead of their
 /// doorbell (`HIPFILE_STREAM_COPIES=all`, buffer offset and size FIXED).
 #[test]
