@@ -205,14 +205,15 @@ pub const ENV_VARS: &[(&str, &str)] = &[
         STREAM_COPY_DEVICE_MB,
         "with HIPFILE_STREAM_COPY_SLOTS=device: the most MiB of the engine's device memory \
          that the slots of one device hold, all sizes together, at least 16 (default 1024); \
-         reads past it take pinned slots (HIPFILE_STREAM_COPY_DEVICE_FULL)",
+         reads past it share their stream's slots or take pinned ones \
+         (HIPFILE_STREAM_COPY_DEVICE_FULL)",
     ),
     (
         STREAM_COPY_DEVICE_FULL,
         "with HIPFILE_STREAM_COPY_SLOTS=device: what a read over 64 KiB does when its \
-         device's slots are all taken: pinned (take a pinned slot; the default) or share \
-         (share the slot of an earlier read of its own stream whose copy is still queued, \
-         and read the file into it once that copy ran)",
+         device's slots are all taken: share (share the slot of an earlier read of its own \
+         stream whose copy is still queued, and read the file into it once that copy ran; \
+         the default) or pinned (take a pinned slot)",
     ),
     (
         STREAM_COPY_DEVICE_IDLE_MS,
@@ -294,16 +295,17 @@ pub enum StreamCopySlots {
 /// and the device's cap is reached (`HIPFILE_STREAM_COPY_DEVICE_FULL`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum DeviceSlotsFull {
-    /// Take a pinned slot (`pinned`, the default): read ahead like any staged read, its
-    /// stream then copies host → device after the release, in the stream's round trip.
-    #[default]
+    /// Take a pinned slot (`pinned`): read ahead like any staged read, its stream then
+    /// copies host → device after the release, in the stream's round trip.
     Pinned,
     /// Share the slot of an earlier read of the same stream whose copy out of it is
     /// queued (`share`): the stream runs that copy before it reaches this read, which is
     /// therefore read into the slot only once that copy ran (ahead of the stream from then
     /// on, at the latest when the stream reaches it); its stream copies device → device
     /// as for a slot of its own. No memory beyond the cap; where the stream has no such
-    /// slot, a pinned one.
+    /// slot, a pinned one. The default: on an H100, 16 MiB reads at 8 and 16 streams
+    /// past the cap ran 1.09–1.13× `Pinned` (`benches/results/h100-2026-12-06-f/`).
+    #[default]
     Share,
 }
 
@@ -396,7 +398,8 @@ pub struct Config {
     pub stream_copy_slots: StreamCopySlots,
     /// With [`StreamCopySlots::Device`]: the most bytes of the engine's device memory that
     /// the slots of one device hold, all sizes together (`HIPFILE_STREAM_COPY_DEVICE_MB`);
-    /// reads past it take pinned slots ([`Config::stream_copy_device_full`]).
+    /// reads past it share their stream's slots or take pinned ones
+    /// ([`Config::stream_copy_device_full`]).
     pub stream_copy_device_cap_bytes: usize,
     /// With [`StreamCopySlots::Device`]: what a read does when its device's slots are all
     /// taken (`HIPFILE_STREAM_COPY_DEVICE_FULL`; [`DeviceSlotsFull`]).
@@ -591,8 +594,8 @@ impl Config {
         )?;
         config.stream_copy_device_full =
             match get(STREAM_COPY_DEVICE_FULL).as_deref().map(str::trim) {
-                None | Some("pinned") => DeviceSlotsFull::Pinned,
-                Some("share") => DeviceSlotsFull::Share,
+                Some("pinned") => DeviceSlotsFull::Pinned,
+                None | Some("share") => DeviceSlotsFull::Share,
                 Some(other) => {
                     return Err(ConfigError {
                         variable: STREAM_COPY_DEVICE_FULL,
@@ -708,7 +711,7 @@ impl Config {
             stream_copy_piece_bytes: DEFAULT_STREAM_COPY_PIECE_MB * MIB,
             stream_copy_slots: StreamCopySlots::Auto,
             stream_copy_device_cap_bytes: DEFAULT_STREAM_COPY_DEVICE_MB * MIB,
-            stream_copy_device_full: DeviceSlotsFull::Pinned,
+            stream_copy_device_full: DeviceSlotsFull::Share,
             stream_copy_device_idle_ms: DEFAULT_STREAM_COPY_DEVICE_IDLE_MS,
         }
     }

@@ -48,7 +48,7 @@ pub fn config(cpus: &[usize]) -> Config {
         stream_copy_piece_bytes: 16 << 20,
         stream_copy_slots: hipfile_runtime::config::StreamCopySlots::Pinned,
         stream_copy_device_cap_bytes: 64 << 20,
-        stream_copy_device_full: hipfile_runtime::config::DeviceSlotsFull::Pinned,
+        stream_copy_device_full: hipfile_runtime::config::DeviceSlotsFull::Share,
         stream_copy_device_idle_ms: 5_000,
     };
     config.validate().expect("test config is valid");

@@ -528,9 +528,9 @@ fn stream_copies_are_the_backends_choice_unless_asked_for() {
             "HIPFILE_STREAM_COPY_DEVICE_MB",
         );
     }
-    // What a read does past the device slots' cap: a pinned slot unless set.
+    // What a read does past the device slots' cap: share its stream's slot unless set.
     use hipfile_runtime::config::DeviceSlotsFull;
-    assert_eq!(parse_ok(&[]).stream_copy_device_full, DeviceSlotsFull::Pinned);
+    assert_eq!(parse_ok(&[]).stream_copy_device_full, DeviceSlotsFull::Share);
     for (raw, want) in [("pinned", DeviceSlotsFull::Pinned), (" share ", DeviceSlotsFull::Share)] {
         let got = parse_ok(&[("HIPFILE_STREAM_COPY_DEVICE_FULL", raw)]).stream_copy_device_full;
         assert_eq!(got, want, "{raw:?}");
