@@ -13,7 +13,7 @@ cd "$(dirname "$0")/../.." || exit 1
 out=${OUT:-/tmp/hf-stack-samples}; mkdir -p "$out"
 bench=${BENCH:-target/gpu-bundle/bin/hipfile-bench-sym}; chmod +x "$bench"
 gdb=$(command -v cuda-gdb || echo "${CUDA_HOME:-/usr/local/cuda}/bin/cuda-gdb")
-args=${ARGS:---mode read --streams 8 --io-size 16M --no-baselines --no-verify --reps 2000}
+args=${ARGS:---mode read --streams 8 --io-size 16M --no-baselines --no-verify --reps 1000}
 # shellcheck disable=SC2086 # ENV_VARS and ARGS are word lists on purpose
 env ${ENV_VARS:-} timeout -s KILL "${RUN_LIMIT:-150}" "$bench" $args --file /tmp/hf-samples.dat \
   > "$out/bench.txt" 2>&1 &

@@ -36,6 +36,12 @@ use crate::cli::{Cli, Command, DeviceArg};
 fn main() -> ExitCode {
     let cli = Cli::parse();
     hipfile_runtime::logging::install_stderr_logger();
+    // A fault names its thread and prints its backtrace (the GPU machine has no gdb).
+    if std::env::var_os("HIPFILE_BENCH_FAULT_REPORT").is_some_and(|value| value != "0")
+        && let Err(error) = sys::report_fatal_signals()
+    {
+        eprintln!("hipfile-bench: the fatal-signal report is not installed: {error}");
+    }
     // Not for `check`, which reports the caller's own setting.
     if cli.command.is_none() && std::env::var_os("CUDA_DEVICE_MAX_CONNECTIONS").is_none() {
         // Streams blocked on a wait-value must not share a hardware queue with the

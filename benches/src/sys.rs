@@ -1,5 +1,5 @@
 //! Operating-system helpers: CPU time, page-cache control, O_DIRECT probes, limits,
-//! SIGUSR1 (the sweep's watchdog).
+//! SIGUSR1 (the sweep's watchdog), a report of fatal signals.
 
 use std::ffi::CString;
 use std::fs::{File, OpenOptions};
@@ -196,6 +196,76 @@ pub fn send_sigusr1(child: &std::process::Child) -> io::Result<()> {
     // SAFETY: a plain syscall; `pid` is our own unreaped child, not a reused pid.
     if unsafe { libc::kill(pid, libc::SIGUSR1) } != 0 {
         return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Set by the first fatal signal, so that a fault inside the report itself does not
+/// report again.
+static FATAL_SEEN: AtomicBool = AtomicBool::new(false);
+
+/// Signals that end the process with a fault of one of its threads.
+const FATAL_SIGNALS: [libc::c_int; 4] = [libc::SIGSEGV, libc::SIGBUS, libc::SIGILL, libc::SIGFPE];
+
+/// The fatal-signal handler: names the thread, the signal and the address, writes the
+/// faulting thread's return addresses (glibc's `backtrace`, which unwinds through the
+/// signal frame; each as `binary(+offset)`, for `addr2line -f -C -e` on a copy of the
+/// same binary), then puts the default action back and raises the signal again, so that
+/// the process ends as it would have (core dump and exit status unchanged). Reading the
+/// thread's name and formatting the first line allocate, which is not async-signal-safe:
+/// a diagnostic for the GPU machine, which has no gdb to read a core.
+extern "C" fn report_fatal_signal(
+    signal: libc::c_int,
+    info: *mut libc::siginfo_t,
+    _context: *mut libc::c_void,
+) {
+    for fatal in FATAL_SIGNALS {
+        // SAFETY: resetting a signal's action to the default is async-signal-safe.
+        unsafe { libc::signal(fatal, libc::SIG_DFL) };
+    }
+    if !FATAL_SEEN.swap(true, Ordering::SeqCst) {
+        // SAFETY: the kernel passes a valid siginfo to an SA_SIGINFO handler.
+        let address = unsafe { info.as_ref().map_or(std::ptr::null_mut(), |info| info.si_addr()) };
+        let thread = std::fs::read_to_string("/proc/thread-self/comm").unwrap_or_default();
+        eprintln!(
+            "hipfile-bench: fatal signal {signal} in thread \"{}\" at address {address:p}; \
+             its return addresses:",
+            thread.trim()
+        );
+        let mut frames = [std::ptr::null_mut::<libc::c_void>(); 64];
+        // SAFETY: `frames` holds 64 writable pointers; backtrace writes at most that many
+        // and backtrace_symbols_fd reads the ones it wrote, writing to stderr without
+        // allocating.
+        unsafe {
+            let depth = libc::backtrace(frames.as_mut_ptr(), frames.len() as libc::c_int);
+            libc::backtrace_symbols_fd(frames.as_ptr(), depth, libc::STDERR_FILENO);
+        }
+    }
+    // Pending until the handler returns (the signal is blocked while it runs), then the
+    // default action: also for a signal sent with kill(2), which no instruction repeats.
+    // SAFETY: raise is async-signal-safe.
+    unsafe { libc::raise(signal) };
+}
+
+/// Installs [`report_fatal_signal`] for SIGSEGV, SIGBUS, SIGILL and SIGFPE. It replaces
+/// the standard library's handler, whose stack-overflow message it does not give.
+pub fn report_fatal_signals() -> io::Result<()> {
+    // SAFETY: an all-zero sigaction is a valid value of the plain C struct.
+    let mut action: libc::sigaction = unsafe { std::mem::zeroed() };
+    action.sa_sigaction = report_fatal_signal
+        as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void)
+        as libc::sighandler_t;
+    // On the thread's own stack: the alternate stacks the standard library gives its
+    // threads are too small to unwind on (a stack overflow then simply ends the process).
+    action.sa_flags = libc::SA_SIGINFO;
+    // SAFETY: `action.sa_mask` is a valid, writable sigset_t.
+    unsafe { libc::sigemptyset(&mut action.sa_mask) };
+    for signal in FATAL_SIGNALS {
+        // SAFETY: a valid sigaction with an SA_SIGINFO handler of the matching signature;
+        // the old action is not asked for (NULL).
+        if unsafe { libc::sigaction(signal, &action, std::ptr::null_mut()) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
     }
     Ok(())
 }

@@ -6,7 +6,9 @@
 //!   (`HIPFILE_CPU_DEVICES=4`), every byte verified;
 //! - `--mode shards`: four devices (`HIPFILE_CPU_DEVICES=4`) each load their own shard at
 //!   once, every byte verified, with the report's rows and ratios;
-//! - `--profile`: every row says where its CPU and the engine's time went.
+//! - `--profile`: every row says where its CPU and the engine's time went;
+//! - `HIPFILE_BENCH_FAULT_REPORT=1`: a fatal signal names its thread and lists its return
+//!   addresses, and still ends the process with that signal.
 
 use std::io::Read;
 use std::process::{Command, Output, Stdio};
@@ -296,4 +298,31 @@ fn a_profiled_run_says_where_each_rows_time_went() {
     for counter in ["engine_jobs", "fallback_waits", "blocking_jobs", "arena_chunks"] {
         assert!(report["stats"][counter].is_u64(), "no {counter} in {}", report["stats"]);
     }
+}
+
+/// With `HIPFILE_BENCH_FAULT_REPORT=1`, a SIGSEGV (here sent from outside while the bench
+/// runs) is reported with its thread and return addresses, and the process still dies of
+/// it (not swallowed by the handler).
+#[test]
+fn a_fatal_signal_is_reported_and_still_ends_the_process() {
+    use std::os::unix::process::ExitStatusExt;
+    let child = Command::new(env!("CARGO_BIN_EXE_hipfile-bench"))
+        .args(["--device", "cpu", "--mode", "read", "--streams", "2", "--no-baselines"])
+        .args(["--file-size", "64M", "--reps", "1000"])
+        .env("HIPFILE_DEVICE", "cpu")
+        .env("HIPFILE_BENCH_FAULT_REPORT", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting hipfile-bench");
+    std::thread::sleep(Duration::from_secs(2));
+    let pid = libc::pid_t::try_from(child.id()).expect("pid");
+    // SAFETY: a plain syscall to our own child, not yet reaped.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSEGV) }, 0, "kill");
+    let output = child.wait_with_output().expect("waiting for hipfile-bench");
+    let stderr = text(&output.stderr);
+    assert_eq!(output.status.signal(), Some(libc::SIGSEGV), "{:?}\n{stderr}", output.status);
+    assert!(stderr.contains("fatal signal 11 in thread \""), "{stderr}");
+    assert!(stderr.contains("hipfile-bench(+0x"), "its return addresses: {stderr}");
 }
