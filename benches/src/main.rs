@@ -11,6 +11,7 @@ mod batch_mode;
 mod bench;
 mod check;
 mod cli;
+mod cpu_samples;
 mod cufile;
 mod error;
 mod latency;
@@ -56,11 +57,16 @@ fn main() -> ExitCode {
         (None, _) if cli.run.is_sweep() || cli.run.is_shards() => None,
         (None, _) => cufile::prepare_environment(),
     };
+    // HIPFILE_BENCH_CPU_SAMPLES=PATH: where the CPU time went, without perf.
+    let cpu_samples = cpu_samples::start_from_env();
     let result = match &cli.command {
         Some(Command::Check(args)) => check::run(args),
         Some(Command::Stats(args)) => stats_view::run(args),
         None => runner::main(&cli.run),
     };
+    if let Some(samples) = cpu_samples {
+        samples.finish();
+    }
     if let Some(path) = cufile_json {
         let _ = std::fs::remove_file(path);
     }

@@ -8,7 +8,9 @@
 //!   once, every byte verified, with the report's rows and ratios;
 //! - `--profile`: every row says where its CPU and the engine's time went;
 //! - `HIPFILE_BENCH_FAULT_REPORT=1`: a fatal signal names its thread and lists its return
-//!   addresses, and still ends the process with that signal.
+//!   addresses, and still ends the process with that signal;
+//! - `HIPFILE_BENCH_CPU_SAMPLES=PATH`: the CPU samples of a run, with the executors' among
+//!   them, their threads' names and the mappings that resolve them.
 
 use std::io::Read;
 use std::process::{Command, Output, Stdio};
@@ -325,4 +327,42 @@ fn a_fatal_signal_is_reported_and_still_ends_the_process() {
     assert_eq!(output.status.signal(), Some(libc::SIGSEGV), "{:?}\n{stderr}", output.status);
     assert!(stderr.contains("fatal signal 11 in thread \""), "{stderr}");
     assert!(stderr.contains("hipfile-bench(+0x"), "its return addresses: {stderr}");
+}
+
+/// `HIPFILE_BENCH_CPU_SAMPLES`: a run writes its CPU samples as distinct stacks with
+/// counts, the executable mappings (the binary's own among them) and the threads' names;
+/// the engine's executors, which read the file, are among the sampled threads.
+#[test]
+fn cpu_samples_name_the_threads_that_spent_the_time() {
+    let path = std::env::temp_dir().join(format!("hf-cpu-samples-{}.txt", std::process::id()));
+    let samples = path.to_str().expect("utf-8 temp path");
+    let (output, _) = bench_with(
+        &["--mode", "read", "--streams", "2", "--no-baselines", "--file-size", "64M"],
+        &[("HIPFILE_BENCH_CPU_SAMPLES", samples)],
+    );
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    assert!(
+        text(&output.stderr).contains("CPU samples (one per 10 ms"),
+        "{}",
+        text(&output.stderr)
+    );
+    let report = std::fs::read_to_string(&path).expect("the samples file");
+    let _ = std::fs::remove_file(&path);
+    let line_kinds = |kind: &'static str| report.lines().filter(move |line| line.starts_with(kind));
+    assert!(line_kinds("map ").any(|line| line.contains("hipfile-bench")), "{report}");
+    let executors: Vec<&str> = line_kinds("thread ")
+        .filter(|line| line.contains(" hipfile-io-"))
+        .map(|line| line.split(' ').nth(1).expect("tid"))
+        .collect();
+    assert!(!executors.is_empty(), "the executors are named: {report}");
+    let mut sampled = 0;
+    for line in line_kinds("stack ") {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let count: usize = fields[1].parse().expect("count");
+        assert!(count >= 1 && fields.len() > 4, "count, thread, frames: {line}");
+        if executors.contains(&fields[2]) {
+            sampled += count;
+        }
+    }
+    assert!(sampled > 0, "the executors spent CPU time reading: {report}");
 }

@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""Counts the CPU samples of `HIPFILE_BENCH_CPU_SAMPLES=PATH` (benches/src/cpu_samples.rs)
+by thread kind and function.
+
+Usage: cpu-samples.py BINARY SAMPLES [THREAD-PREFIX]
+BINARY is a copy of the hipfile-bench that took them, with its symbol table (nm); frames
+in shared libraries are named by the exported symbol the bench found below them (dladdr),
+else by file and offset. With THREAD-PREFIX only
+threads whose name starts with it count. Printed per thread kind (digits folded to N):
+its share of the samples; then innermost frames resolved (a frame in a system-call
+wrapper is kernel time); then each function of ours counted once per sample in which it
+appears (inclusive).
+"""
+import bisect
+import collections
+import re
+import subprocess
+import sys
+
+
+def symbols(binary):
+    out = subprocess.run(["nm", "-C", "--defined-only", binary], capture_output=True,
+                         text=True, check=True).stdout
+    table = []
+    for line in out.splitlines():
+        parts = line.split(" ", 2)
+        if len(parts) == 3 and parts[1] in "tTwW":
+            table.append((int(parts[0], 16), parts[2]))
+    table.sort()
+    return [a for a, _ in table], [n for _, n in table]
+
+
+def main():
+    binary, path = sys.argv[1], sys.argv[2]
+    prefix = sys.argv[3] if len(sys.argv) > 3 else ""
+    addrs, names = symbols(binary)
+    maps, bases, threads, stacks, exported = [], {}, {}, [], {}
+    for line in open(path):
+        kind, _, rest = line.rstrip("\n").partition(" ")
+        if kind == "map":
+            span, perms, offset, file = rest.split(" ", 3)
+            start, end = (int(x, 16) for x in span.split("-"))
+            if int(offset, 16) == 0:
+                bases.setdefault(file, start)
+            if "x" in perms:
+                maps.append((start, end, file))
+        elif kind == "sym":
+            address, _, symbol = rest.partition(" ")
+            exported[int(address, 16)] = symbol
+        elif kind == "thread":
+            tid, _, name = rest.partition(" ")
+            threads[int(tid)] = name
+        elif kind == "stack":
+            fields = rest.split()
+            stacks.append((int(fields[0]), int(fields[1]), [int(f, 16) for f in fields[2:]]))
+    maps.sort()
+    starts = [m[0] for m in maps]
+    ours = binary.rsplit("/", 1)[-1]
+
+    def name_of(address):
+        i = bisect.bisect_right(starts, address) - 1
+        if i < 0 or address >= maps[i][1]:
+            return "?", False
+        file = maps[i][2]
+        relative = address - bases.get(file, maps[i][0])
+        if file.rsplit("/", 1)[-1] == ours:
+            j = bisect.bisect_right(addrs, relative) - 1
+            name = names[j] if j >= 0 else "?"
+            return re.sub(r"::h[0-9a-f]{16}$", "", name)[:120], True
+        library = file.rsplit("/", 1)[-1]
+        if address in exported:
+            return f"{library}:{exported[address].split('+')[0]}", False
+        return f"{library}+{relative:#x}", False
+
+    per_kind = collections.Counter()
+    inner = collections.defaultdict(collections.Counter)
+    inclusive = collections.defaultdict(collections.Counter)
+    for count, tid, frames in stacks:
+        name = threads.get(tid, "?")
+        if not name.startswith(prefix):
+            continue
+        kind = re.sub(r"\d+", "N", name)
+        per_kind[kind] += count
+        # frames[0] is the handler, frames[1] the signal trampoline: the code that ran is
+        # frames[2] (innermost) outwards.
+        resolved = [name_of(f) for f in frames[2:]]
+        if resolved:
+            inner[kind][resolved[0][0]] += count
+        for function in {n for n, is_ours in resolved if is_ours}:
+            inclusive[kind][function] += count
+    total = sum(per_kind.values())
+    print(f"{total} samples")
+    for kind, n in per_kind.most_common():
+        print(f"== {kind}: {n} samples ({100 * n / max(total, 1):.1f} %)")
+        print("   innermost:")
+        for function, c in inner[kind].most_common(12):
+            print(f"   {100 * c / n:5.1f} %  {function}")
+        print("   ours, inclusive:")
+        for function, c in inclusive[kind].most_common(16):
+            print(f"   {100 * c / n:5.1f} %  {function}")
+
+
+if __name__ == "__main__":
+    main()
