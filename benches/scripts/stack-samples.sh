@@ -1,10 +1,10 @@
 #!/bin/bash
-# A sampling profile of the host threads where perf is missing (the GPU machines have
-# none): hipfile-bench reads in a loop while cuda-gdb attaches SAMPLES times and dumps
+# Thread stacks of a running hipfile-bench through cuda-gdb (the GPU machines have no gdb
+# or perf): the bench reads in a loop while cuda-gdb attaches SAMPLES times and dumps
 # every thread's stack; the summary counts, per thread kind (executors, arm poller,
-# bench), the innermost frames that are ours or a library's. Each attach stops the
-# process for about a second, so the figures are shares of samples, not of time at full
-# speed. BENCH: a hipfile-bench with its symbol table (strip --strip-debug, not strip);
+# bench), the innermost frames that are ours or a library's. Not a profile on CUDA: the
+# first attach loads the CUDA debugger backend into the process, whose lock every CUDA
+# call then takes (benches/README); for where CPU time goes use HIPFILE_BENCH_CPU_SAMPLES. BENCH: a hipfile-bench with its symbol table (strip --strip-debug, not strip);
 # ARGS: the bench's arguments (default: 16 MiB hot reads on 8 streams, unverified, for
 # about a minute); ENV_VARS: settings for the run. Usage:
 #   OUT=dir BENCH=target/gpu-bundle/bin/hipfile-bench-sym benches/scripts/stack-samples.sh
