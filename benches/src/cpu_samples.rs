@@ -2,10 +2,15 @@
 //! with `HIPFILE_BENCH_CPU_SAMPLES=PATH`, every [`SAMPLE_EVERY_US`] of CPU time the process
 //! spends (all threads, user and system: `ITIMER_PROF`) the thread that spent it records
 //! its return addresses; at the end the distinct stacks, each with its count, are written
-//! to `PATH` with the process's executable mappings and its threads' names, for `benches/scripts/cpu-samples.py` to
-//! resolve against a copy of the same binary (`nm`) and count by thread kind and
-//! function. A sample taken inside a system call shows the call's wrapper innermost:
-//! that is kernel time.
+//! to `PATH` with the process's executable mappings and its threads' names, for
+//! `benches/scripts/cpu-samples.py` to resolve against a copy of the same binary (`nm`)
+//! and count by thread kind and function. A sample taken inside a system call shows the
+//! call's wrapper innermost: that is kernel time.
+//!
+//! A diagnostic, opt-in: glibc's `backtrace` in a signal handler walks the loader's list
+//! of objects, so a thread interrupted while it holds the loader's lock (loading a library,
+//! or unwinding a panic) could wait on itself; the bench neither loads libraries nor
+//! panics while it measures.
 
 use std::collections::HashMap;
 use std::io::{self, Write};

@@ -37,7 +37,7 @@ use crate::cli::{Cli, Command, DeviceArg};
 fn main() -> ExitCode {
     let cli = Cli::parse();
     hipfile_runtime::logging::install_stderr_logger();
-    // A fault names its thread and prints its backtrace (the GPU machine has no gdb).
+    // A fault names its thread and lists its return addresses (the GPU machine has no gdb).
     if std::env::var_os("HIPFILE_BENCH_FAULT_REPORT").is_some_and(|value| value != "0")
         && let Err(error) = sys::report_fatal_signals()
     {
