@@ -98,16 +98,10 @@ fn start(path: std::path::PathBuf) -> io::Result<CpuSamples> {
     let mut warm = [std::ptr::null_mut::<libc::c_void>(); 4];
     // SAFETY: `warm` holds 4 writable pointers.
     unsafe { libc::backtrace(warm.as_mut_ptr(), 4) };
-    // SAFETY: an all-zero sigaction is a valid value of the plain C struct.
-    let mut action: libc::sigaction = unsafe { std::mem::zeroed() };
-    action.sa_sigaction = take_sample as extern "C" fn(libc::c_int) as libc::sighandler_t;
-    action.sa_flags = libc::SA_RESTART;
-    // SAFETY: `action.sa_mask` is a valid, writable sigset_t.
-    unsafe { libc::sigemptyset(&mut action.sa_mask) };
-    // SAFETY: a valid sigaction whose handler writes only its own claimed entry.
-    if unsafe { libc::sigaction(libc::SIGPROF, &action, std::ptr::null_mut()) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let handler = take_sample as extern "C" fn(libc::c_int) as libc::sighandler_t;
+    // SAFETY: the handler writes only the entry it claimed (the module doc has the one
+    // caveat: the loader's lock).
+    unsafe { crate::sys::install_handler(&[libc::SIGPROF], handler, libc::SA_RESTART)? };
     RECORDING.store(true, Ordering::Release);
     set_timer(SAMPLE_EVERY_US)?;
     let names = Arc::new(Mutex::new(HashMap::new()));

@@ -171,16 +171,34 @@ extern "C" fn note_sigusr1(_signal: libc::c_int) {
 /// Installs a SIGUSR1 handler that only records the signal (see [`take_sigusr1`]);
 /// interrupted system calls restart.
 pub fn catch_sigusr1() -> io::Result<()> {
+    let handler = note_sigusr1 as extern "C" fn(libc::c_int) as libc::sighandler_t;
+    // SAFETY: the handler only does an async-signal-safe atomic store.
+    unsafe { install_handler(&[libc::SIGUSR1], handler, libc::SA_RESTART) }
+}
+
+/// Installs `handler` for each of `signals` with `flags` and an empty mask.
+///
+/// # Safety
+/// `handler` is an `extern "C"` function of the signature `flags` asks for (with
+/// `SA_SIGINFO`: signal, siginfo, context; else the signal alone) that is fit to run at any
+/// point of any thread.
+pub unsafe fn install_handler(
+    signals: &[libc::c_int],
+    handler: libc::sighandler_t,
+    flags: libc::c_int,
+) -> io::Result<()> {
     // SAFETY: an all-zero sigaction is a valid value of the plain C struct.
     let mut action: libc::sigaction = unsafe { std::mem::zeroed() };
-    action.sa_sigaction = note_sigusr1 as extern "C" fn(libc::c_int) as libc::sighandler_t;
-    action.sa_flags = libc::SA_RESTART;
+    action.sa_sigaction = handler;
+    action.sa_flags = flags;
     // SAFETY: `action.sa_mask` is a valid, writable sigset_t.
     unsafe { libc::sigemptyset(&mut action.sa_mask) };
-    // SAFETY: a valid sigaction whose handler only does an async-signal-safe atomic
-    // store; the old action is not asked for (NULL).
-    if unsafe { libc::sigaction(libc::SIGUSR1, &action, std::ptr::null_mut()) } != 0 {
-        return Err(io::Error::last_os_error());
+    for &signal in signals {
+        // SAFETY: a valid sigaction whose handler the caller vouches for; the old action
+        // is not asked for (NULL).
+        if unsafe { libc::sigaction(signal, &action, std::ptr::null_mut()) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
     }
     Ok(())
 }
@@ -250,22 +268,13 @@ extern "C" fn report_fatal_signal(
 /// Installs [`report_fatal_signal`] for SIGSEGV, SIGBUS, SIGILL and SIGFPE. It replaces
 /// the standard library's handler, whose stack-overflow message it does not give.
 pub fn report_fatal_signals() -> io::Result<()> {
-    // SAFETY: an all-zero sigaction is a valid value of the plain C struct.
-    let mut action: libc::sigaction = unsafe { std::mem::zeroed() };
-    action.sa_sigaction = report_fatal_signal
+    let handler = report_fatal_signal
         as extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void)
         as libc::sighandler_t;
-    // On the thread's own stack: the alternate stacks the standard library gives its
-    // threads are too small to unwind on (a stack overflow then simply ends the process).
-    action.sa_flags = libc::SA_SIGINFO;
-    // SAFETY: `action.sa_mask` is a valid, writable sigset_t.
-    unsafe { libc::sigemptyset(&mut action.sa_mask) };
-    for signal in FATAL_SIGNALS {
-        // SAFETY: a valid sigaction with an SA_SIGINFO handler of the matching signature;
-        // the old action is not asked for (NULL).
-        if unsafe { libc::sigaction(signal, &action, std::ptr::null_mut()) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-    }
-    Ok(())
+    // On the thread's own stack (no SA_ONSTACK): the alternate stacks the standard library
+    // gives its threads are too small to unwind on (a stack overflow then simply ends the
+    // process).
+    // SAFETY: an SA_SIGINFO handler of the matching signature; it allocates, which is
+    // accepted for a diagnostic (its doc).
+    unsafe { install_handler(&FATAL_SIGNALS, handler, libc::SA_SIGINFO) }
 }
