@@ -54,20 +54,18 @@ extern "C" fn take_sample(_signal: libc::c_int) {
     if buffer.is_null() || index >= MAX_SAMPLES {
         return;
     }
-    let mut frames = [std::ptr::null_mut::<libc::c_void>(); MAX_FRAMES];
-    // SAFETY: `frames` holds MAX_FRAMES writable pointers; backtrace writes at most that
-    // many. gettid is a plain system call.
-    let (depth, tid) = unsafe {
-        (libc::backtrace(frames.as_mut_ptr(), MAX_FRAMES as libc::c_int), libc::gettid())
-    };
-    let mut sample = Sample { tid, depth: depth.max(0) as usize, frames: [0; MAX_FRAMES] };
-    for (slot, frame) in sample.frames.iter_mut().zip(frames) {
-        *slot = frame as usize;
-    }
     // SAFETY: `index` < MAX_SAMPLES, the buffer's length, and was claimed by this call
     // alone (fetch_add), so no other writer touches this entry; readers wait until
     // RECORDING is cleared and the timer stopped.
-    unsafe { buffer.add(index).write(sample) };
+    let sample = unsafe { &mut *buffer.add(index) };
+    // SAFETY: `frames` holds MAX_FRAMES pointer-sized entries (usize and a pointer share
+    // size and alignment); backtrace writes at most that many. gettid is a plain system
+    // call.
+    let depth = unsafe {
+        sample.tid = libc::gettid();
+        libc::backtrace(sample.frames.as_mut_ptr().cast(), MAX_FRAMES as libc::c_int)
+    };
+    sample.depth = depth.max(0) as usize;
 }
 
 /// Sampling in progress: the threads' names, read every 200 ms by a thread of its own
