@@ -3,7 +3,7 @@
 by thread kind and function.
 
 Usage: cpu-samples.py BINARY SAMPLES [THREAD-PREFIX]
-BINARY is a copy of the hipfile-bench that took them, with its symbol table (nm); frames
+BINARY is a copy of the hipfile-bench that took them (any name), with its symbol table (nm); frames
 in shared libraries are named by the exported symbol the bench found below them (dladdr),
 else by file and offset. With THREAD-PREFIX only
 threads whose name starts with it count. Printed per thread kind (digits folded to N):
@@ -55,15 +55,22 @@ def main():
             stacks.append((int(fields[0]), int(fields[1]), [int(f, 16) for f in fields[2:]]))
     maps.sort()
     starts = [m[0] for m in maps]
-    ours = binary.rsplit("/", 1)[-1]
+
+    def file_of(address):
+        i = bisect.bisect_right(starts, address) - 1
+        return maps[i][2] if i >= 0 and address < maps[i][1] else None
+
+    # frames[0] of every sample is the bench's own signal handler: the file it lies in
+    # is the bench binary, whatever its name on the machine that took the samples.
+    ours = next((file_of(frames[0]) for _, _, frames in stacks if frames), None)
 
     def name_of(address):
-        i = bisect.bisect_right(starts, address) - 1
-        if i < 0 or address >= maps[i][1]:
+        file = file_of(address)
+        if file is None:
             return "?", False
-        file = maps[i][2]
+        i = bisect.bisect_right(starts, address) - 1
         relative = address - bases.get(file, maps[i][0])
-        if file.rsplit("/", 1)[-1] == ours:
+        if file == ours:
             j = bisect.bisect_right(addrs, relative) - 1
             name = names[j] if j >= 0 else "?"
             return re.sub(r"::h[0-9a-f]{16}$", "", name)[:120], True
@@ -96,7 +103,7 @@ def main():
         for function, c in inner[kind].most_common(12):
             print(f"   {100 * c / n:5.1f} %  {function}")
         print("   ours, inclusive:")
-        for function, c in inclusive[kind].most_common(16):
+        for function, c in inclusive[kind].most_common(int(__import__("os").environ.get("TOP", "16"))):
             print(f"   {100 * c / n:5.1f} %  {function}")
 
 

@@ -524,7 +524,9 @@ pub trait DeviceEvents {
     /// Invalid stream, or the backend failed.
     fn record_event(&self, stream: &InternalStream) -> Result<EventHandle, DeviceError>;
 
-    /// Non-blocking: `Ok(true)` once the event's work is complete.
+    /// Non-blocking: `Ok(true)` once the event's work is complete. Events recorded on one
+    /// internal stream complete in the order they were recorded (the engine's executors
+    /// rely on it to ask about the oldest pending one only).
     ///
     /// # Errors
     /// Invalid event, or an asynchronous error of the work before it.

@@ -3,12 +3,13 @@
 
 use std::collections::VecDeque;
 use std::rc::Rc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use glommio::io::ReadResult;
 
 use super::Executor;
-use crate::device::{Device, DeviceError, EventHandle, InternalStream};
+use super::event_order::CopyEvent;
+use crate::device::{Device, DeviceError, InternalStream};
 use crate::engine::Phase;
 use crate::engine::staging::{FallbackChunk, StagingShare};
 
@@ -22,7 +23,7 @@ pub(super) enum Staging {
 
 /// A device copy in flight and the staging it reads or writes.
 pub(super) struct InFlightCopy {
-    event: EventHandle,
+    event: CopyEvent,
     _staging: Staging,
     /// The staging's share of the arena, given back with it.
     _share: StagingShare,
@@ -30,12 +31,33 @@ pub(super) struct InFlightCopy {
 
 impl InFlightCopy {
     /// A copy whose completion `event` records, reading or writing `staging`.
-    pub(super) fn new(event: EventHandle, staging: Staging, share: StagingShare) -> InFlightCopy {
+    pub(super) fn new(event: CopyEvent, staging: Staging, share: StagingShare) -> InFlightCopy {
         InFlightCopy { event, _staging: staging, _share: share }
     }
 }
 
 impl Executor {
+    /// Records an event after the copies enqueued on `stream` so far.
+    pub(super) fn record_copy_event(
+        &self,
+        stream: &InternalStream,
+    ) -> Result<CopyEvent, DeviceError> {
+        let handle = self.setup.device.record_event(stream)?;
+        Ok(self.event_order.borrow_mut().recorded(stream.raw(), handle))
+    }
+
+    /// Whether `event` is complete at `now`: from what the executor knows of its stream's
+    /// order where that answers ([`EventOrder`](super::event_order::EventOrder)), else
+    /// from the device.
+    fn copy_done(&self, event: &CopyEvent, now: Instant) -> Result<bool, DeviceError> {
+        if let Some(known) = self.event_order.borrow().known(event, now) {
+            return Ok(known);
+        }
+        let done = self.setup.device.event_done(&event.handle)?;
+        self.event_order.borrow_mut().observed(event, done, now);
+        Ok(done)
+    }
+
     /// Keeps staging alive until the device is done with it, off the job's path.
     pub(super) fn detach_copies(self: &Rc<Self>, mut copies: VecDeque<InFlightCopy>) {
         if copies.is_empty() {
@@ -70,7 +92,7 @@ impl Executor {
         depth: usize,
     ) -> Result<(), DeviceError> {
         while let Some(front) = copies.front() {
-            let done = self.setup.device.event_done(&front.event)?;
+            let done = self.copy_done(&front.event, Instant::now())?;
             if !done && copies.len() < depth {
                 break;
             }
@@ -78,7 +100,7 @@ impl Executor {
                 self.wait_event(&front.event).await?;
             }
             let copy = copies.pop_front().expect("front exists");
-            self.setup.device.destroy_event(copy.event);
+            self.setup.device.destroy_event(copy.event.handle);
         }
         Ok(())
     }
@@ -92,7 +114,7 @@ impl Executor {
             if let Err(error) = self.wait_event(&copy.event).await {
                 first_error = first_error.and(Err(error));
             }
-            self.setup.device.destroy_event(copy.event);
+            self.setup.device.destroy_event(copy.event.handle);
         }
         first_error
     }
@@ -100,18 +122,19 @@ impl Executor {
     /// Polls an event without blocking the executor: yields for up to
     /// [`EVENT_SPIN`] (copies of small chunks finish in microseconds, and a timer sleep
     /// costs ~50 µs of wake-up), then timer sleeps with backoff.
-    pub(super) async fn wait_event(&self, event: &EventHandle) -> Result<(), DeviceError> {
-        if self.setup.device.event_done(event)? {
+    pub(super) async fn wait_event(&self, event: &CopyEvent) -> Result<(), DeviceError> {
+        let started = Instant::now();
+        if self.copy_done(event, started)? {
             return Ok(());
         }
-        let started = std::time::Instant::now();
         let mut sleep_us = 10;
         loop {
-            if self.setup.device.event_done(event)? {
+            let now = Instant::now();
+            if self.copy_done(event, now)? {
                 self.phases().add_since(Phase::CopyWait, started);
                 return Ok(());
             }
-            let waited = started.elapsed();
+            let waited = now.saturating_duration_since(started);
             if waited < EVENT_SPIN {
                 glommio::executor().yield_task_queue_now().await;
             } else {

@@ -5,10 +5,12 @@
 //! - [`arena`]: finding and registering the staging arena;
 //! - [`files`]: the executor's descriptors per registered file;
 //! - [`read`] and [`write`](mod@write): the chunk pipelines;
-//! - [`copies`]: device copies in flight and waiting for them without blocking.
+//! - [`copies`]: device copies in flight and waiting for them without blocking;
+//! - [`event_order`]: what the order of a stream's events tells about them.
 
 mod arena;
 mod copies;
+mod event_order;
 mod files;
 mod read;
 mod write;
@@ -107,6 +109,8 @@ struct Executor {
     /// When `active_jobs` last rose from zero.
     busy_since: Cell<Instant>,
     detached_copies: Cell<usize>,
+    /// The order of the copy events on the executor's internal streams.
+    event_order: RefCell<event_order::EventOrder>,
     /// Admission to the arena (see [`StagingBudget`]).
     staging_budget: StagingBudget,
 }
@@ -140,6 +144,7 @@ impl Executor {
             active_jobs: Cell::new(0),
             busy_since: Cell::new(Instant::now()),
             detached_copies: Cell::new(0),
+            event_order: RefCell::new(event_order::EventOrder::default()),
             staging_budget,
         })
     }

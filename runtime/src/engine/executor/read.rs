@@ -357,7 +357,7 @@ impl Executor {
         // lies in the job's validated device range.
         unsafe { device.copy_to_device_async(stream, target, staging_ptr(&staging), len)? };
         match crate::device::injected_fault(Site::DeviceEvent)
-            .and_then(|()| device.record_event(stream))
+            .and_then(|()| self.record_copy_event(stream))
         {
             Ok(event) => Ok(InFlightCopy::new(event, staging, share)),
             Err(error) => {

@@ -13,12 +13,13 @@ use glommio::io::DmaBuffer;
 use hipfile_core::{Chunk, ChunkMode, Direction, OpError, Outcome};
 
 use super::copies::InFlightCopy;
+use super::event_order::CopyEvent;
 use super::files::OpenFiles;
 use super::{
     Executor, JobRange, glommio_errno, injected_chunk_fault, off_reactor, os_errno, uring_refuses,
 };
 use crate::config::BufferedWrites;
-use crate::device::{DeviceError, EventHandle, InternalStream};
+use crate::device::{DeviceError, InternalStream};
 use crate::engine::staging::{FallbackChunk, StagingShare};
 use crate::engine::{EngineStats, Phase};
 use crate::fault::Site;
@@ -48,7 +49,7 @@ impl Executor {
             Err(code) => return (Outcome::Library(code), None, VecDeque::new()),
         };
         let depth = self.setup.chunks_in_flight.max(1);
-        let mut staged: VecDeque<(Chunk, Option<EventHandle>, WriteStaging, StagingShare)> =
+        let mut staged: VecDeque<(Chunk, Option<CopyEvent>, WriteStaging, StagingShare)> =
             VecDeque::new();
         let mut writes: VecDeque<(Chunk, Task<Result<usize, i32>>)> = VecDeque::new();
         let mut written = Written::default();
@@ -84,7 +85,7 @@ impl Executor {
             if let Some((chunk, event, staging, share)) = staged.pop_front() {
                 if let Some(event) = event {
                     let waited = self.wait_event(&event).await;
-                    self.setup.device.destroy_event(event);
+                    self.setup.device.destroy_event(event.handle);
                     if let (Err(error), None) = (waited, &failure) {
                         failure = Some((Outcome::Library(OpError::HipDriverError), Some(error)));
                     }
@@ -187,7 +188,7 @@ impl Executor {
         source: Source,
         chunk: Chunk,
         holds_none: bool,
-    ) -> Result<Option<(Option<EventHandle>, WriteStaging)>, DeviceError> {
+    ) -> Result<Option<(Option<CopyEvent>, WriteStaging)>, DeviceError> {
         let len = chunk.len_bytes as usize;
         // DMA buffers come from the executor's io_memory whatever file hands them out.
         let mut buffer = match &files.buffered {
@@ -265,7 +266,7 @@ impl Executor {
             WriteStaging::Fallback(buffer, chunk_memory)
         };
         let recorded = crate::device::injected_fault(Site::DeviceEvent)
-            .and_then(|()| self.setup.device.record_event(stream));
+            .and_then(|()| self.record_copy_event(stream));
         match recorded {
             Ok(event) => Ok(Some((Some(event), staging))),
             Err(error) => {
