@@ -149,7 +149,9 @@ pub fn probe_io_uring() -> io::Result<()> {
 
 /// Threads for CPU-side verification and pattern fills.
 pub fn worker_threads() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get()).min(16)
+    // Asked once: each call reads the cgroup's CPU quota from /proc and /sys.
+    static THREADS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *THREADS.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()).min(16))
 }
 
 /// `MemAvailable` from /proc/meminfo, in bytes.
