@@ -11,7 +11,8 @@
 //! executors' CPU was CUDA's event query, most of it spinning inside the driver while
 //! fourteen executors queried at once (`benches/results/h100-2026-12-06-g`). With the
 //! order known, a turn asks about the oldest pending event of each stream and answers
-//! the rest from it.
+//! the rest from it. Measured there: the query's share fell to 15.5 %; throughput did
+//! not move (the polls filled time in which all the executor's jobs waited anyway).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
