@@ -6,7 +6,9 @@
 # cache. The idea: a hot read is the kernel's copy from the page cache into staging,
 # then the device's DMA out of it; into a 448 MiB ring of staging (14 executors × 32 MiB)
 # every copy misses the cache. cuFile's compat mode reads through a small per-thread bounce
-# buffer and reads 8 threads faster than our executors with less CPU per GiB. On the 2-core
+# buffer and reads 8 threads faster than our executors with less CPU per GiB; the H200
+# footprint probe (results/h200-all-profile-2026-12-05/footprint.txt) read 1.37x faster at
+# 14 threads through two reused buffers per thread than through a 1 GiB pool. On the 2-core
 # development VM one thread's `pread` of 1 MiB from the page cache ran at 14.5 GiB/s into
 # a 1 MiB ring, 11.6 into 32 MiB and 10.4 into 448 MiB.
 # VARIANTS picks (d: default; s4: HIPFILE_STAGING_MB=4; c256s2: 256 KiB chunks, 2 MiB
