@@ -60,7 +60,8 @@ impl Executor {
                 let holds_none = staged.is_empty() && writes.is_empty();
                 let len = chunk.len_bytes as usize;
                 let asked = Instant::now();
-                let share = self.staging_budget.take(len, holds_none).await;
+                let through_page_cache = files.through_page_cache(chunk);
+                let share = self.staging_budget.take(len, holds_none, through_page_cache).await;
                 self.phases().add_since(Phase::StagingWait, asked);
                 let Some(share) = share else { break };
                 let source = match range.host_memory {
@@ -350,8 +351,8 @@ impl Executor {
         let buffer = Rc::new(buffer);
         let mut written = 0;
         if let Some(buffered) = uring {
-            let dma = match (chunk.mode, &files.direct) {
-                (ChunkMode::Direct, Some(direct)) => direct,
+            let dma = match &files.direct {
+                Some(direct) if !files.through_page_cache(chunk) => direct,
                 _ => buffered,
             };
             // An injected errno stands for io_uring's own answer (EINVAL: a refusal).
