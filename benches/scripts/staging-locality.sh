@@ -12,16 +12,14 @@
 # development VM one thread's `pread` of 1 MiB from the page cache ran at 14.5 GiB/s into
 # a 1 MiB ring, 11.6 into 32 MiB and 10.4 into 448 MiB.
 # VARIANTS picks (d: default; s4: HIPFILE_STAGING_MB=4; c256s2: 256 KiB chunks, 2 MiB
-# arena; c512s4; c4m: 4 MiB chunks; pc4 / pc2: the default arena, of which page-cache
-# chunks hold at most 4 / 2 MiB, HIPFILE_PAGE_CACHE_STAGING_MB); FILE_SIZE (default 2G). Run with target/gpu-bundle/bin built; results to $OUT.
+# arena; c512s4; c4m: 4 MiB chunks); FILE_SIZE (default 2G). Run with target/gpu-bundle/bin built; results to $OUT.
 cd "$(dirname "$0")/../.." || exit 1
 OUT=${OUT:-/tmp/hf-locality}; mkdir -p "$OUT"
 H=${BENCH:-$PWD/target/gpu-bundle/bin/hipfile-bench}; F=/tmp/hf-locality.dat
 export HIPFILE_DEVICE=${HIPFILE_DEVICE:-cuda}
 v() { case $1 in d) echo "";; s4) echo HIPFILE_STAGING_MB=4;;
   c256s2) echo "HIPFILE_CHUNK_KB=256 HIPFILE_STAGING_MB=2";;
-  c512s4) echo "HIPFILE_CHUNK_KB=512 HIPFILE_STAGING_MB=4";; c4m) echo HIPFILE_CHUNK_KB=4096;;
-  pc4) echo HIPFILE_PAGE_CACHE_STAGING_MB=4;; pc2) echo HIPFILE_PAGE_CACHE_STAGING_MB=2;; esac; }
+  c512s4) echo "HIPFILE_CHUNK_KB=512 HIPFILE_STAGING_MB=4";; c4m) echo HIPFILE_CHUNK_KB=4096;; esac; }
 rows() { grep -E '^(READ|WRITE) +(ASYNC|SYNC) ' "$1" | awk '{printf "%s/%s/%s=%s(%s) ", $1, $2, $3, $5, $10}'; }
 variants=${VARIANTS:-d s4 c256s2}
 for round in 1 2; do for x in $variants; do

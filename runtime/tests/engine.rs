@@ -205,69 +205,6 @@ fn tiny_arena_under_parallel_reads_falls_back_correctly_within_the_cap() {
     driver.handle_deregister(handle);
 }
 
-/// `HIPFILE_PAGE_CACHE_STAGING_MB` at its least (one chunk): four threads each write a
-/// region through the page cache and read back another's, every chunk waiting for the one
-/// share of the page cache's part, while an O_DIRECT reader (ext4, aligned) goes on in
-/// the rest of the arena. Every byte is right and nothing spills into fallback staging.
-#[test]
-fn a_page_cache_part_of_one_chunk_serves_parallel_reads_and_writes() {
-    let _serial = serial();
-    const THREADS: usize = 4;
-    const REGION: usize = 4 * MIB;
-    let data = pattern(THREADS * REGION, 5);
-    let file = TempFile::new(&tmpfs_dir(), &vec![0; THREADS * REGION]);
-    let direct_data = pattern(8 * MIB, 6);
-    let direct_file = TempFile::new(&ext4_dir(), &direct_data);
-    let client = file.open_rw();
-    let direct_client = direct_file.open_rw();
-    let mut config = config(&[0, 1]);
-    config.page_cache_staging_bytes = Some(CHUNK);
-    config.chunks_in_flight = 8;
-    config.validate().unwrap();
-    let (driver, device) = driver_with(config);
-    let handle = driver.handle_register(client.as_raw_fd()).unwrap();
-    let direct_handle = driver.handle_register(direct_client.as_raw_fd()).unwrap();
-    let _watchdog = Watchdog::new("page-cache part of one chunk", Duration::from_secs(60));
-    let barrier = Barrier::new(THREADS + 1);
-    thread::scope(|scope| {
-        for i in 0..THREADS {
-            let (driver, device, barrier, data) = (&driver, &device, &barrier, &data);
-            scope.spawn(move || {
-                let buf = device.malloc_device(0, REGION).unwrap();
-                fill_device(buf, &data[i * REGION..(i + 1) * REGION]);
-                barrier.wait();
-                let write = raw(REGION, i * REGION, 0);
-                assert_eq!(driver.io_sync(Direction::Write, handle, buf, write), Ok(REGION));
-                barrier.wait();
-                let other = (i + 1) % THREADS;
-                let read = raw(REGION, other * REGION, 0);
-                assert_eq!(driver.io_sync(Direction::Read, handle, buf, read), Ok(REGION));
-                assert!(
-                    device_bytes(buf, REGION) == data[other * REGION..(other + 1) * REGION],
-                    "thread {i} read region {other} wrong"
-                );
-            });
-        }
-        let (driver, device, barrier) = (&driver, &device, &barrier);
-        let direct_data = &direct_data;
-        scope.spawn(move || {
-            let buf = device.malloc_device(0, 8 * MIB).unwrap();
-            barrier.wait();
-            barrier.wait();
-            for round in 0..3 {
-                let read = raw(8 * MIB, 0, 0);
-                assert_eq!(driver.io_sync(Direction::Read, direct_handle, buf, read), Ok(8 * MIB));
-                assert!(device_bytes(buf, 8 * MIB) == *direct_data, "O_DIRECT round {round}");
-            }
-        });
-    });
-    assert!(file.contents() == data, "the writes reached the file");
-    let stats = driver.engine().unwrap().stats();
-    assert_eq!(stats.fallback_chunks, 0, "{stats:?}");
-    driver.handle_deregister(handle);
-    driver.handle_deregister(direct_handle);
-}
-
 /// After the engine started and served a read, 300 ms of idleness cost the process
 /// (executors, device stream workers, everything) less than 30 ms of CPU time.
 #[test]

@@ -69,7 +69,6 @@ const MAX_DEFAULT_STREAM_COPY_MB: usize = 1024;
 const CPUS: &str = "HIPFILE_CPUS";
 const CHUNK_KB: &str = "HIPFILE_CHUNK_KB";
 const STAGING_MB: &str = "HIPFILE_STAGING_MB";
-const PAGE_CACHE_STAGING_MB: &str = "HIPFILE_PAGE_CACHE_STAGING_MB";
 const PINNED_FALLBACK_MB: &str = "HIPFILE_PINNED_FALLBACK_MB";
 const ODIRECT: &str = "HIPFILE_ODIRECT";
 const REQUEST_PARALLELISM: &str = "HIPFILE_REQUEST_PARALLELISM";
@@ -129,7 +128,6 @@ const REASON_NO_CPU: &str = "no usable CPU: the process affinity mask is empty";
 const REASON_CHUNK: &str = "must be a power of two between 4 and 65536";
 const REASON_STAGING: &str = "must be a positive integer number of MiB that fits in usize bytes";
 const REASON_STAGING_CHUNKS: &str = "must hold at least 2 chunks of HIPFILE_CHUNK_KB";
-const REASON_PAGE_CACHE_STAGING: &str = "must be a whole number of MiB holding at least one chunk of HIPFILE_CHUNK_KB and at most HIPFILE_STAGING_MB";
 const REASON_PINNED_OVERFLOW: &str =
     "executor count x staging + pinned fallback overflows usize bytes";
 const REASON_PINNED_MEMORY: &str =
@@ -153,12 +151,6 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     (CPUS, "CPU pool for the executors, e.g. 0,2,4-7 (default: the process affinity mask)"),
     (CHUNK_KB, "staging chunk size in KiB, a power of two in 4..=65536 (default 1024)"),
     (STAGING_MB, "pinned staging arena per executor in MiB, at least 2 chunks (default 32)"),
-    (
-        PAGE_CACHE_STAGING_MB,
-        "MiB of each executor's arena that chunks read or written through the page cache \
-         may hold at once, at least one chunk and at most HIPFILE_STAGING_MB (default: the \
-         whole arena)",
-    ),
     (
         PINNED_FALLBACK_MB,
         "extra pinned staging in MiB used when an arena is exhausted, at least one chunk \
@@ -365,13 +357,6 @@ pub struct Config {
     pub staging_chunk_bytes: usize,
     /// Each executor's pinned staging arena, at least 2 chunks (`HIPFILE_STAGING_MB`).
     pub staging_per_executor_bytes: usize,
-    /// Of each executor's arena, the most bytes that chunks through the page cache hold at
-    /// once; `None`: the whole arena (`HIPFILE_PAGE_CACHE_STAGING_MB`). Such a chunk is the
-    /// kernel's copy between the page cache and staging, so the fewer staging bytes they
-    /// cycle through, the more of them the CPU caches still hold; O_DIRECT chunks, which
-    /// the disk's DMA fills, keep the whole arena. See
-    /// [`Config::page_cache_staging_cap_bytes`].
-    pub page_cache_staging_bytes: Option<usize>,
     /// Cap of the extra pinned chunks used when an arena is exhausted
     /// (`HIPFILE_PINNED_FALLBACK_MB`).
     pub pinned_fallback_cap_bytes: usize,
@@ -476,14 +461,6 @@ impl Config {
         })
     }
 
-    /// Of each executor's arena, the bytes chunks through the page cache may hold at once:
-    /// [`Config::page_cache_staging_bytes`], else the whole arena.
-    pub fn page_cache_staging_cap_bytes(&self) -> usize {
-        self.page_cache_staging_bytes
-            .unwrap_or(self.staging_per_executor_bytes)
-            .min(self.staging_per_executor_bytes)
-    }
-
     /// The most pinned staging memory the engine ever holds: every executor's arena
     /// plus the fallback cap (saturating; [`Config::validate`] rejects overflow).
     pub fn pinned_cap_bytes(&self) -> usize {
@@ -530,10 +507,6 @@ impl Config {
         config.staging_chunk_bytes = parse_chunk_bytes(get(CHUNK_KB))?;
         config.staging_per_executor_bytes =
             parse_mib(STAGING_MB, get(STAGING_MB), DEFAULT_STAGING_MB, 1, REASON_STAGING)?;
-        config.page_cache_staging_bytes = match get(PAGE_CACHE_STAGING_MB) {
-            None => None,
-            raw => Some(parse_mib(PAGE_CACHE_STAGING_MB, raw, 0, 1, REASON_PAGE_CACHE_STAGING)?),
-        };
         // Unset: 16 MiB, or one chunk when chunks are larger.
         let default_fallback_mb =
             DEFAULT_PINNED_FALLBACK_MB.max(config.staging_chunk_bytes.div_ceil(MIB));
@@ -695,12 +668,6 @@ impl Config {
             let physical = crate::sys::physical_memory_bytes().unwrap_or(u64::MAX);
             self.pinned_cap_bytes() as u64 <= physical
         })?;
-        if let Some(page_cache_bytes) = self.page_cache_staging_bytes {
-            let value = in_unit(page_cache_bytes, MIB);
-            check(PAGE_CACHE_STAGING_MB, value, REASON_PAGE_CACHE_STAGING, || {
-                (chunk_bytes..=staging_bytes).contains(&page_cache_bytes)
-            })?;
-        }
         let fallback_bytes = self.pinned_fallback_cap_bytes;
         check(PINNED_FALLBACK_MB, in_unit(fallback_bytes, MIB), REASON_FALLBACK_CHUNK, || {
             fallback_bytes >= chunk_bytes
@@ -731,7 +698,6 @@ impl Config {
             executor_cpus,
             staging_chunk_bytes: DEFAULT_CHUNK_KB * KIB,
             staging_per_executor_bytes: DEFAULT_STAGING_MB * MIB,
-            page_cache_staging_bytes: None,
             pinned_fallback_cap_bytes: DEFAULT_PINNED_FALLBACK_MB * MIB,
             direct: DirectPolicy::Auto,
             chunks_in_flight: DEFAULT_CHUNKS_IN_FLIGHT,

@@ -313,7 +313,6 @@ impl Engine {
                 stats: Arc::clone(&stats),
                 chunk_bytes: config.staging_chunk_bytes,
                 arena_bytes: config.staging_per_executor_bytes,
-                page_cache_staging_bytes: config.page_cache_staging_cap_bytes(),
                 chunks_in_flight: config.chunks_in_flight,
                 page_bytes: crate::sys::page_size_bytes(),
                 spin: executor::spare_cores_for_spinning(config.executor_cpus.len()),

@@ -191,43 +191,28 @@ impl Drop for FallbackChunk {
 /// - reads not yet reached by their stream (prefetch) take shares only when free, and
 ///   at most half of the arena: reached ops always find the other half.
 ///
-/// - chunks through the page cache (`through_page_cache`) also take a share of the page
-///   cache's part of the arena, before their arena share and by the same rules: the
-///   kernel copies those between the page cache and staging, and glommio's allocator
-///   gives the blocks freed last out first, so a small part keeps reusing the few
-///   staging blocks the CPU caches still hold. A job waits for that part only while it
-///   holds nothing, then waits for its arena share holding only the part's share, which
-///   nobody else waits for.
-///
 /// Shares are counted in glommio's buddy blocks (a power of two, at least 4 KiB).
 pub(crate) struct StagingBudget {
     arena: Rc<Semaphore>,
     prefetch: Rc<Semaphore>,
-    /// The page cache's part (`HIPFILE_PAGE_CACHE_STAGING_MB`); `None`: the whole arena.
-    page_cache: Option<Rc<Semaphore>>,
 }
 
 /// One chunk's share of the arena, given back on drop.
 pub(crate) struct StagingShare {
     _arena: StaticPermit,
     _prefetch: Option<StaticPermit>,
-    _page_cache: Option<StaticPermit>,
 }
 
 /// Size of the unit shares are counted in.
 const SHARE_UNIT_BYTES: usize = 4096;
 
 impl StagingBudget {
-    /// A budget over an arena of `arena_bytes` (at least two chunks, `Config::validate`),
-    /// of which chunks through the page cache hold at most `page_cache_bytes`.
-    pub(crate) fn new(arena_bytes: usize, page_cache_bytes: usize) -> StagingBudget {
+    /// A budget over an arena of `arena_bytes` (at least two chunks, `Config::validate`).
+    pub(crate) fn new(arena_bytes: usize) -> StagingBudget {
         let units = (arena_bytes / SHARE_UNIT_BYTES) as u64;
-        let page_cache_units = (page_cache_bytes / SHARE_UNIT_BYTES) as u64;
         StagingBudget {
             arena: Rc::new(Semaphore::new(units)),
             prefetch: Rc::new(Semaphore::new(units / 2)),
-            page_cache: (page_cache_units < units)
-                .then(|| Rc::new(Semaphore::new(page_cache_units))),
         }
     }
 
@@ -237,44 +222,23 @@ impl StagingBudget {
 
     /// A share for a chunk of `len_bytes`: waits for it when `holds_none` (the job has
     /// no share in use), else takes it only if free. `None`: not free now.
-    pub(crate) async fn take(
-        &self,
-        len_bytes: usize,
-        holds_none: bool,
-        through_page_cache: bool,
-    ) -> Option<StagingShare> {
+    pub(crate) async fn take(&self, len_bytes: usize, holds_none: bool) -> Option<StagingShare> {
         let units = Self::units(len_bytes);
-        let page_cache = match &self.page_cache {
-            Some(part) if through_page_cache => Some(if holds_none {
-                part.acquire_static_permit(units).await.ok()?
-            } else {
-                part.try_acquire_static_permit(units).ok()?
-            }),
-            _ => None,
-        };
         let arena = if holds_none {
             self.arena.acquire_static_permit(units).await.ok()?
         } else {
             self.arena.try_acquire_static_permit(units).ok()?
         };
-        Some(StagingShare { _arena: arena, _prefetch: None, _page_cache: page_cache })
+        Some(StagingShare { _arena: arena, _prefetch: None })
     }
 
     /// A share for a chunk read ahead of its stream: only if free, within the prefetch
     /// half.
-    pub(crate) fn take_for_prefetch(
-        &self,
-        len_bytes: usize,
-        through_page_cache: bool,
-    ) -> Option<StagingShare> {
+    pub(crate) fn take_for_prefetch(&self, len_bytes: usize) -> Option<StagingShare> {
         let units = Self::units(len_bytes);
-        let page_cache = match &self.page_cache {
-            Some(part) if through_page_cache => Some(part.try_acquire_static_permit(units).ok()?),
-            _ => None,
-        };
         let prefetch = self.prefetch.try_acquire_static_permit(units).ok()?;
         let arena = self.arena.try_acquire_static_permit(units).ok()?;
-        Some(StagingShare { _arena: arena, _prefetch: Some(prefetch), _page_cache: page_cache })
+        Some(StagingShare { _arena: arena, _prefetch: Some(prefetch) })
     }
 
     /// Units free in the arena (tests).
@@ -312,80 +276,34 @@ mod tests {
     #[test]
     fn a_job_holding_shares_never_waits_and_prefetch_keeps_to_half() {
         on_glommio(|| async {
-            let budget = StagingBudget::new(8 * MIB, 8 * MIB);
+            let budget = StagingBudget::new(8 * MIB);
             let prefetched: Vec<_> =
-                std::iter::from_fn(|| budget.take_for_prefetch(MIB, true)).take(16).collect();
+                std::iter::from_fn(|| budget.take_for_prefetch(MIB)).take(16).collect();
             assert_eq!(prefetched.len(), 4, "prefetch stops at half the arena");
             let mut held = Vec::new();
-            while let Some(share) = budget.take(MIB, false, true).await {
+            while let Some(share) = budget.take(MIB, false).await {
                 held.push(share);
             }
             assert_eq!(held.len(), 4, "reached ops get the other half");
             assert_eq!(budget.free_units(), 0);
-            assert!(budget.take_for_prefetch(MIB, true).is_none());
+            assert!(budget.take_for_prefetch(MIB).is_none());
             drop(prefetched);
             assert_eq!(budget.free_units(), (4 * MIB / SHARE_UNIT_BYTES) as u64);
         });
     }
 
     #[test]
-    fn page_cache_chunks_keep_to_their_part_and_direct_chunks_get_the_rest() {
-        on_glommio(|| async {
-            let budget = StagingBudget::new(8 * MIB, 2 * MIB);
-            let first = budget.take(MIB, true, true).await.expect("free");
-            let second = budget.take(MIB, false, true).await.expect("free");
-            assert!(budget.take(MIB, false, true).await.is_none(), "the part is full");
-            assert!(budget.take_for_prefetch(MIB, true).is_none(), "for prefetch too");
-            let mut direct = Vec::new();
-            while let Some(share) = budget.take(MIB, false, false).await {
-                direct.push(share);
-            }
-            assert_eq!(direct.len(), 6, "O_DIRECT chunks fill the rest of the arena");
-            drop(direct);
-            drop(first);
-            let third = budget.take_for_prefetch(MIB, true).expect("a part share came back");
-            assert!(budget.take(MIB, false, true).await.is_none());
-            drop((second, third));
-            assert_eq!(budget.free_units(), (8 * MIB / SHARE_UNIT_BYTES) as u64);
-        });
-    }
-
-    #[test]
-    fn a_page_cache_chunk_holding_nothing_waits_for_the_part() {
-        on_glommio(|| async {
-            let budget = Rc::new(StagingBudget::new(8 * MIB, MIB));
-            let held = budget.take(MIB, true, true).await.expect("free");
-            let got = Rc::new(Cell::new(false));
-            let waiter = {
-                let (budget, got) = (Rc::clone(&budget), Rc::clone(&got));
-                glommio::spawn_local(async move {
-                    let share = budget.take(MIB, true, true).await;
-                    got.set(share.is_some());
-                })
-            };
-            glommio::timer::sleep(std::time::Duration::from_millis(5)).await;
-            assert!(!got.get(), "waits while the part is taken, though the arena has room");
-            drop(held);
-            waiter.await;
-            assert!(got.get(), "woken by the part's share given back");
-        });
-    }
-
-    #[test]
     fn a_job_holding_nothing_waits_until_a_share_is_given_back() {
         on_glommio(|| async {
-            let budget = Rc::new(StagingBudget::new(2 * MIB, 2 * MIB));
-            let first = budget.take(MIB, true, true).await.expect("free");
-            let second = budget.take(MIB, true, true).await.expect("free");
-            assert!(
-                budget.take(MIB, false, true).await.is_none(),
-                "full: no share without waiting"
-            );
+            let budget = Rc::new(StagingBudget::new(2 * MIB));
+            let first = budget.take(MIB, true).await.expect("free");
+            let second = budget.take(MIB, true).await.expect("free");
+            assert!(budget.take(MIB, false).await.is_none(), "full: no share without waiting");
             let got = Rc::new(Cell::new(false));
             let waiter = {
                 let (budget, got) = (Rc::clone(&budget), Rc::clone(&got));
                 glommio::spawn_local(async move {
-                    let share = budget.take(MIB, true, true).await;
+                    let share = budget.take(MIB, true).await;
                     got.set(share.is_some());
                 })
             };

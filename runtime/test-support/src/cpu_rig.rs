@@ -35,7 +35,6 @@ pub fn config(cpus: &[usize]) -> Config {
         request_parallelism: cpus.len(),
         staging_chunk_bytes: CHUNK,
         staging_per_executor_bytes: 8 * MIB,
-        page_cache_staging_bytes: None,
         pinned_fallback_cap_bytes: 4 * MIB,
         chunks_in_flight: 4,
         prefetch_budget_bytes: None,

@@ -61,8 +61,6 @@ fn defaults() {
     assert_eq!(config.cpu_device_count, 1);
     assert!(config.allow_compat_mode);
     assert_eq!(config.pinned_cap_bytes(), 4 * 32 * MIB + 16 * MIB);
-    assert_eq!(config.page_cache_staging_bytes, None);
-    assert_eq!(config.page_cache_staging_cap_bytes(), 32 * MIB, "the whole arena");
     assert_eq!(config.validate(), Ok(()));
 }
 
@@ -292,41 +290,6 @@ fn staging_must_hold_two_chunks() {
         &[("HIPFILE_STAGING_MB", "127"), ("HIPFILE_CHUNK_KB", "65536")],
         &cpus(4),
         "HIPFILE_STAGING_MB",
-    );
-}
-
-#[test]
-fn page_cache_staging_holds_a_chunk_and_stays_inside_the_arena() {
-    let config = parse_ok(&[("HIPFILE_PAGE_CACHE_STAGING_MB", "4")]);
-    assert_eq!(config.page_cache_staging_bytes, Some(4 * MIB));
-    assert_eq!(config.page_cache_staging_cap_bytes(), 4 * MIB);
-    let whole = parse_ok(&[("HIPFILE_PAGE_CACHE_STAGING_MB", "32")]);
-    assert_eq!(whole.page_cache_staging_cap_bytes(), 32 * MIB);
-    for bad in ["0", "33", "-1", "x", "2.5"] {
-        let error = rejected(
-            &[("HIPFILE_PAGE_CACHE_STAGING_MB", bad)],
-            &cpus(4),
-            "HIPFILE_PAGE_CACHE_STAGING_MB",
-        );
-        assert!(error.reason.contains("at least one chunk"), "{error}");
-    }
-    // One chunk of 4 MiB does not fit in 2 MiB.
-    rejected(
-        &[("HIPFILE_PAGE_CACHE_STAGING_MB", "2"), ("HIPFILE_CHUNK_KB", "4096")],
-        &cpus(4),
-        "HIPFILE_PAGE_CACHE_STAGING_MB",
-    );
-    // Beyond a smaller arena.
-    rejected(
-        &[("HIPFILE_PAGE_CACHE_STAGING_MB", "8"), ("HIPFILE_STAGING_MB", "4")],
-        &cpus(4),
-        "HIPFILE_PAGE_CACHE_STAGING_MB",
-    );
-    let mut hand_built = parse_ok(&[]);
-    hand_built.page_cache_staging_bytes = Some(MIB / 2);
-    assert_eq!(
-        hand_built.validate().map_err(|error| error.variable),
-        Err("HIPFILE_PAGE_CACHE_STAGING_MB")
     );
 }
 

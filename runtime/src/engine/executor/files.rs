@@ -9,7 +9,6 @@ use std::rc::Rc;
 use std::sync::{Arc, Weak};
 
 use glommio::io::{DmaFile, OpenOptions};
-use hipfile_core::{Chunk, ChunkMode};
 
 use super::{Executor, glommio_errno, off_reactor, uring_refuses};
 use crate::file::FileHandle;
@@ -23,14 +22,6 @@ pub(super) struct OpenFiles {
     pub(super) direct: Option<DmaFile>,
     /// io_uring refused this file (glommio's poll-ring misdetection): use blocking I/O.
     pub(super) uring_refused: Cell<bool>,
-}
-
-impl OpenFiles {
-    /// `true` when `chunk` goes through the page cache: planned so, or no O_DIRECT
-    /// descriptor could be opened.
-    pub(super) fn through_page_cache(&self, chunk: Chunk) -> bool {
-        chunk.mode == ChunkMode::Buffered || self.direct.is_none()
-    }
 }
 
 pub(super) struct FileEntry {

@@ -49,8 +49,6 @@ pub(super) struct Setup {
     pub(crate) stats: Arc<EngineStats>,
     pub(crate) chunk_bytes: usize,
     pub(crate) arena_bytes: usize,
-    /// Of the arena, what chunks through the page cache may hold at once.
-    pub(crate) page_cache_staging_bytes: usize,
     pub(crate) chunks_in_flight: usize,
     pub(crate) page_bytes: u64,
     /// Spin before parking ([`spare_cores_for_spinning`]).
@@ -130,7 +128,7 @@ fn uring_refuses(errno: i32) -> bool {
 
 impl Executor {
     fn new(mut setup: Setup) -> Rc<Executor> {
-        let staging_budget = StagingBudget::new(setup.arena_bytes, setup.page_cache_staging_bytes);
+        let staging_budget = StagingBudget::new(setup.arena_bytes);
         let streams = std::mem::take(&mut setup.streams)
             .into_iter()
             .map(|(ordinal, stream)| (ordinal, Rc::new(stream)))

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use glommio::Task;
 use glommio::io::ReadResult;
-use hipfile_core::{Chunk, Direction, OpError, Outcome};
+use hipfile_core::{Chunk, ChunkMode, Direction, OpError, Outcome};
 
 use super::copies::{InFlightCopy, Staging};
 use super::files::OpenFiles;
@@ -57,13 +57,12 @@ impl Executor {
             while !stop && reads.len() < depth {
                 let Some(&chunk) = chunks.peek() else { break };
                 let len = chunk.len_bytes as usize;
-                let through_page_cache = files.through_page_cache(chunk);
                 let share = if arm_gate.is_some() {
-                    self.staging_budget.take_for_prefetch(len, through_page_cache)
+                    self.staging_budget.take_for_prefetch(len)
                 } else {
                     let holds_none = reads.is_empty() && copies.is_empty();
                     let asked = Instant::now();
-                    let share = self.staging_budget.take(len, holds_none, through_page_cache).await;
+                    let share = self.staging_budget.take(len, holds_none).await;
                     self.phases().add_since(Phase::StagingWait, asked);
                     share
                 };
@@ -240,8 +239,8 @@ impl Executor {
             return Ok(None);
         }
         let Some(buffered) = &files.buffered else { return Ok(None) };
-        let dma = match &files.direct {
-            Some(direct) if !files.through_page_cache(chunk) => direct,
+        let dma = match (chunk.mode, &files.direct) {
+            (ChunkMode::Direct, Some(direct)) => direct,
             _ => buffered,
         };
         // An injected errno stands for io_uring's own answer (EINVAL: a refusal).

@@ -60,8 +60,7 @@ impl Executor {
                 let holds_none = staged.is_empty() && writes.is_empty();
                 let len = chunk.len_bytes as usize;
                 let asked = Instant::now();
-                let through_page_cache = files.through_page_cache(chunk);
-                let share = self.staging_budget.take(len, holds_none, through_page_cache).await;
+                let share = self.staging_budget.take(len, holds_none).await;
                 self.phases().add_since(Phase::StagingWait, asked);
                 let Some(share) = share else { break };
                 let source = match range.host_memory {
@@ -351,8 +350,8 @@ impl Executor {
         let buffer = Rc::new(buffer);
         let mut written = 0;
         if let Some(buffered) = uring {
-            let dma = match &files.direct {
-                Some(direct) if !files.through_page_cache(chunk) => direct,
+            let dma = match (chunk.mode, &files.direct) {
+                (ChunkMode::Direct, Some(direct)) => direct,
                 _ => buffered,
             };
             // An injected errno stands for io_uring's own answer (EINVAL: a refusal).
