@@ -161,11 +161,13 @@ pub fn describe_env(env: &Env, path: &Path, size: u64, args: &RunArgs) {
         c.executor_cpus
     );
     println!(
-        "config: chunk {} KiB, staging {} MiB/executor, queue depth {}, request parallelism {}, prefetch {} MiB, pinned cap {} MiB, O_DIRECT policy {:?}",
+        "config: chunk {} KiB, staging {} MiB/executor, queue depth {}, request parallelism {}{}, prefetch {} MiB, pinned cap {} MiB, O_DIRECT policy {:?}",
         c.staging_chunk_bytes >> 10,
         c.staging_per_executor_bytes >> 20,
         c.chunks_in_flight,
         c.request_parallelism,
+        c.busy_fan_out
+            .map_or(String::new(), |least| format!(" (idle executors, at least {least})")),
         c.prefetch_cap_bytes() >> 20,
         c.pinned_cap_bytes() >> 20,
         c.direct

@@ -105,7 +105,7 @@ impl Driver {
             true,
             format!(
                 "{}larger ones split into whole {chunk_kib} KiB chunks over up to {} of {} \
-                 executors (io_uring{}), disk and copies overlapped",
+                 executors{} (io_uring{}), disk and copies overlapped",
                 if on_caller {
                     format!("up to {chunk_kib} KiB run on the caller's thread (pread/pwrite + one copy); ")
                 } else {
@@ -113,6 +113,9 @@ impl Driver {
                 },
                 config.request_parallelism,
                 config.executor_cpus.len(),
+                config.busy_fan_out.map_or(String::new(), |least| format!(
+                    ", those with no job in flight but at least {least} (HIPFILE_BUSY_FAN_OUT)"
+                )),
                 if config.use_io_uring { "" } else { " off: blocking pread/pwrite executors" },
             ),
         );

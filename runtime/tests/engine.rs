@@ -205,6 +205,51 @@ fn tiny_arena_under_parallel_reads_falls_back_correctly_within_the_cap() {
     driver.handle_deregister(handle);
 }
 
+/// `HIPFILE_BUSY_FAN_OUT=1` on four executors: a request that finds them idle spreads
+/// over all four; one that finds every executor busy goes as one part. Once everything
+/// ended, no job counts as in flight, and every byte of both reads is right.
+#[test]
+fn a_request_finding_every_executor_busy_goes_as_the_least_parts() {
+    let _serial = serial();
+    let data = pattern(8 * MIB, 7);
+    let file = TempFile::new(&tmpfs_dir(), &data);
+    let client = file.open_rw();
+    let mut config = config(&[0, 1, 0, 1]);
+    config.busy_fan_out = Some(1);
+    config.validate().unwrap();
+    let (driver, device) = driver_with(config);
+    let handle = driver.handle_register(client.as_raw_fd()).unwrap();
+    let engine = driver.engine().unwrap();
+    let first = device.malloc_device(0, 8 * MIB).unwrap();
+    let second = device.malloc_device(0, 8 * MIB).unwrap();
+    // Idle: four parts (and every executor makes its internal stream, gated below).
+    assert_eq!(driver.io_sync(Direction::Read, handle, first, raw(8 * MIB, 0, 0)), Ok(8 * MIB));
+    eventually("the first read's jobs counted", || engine.stats().jobs == 4);
+    eventually("the first read's jobs ended", || engine.jobs_in_flight() == 0);
+    let gates = gate_streams(&device);
+    assert!(gates.len() >= 4, "one internal stream per executor: {}", gates.len());
+    thread::scope(|scope| {
+        let (driver, device) = (&driver, &device);
+        let held =
+            scope.spawn(move || driver.io_sync(Direction::Read, handle, first, raw(2 * MIB, 0, 0)));
+        eventually("the held read on every executor", || engine.jobs_in_flight() == 4);
+        let busy = scope
+            .spawn(move || driver.io_sync(Direction::Read, handle, second, raw(8 * MIB, 0, 0)));
+        eventually("the second read posted", || engine.jobs_in_flight() > 4);
+        thread::sleep(Duration::from_millis(50));
+        assert_eq!(engine.jobs_in_flight(), 5, "every executor busy: one part");
+        drop(gates);
+        assert_eq!(held.join().unwrap(), Ok(2 * MIB));
+        assert_eq!(busy.join().unwrap(), Ok(8 * MIB));
+        let _ = device;
+    });
+    assert!(device_bytes(first, 2 * MIB) == data[..2 * MIB]);
+    assert!(device_bytes(second, 8 * MIB) == data);
+    eventually("every job ended", || engine.jobs_in_flight() == 0);
+    assert_eq!(engine.stats().jobs, 4 + 4 + 1);
+    driver.handle_deregister(handle);
+}
+
 /// After the engine started and served a read, 300 ms of idleness cost the process
 /// (executors, device stream workers, everything) less than 30 ms of CPU time.
 #[test]

@@ -149,6 +149,7 @@ impl AsyncOp {
                 }
             });
             let job = IoJob {
+                posted: None,
                 file: Arc::clone(&self.file),
                 guard,
                 direction: self.direction,

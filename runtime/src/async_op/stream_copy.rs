@@ -322,6 +322,7 @@ impl AsyncOp {
                 }
             });
             let job = IoJob {
+                posted: None,
                 file: Arc::clone(&self.file),
                 guard,
                 direction: Direction::Read,

@@ -72,6 +72,7 @@ const STAGING_MB: &str = "HIPFILE_STAGING_MB";
 const PINNED_FALLBACK_MB: &str = "HIPFILE_PINNED_FALLBACK_MB";
 const ODIRECT: &str = "HIPFILE_ODIRECT";
 const REQUEST_PARALLELISM: &str = "HIPFILE_REQUEST_PARALLELISM";
+const BUSY_FAN_OUT: &str = "HIPFILE_BUSY_FAN_OUT";
 const QUEUE_DEPTH: &str = "HIPFILE_QUEUE_DEPTH";
 const PREFETCH_MB: &str = "HIPFILE_PREFETCH_MB";
 const CPU_DEVICES: &str = "HIPFILE_CPU_DEVICES";
@@ -136,6 +137,7 @@ const REASON_FALLBACK: &str = "must be an integer number of MiB that fits in usi
 const REASON_FALLBACK_CHUNK: &str =
     "must hold at least one chunk of HIPFILE_CHUNK_KB (the engine's backpressure needs one)";
 const REASON_PARALLELISM: &str = "must be an integer between 1 and the executor count";
+const REASON_BUSY_FAN_OUT: &str = "must be an integer between 1 and the executor count";
 const REASON_QUEUE_DEPTH: &str = "must be an integer between 1 and 64";
 const REASON_PREFETCH: &str = "must be an integer number of MiB that fits in usize";
 const REASON_CPU_DEVICES: &str = "must be an integer between 1 and 16";
@@ -160,6 +162,12 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     (
         REQUEST_PARALLELISM,
         "executors one large request may fan out to, 1..=executor count (default: all)",
+    ),
+    (
+        BUSY_FAN_OUT,
+        "fan-out that follows the load: a request spreads over the executors that have no \
+         job, at least this many, at most HIPFILE_REQUEST_PARALLELISM; 1..=executor count \
+         (default unset: always HIPFILE_REQUEST_PARALLELISM)",
     ),
     (QUEUE_DEPTH, "chunks in flight per op, 1..=64 (default 4)"),
     (
@@ -365,6 +373,12 @@ pub struct Config {
     /// Executors one large request may fan out to, 1..=executor count
     /// (`HIPFILE_REQUEST_PARALLELISM`).
     pub request_parallelism: usize,
+    /// The fan-out that follows the load (`HIPFILE_BUSY_FAN_OUT`): `Some(n)`, a request
+    /// spreads over the executors that have no job in flight, at least `n` of them and at
+    /// most `request_parallelism`, so that a lone request uses every executor and requests
+    /// that find every executor busy go as `n` longer parts; `None`: always
+    /// `request_parallelism`.
+    pub busy_fan_out: Option<usize>,
     /// Chunks in flight per op, 1..=64 (`HIPFILE_QUEUE_DEPTH`).
     pub chunks_in_flight: usize,
     /// Bytes of fully FIXED async reads all streams together may prefetch; 0 = off;
@@ -525,6 +539,10 @@ impl Config {
             executors,
             REASON_PARALLELISM,
         )?;
+        config.busy_fan_out = match get(BUSY_FAN_OUT) {
+            None => None,
+            raw => Some(parse_count(BUSY_FAN_OUT, raw, 1..=executors, 1, REASON_BUSY_FAN_OUT)?),
+        };
         config.chunks_in_flight = parse_count(
             QUEUE_DEPTH,
             get(QUEUE_DEPTH),
@@ -676,6 +694,11 @@ impl Config {
         check(REQUEST_PARALLELISM, parallelism.to_string(), REASON_PARALLELISM, || {
             (1..=executors).contains(&parallelism)
         })?;
+        if let Some(busy) = self.busy_fan_out {
+            check(BUSY_FAN_OUT, busy.to_string(), REASON_BUSY_FAN_OUT, || {
+                (1..=executors).contains(&busy)
+            })?;
+        }
         let depth = self.chunks_in_flight;
         check(QUEUE_DEPTH, depth.to_string(), REASON_QUEUE_DEPTH, || {
             (1..=MAX_CHUNKS_IN_FLIGHT).contains(&depth)
@@ -694,6 +717,7 @@ impl Config {
         Config {
             device: DeviceSelection::Auto,
             request_parallelism: executor_cpus.len(),
+            busy_fan_out: None,
             prefetch_budget_bytes: None,
             executor_cpus,
             staging_chunk_bytes: DEFAULT_CHUNK_KB * KIB,

@@ -39,7 +39,7 @@ pub(crate) use counters::{EnginePhaseCounters, EngineStats, Phase};
 pub use counters::{EnginePhases, EngineStatsSnapshot};
 pub(crate) use executor::spare_cores_for_spinning;
 pub(crate) use parts::PartJoiner;
-use parts::{combine, fan_out, split_into_parts};
+use parts::{combine, fan_out, fan_out_for_load, split_into_parts};
 pub use queue::JOB_QUEUE_CAPACITY;
 pub(crate) use staging::FallbackPool;
 
@@ -157,6 +157,9 @@ pub(crate) struct IoJob {
     pub(crate) may_start: Option<StartCheck>,
     /// Called once with the result.
     pub(crate) done: Completion,
+    /// Counts the job in its executor's jobs in flight until the job is dropped; set by
+    /// [`Engine::post`] (`None` where a job is built).
+    pub(crate) posted: Option<watch::PostedJob>,
 }
 
 struct ExecutorLink {
@@ -196,6 +199,8 @@ pub struct Engine {
     stats: Arc<EngineStats>,
     chunk_bytes: usize,
     request_parallelism: usize,
+    /// `HIPFILE_BUSY_FAN_OUT` (see [`parts::fan_out_for_load`]).
+    busy_fan_out: Option<usize>,
     arena_bytes: usize,
     page_bytes: u64,
     /// Async ops alive (see [`Engine::track_async_op`]).
@@ -385,6 +390,7 @@ impl Engine {
             stats,
             chunk_bytes: config.staging_chunk_bytes,
             request_parallelism: config.request_parallelism.max(1),
+            busy_fan_out: config.busy_fan_out,
             arena_bytes: config.staging_per_executor_bytes,
             page_bytes: crate::sys::page_size_bytes(),
             async_ops_alive: Arc::new(AtomicUsize::new(0)),
@@ -445,6 +451,12 @@ impl Engine {
             .collect()
     }
 
+    /// Jobs posted to the executors and not yet ended, queued or running, all executors
+    /// together.
+    pub fn jobs_in_flight(&self) -> u64 {
+        self.watches.iter().map(|watch| watch.jobs_in_flight()).sum()
+    }
+
     /// Counters.
     pub fn stats(&self) -> EngineStatsSnapshot {
         let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
@@ -492,9 +504,10 @@ impl Engine {
     /// that executor's channel holds [`JOB_QUEUE_CAPACITY`] requests; an executor never
     /// blocks (a deferred prefetch started by a finished op goes to the target's
     /// overflow list: see [`queue`]).
-    pub(crate) fn post(&self, index: usize, job: IoJob) {
-        let link = &self.executors[index % self.executors.len()];
-        link.sender.post(job, on_executor_thread());
+    pub(crate) fn post(&self, index: usize, mut job: IoJob) {
+        let index = index % self.executors.len();
+        job.posted = Some(self.watches[index].job_posted());
+        self.executors[index].sender.post(job, on_executor_thread());
     }
 
     /// Asks every executor to close descriptors of files whose handles are gone.
@@ -530,6 +543,7 @@ impl Engine {
         for (i, (&(offset, len), guard)) in parts.iter().zip(guards).enumerate() {
             let sender = sender.clone();
             let job = IoJob {
+                posted: None,
                 file: Arc::clone(&request.file),
                 guard,
                 direction: request.direction,
@@ -561,6 +575,10 @@ impl Engine {
     /// request) whose inner boundaries fall on multiples of the chunk size in the *file*,
     /// so each part keeps O_DIRECT alignment.
     ///
+    /// With `HIPFILE_BUSY_FAN_OUT` the count follows the load ([`fan_out_for_load`]): every
+    /// executor for a request that finds them idle, fewer and longer parts for one that
+    /// finds them busy.
+    ///
     /// A write to a file without an O_DIRECT descriptor (every byte goes through the page
     /// cache) stays one part: buffered writes to one file take its inode lock one at a
     /// time, so parts on several executors only queue for it, with more calls per byte.
@@ -574,11 +592,15 @@ impl Engine {
         file_offset_bytes: u64,
         len_bytes: u64,
     ) -> Vec<(u64, u64)> {
-        let parallel = fan_out(
-            direction,
-            file.direct_fd().is_some(),
-            self.request_parallelism.min(self.executors.len()),
-        );
+        let most = self.request_parallelism.min(self.executors.len());
+        let parallel = match self.busy_fan_out {
+            Some(least) => {
+                let idle = self.watches.iter().filter(|watch| watch.jobs_in_flight() == 0).count();
+                fan_out_for_load(idle, least, most)
+            }
+            None => most,
+        };
+        let parallel = fan_out(direction, file.direct_fd().is_some(), parallel);
         split_into_parts(file_offset_bytes, len_bytes, self.chunk_bytes as u64, parallel)
     }
 }

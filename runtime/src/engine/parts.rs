@@ -18,6 +18,21 @@ pub(super) fn fan_out(direction: Direction, file_has_direct: bool, parallel: usi
     }
 }
 
+/// How many executors a request fans out to under `HIPFILE_BUSY_FAN_OUT=least`, when
+/// `idle` executors have no job in flight: those idle ones, at least `least` and at most
+/// `most` (`HIPFILE_REQUEST_PARALLELISM`, capped by the executor count). A request that
+/// finds the engine idle spreads as wide as before; one that finds every executor busy
+/// goes as `least` parts, each of more chunks, so the chunks of one part overlap their
+/// reads and copies inside one job instead of as many short jobs.
+///
+/// Why: on the H200 (`benches/results/h200-2026-12-06-h/`) 2 MiB chunks, which halve
+/// the parts of a 16 MiB op, read 16 streams 1.18x as fast and 1 stream 0.93x; the
+/// engine's CPU per GiB followed the number of chunks and parts, not the bytes.
+pub(super) fn fan_out_for_load(idle: usize, least: usize, most: usize) -> usize {
+    let most = most.max(1);
+    idle.clamp(least.clamp(1, most), most)
+}
+
 /// Splits `len_bytes` at `file_offset_bytes` into at most `parallel` parts of whole
 /// chunks (`chunk_bytes`-aligned in the file), as even as chunks allow: the first parts
 /// get one chunk more than the rest. Returns `(offset in the request, length)` pairs in
@@ -131,6 +146,30 @@ mod tests {
         assert_eq!(fan_out(Direction::Read, false, 14), 14, "buffered read");
         assert_eq!(fan_out(Direction::Read, true, 14), 14, "O_DIRECT read");
         assert_eq!(fan_out(Direction::Write, false, 0), 1);
+    }
+
+    #[test]
+    fn the_fan_out_follows_the_idle_executors_between_its_bounds() {
+        assert_eq!(fan_out_for_load(14, 2, 14), 14, "an idle engine: every executor");
+        assert_eq!(fan_out_for_load(5, 2, 14), 5, "the idle ones");
+        assert_eq!(fan_out_for_load(0, 2, 14), 2, "all busy: the least");
+        assert_eq!(fan_out_for_load(1, 2, 14), 2);
+        assert_eq!(fan_out_for_load(14, 2, 4), 4, "never past HIPFILE_REQUEST_PARALLELISM");
+        assert_eq!(fan_out_for_load(0, 8, 4), 4, "the least is capped by the most");
+        assert_eq!(fan_out_for_load(0, 0, 14), 1, "at least one part");
+        assert_eq!(fan_out_for_load(0, 3, 0), 1);
+    }
+
+    proptest! {
+        #[test]
+        fn the_fan_out_stays_in_bounds(idle in 0usize..300, least in 0usize..300, most in 0usize..300) {
+            let parallel = fan_out_for_load(idle, least, most);
+            prop_assert!(parallel >= 1 && parallel <= most.max(1));
+            prop_assert!(parallel >= least.clamp(1, most.max(1)));
+            if (least.max(1)..=most).contains(&idle) {
+                prop_assert_eq!(parallel, idle);
+            }
+        }
     }
 
     #[test]

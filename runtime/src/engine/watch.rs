@@ -1,8 +1,10 @@
-//! Where each glommio executor's jobs are, for the pending report of a stuck stream:
-//! jobs received and ended, how many are now in each step, and the blocking calls
-//! (`off_reactor`) in flight. Cheap enough to stay on: a relaxed atomic add per step.
+//! Where each executor's jobs are, for the pending report of a stuck stream and for the
+//! fan-out that follows the load (`HIPFILE_BUSY_FAN_OUT`): jobs posted and not yet ended
+//! (every executor kind), and on glommio executors jobs received and ended, how many are
+//! now in each step, and the blocking calls (`off_reactor`) in flight. Cheap enough to stay on: a relaxed atomic add per step.
 
 use std::fmt::Write as _;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A step of a job that awaits something; a job counts in one step at a time (or none,
@@ -39,6 +41,8 @@ impl JobStep {
 /// One executor's counters.
 #[derive(Debug, Default)]
 pub(crate) struct ExecutorWatch {
+    /// Jobs posted to the executor and not yet dropped ([`PostedJob`]), queued or running.
+    posted_in_flight: AtomicU64,
     received: AtomicU64,
     ended: AtomicU64,
     in_step: [AtomicU64; JobStep::ALL.len()],
@@ -47,6 +51,18 @@ pub(crate) struct ExecutorWatch {
 }
 
 impl ExecutorWatch {
+    /// Counts a job posted to this executor until the returned token drops (with the job,
+    /// on whichever executor kind ran it, or in its queue at shutdown).
+    pub(crate) fn job_posted(self: &Arc<Self>) -> PostedJob {
+        self.posted_in_flight.fetch_add(1, Ordering::Relaxed);
+        PostedJob { watch: Arc::clone(self) }
+    }
+
+    /// Jobs posted to this executor and not yet ended, queued or running.
+    pub(crate) fn jobs_in_flight(&self) -> u64 {
+        self.posted_in_flight.load(Ordering::Relaxed)
+    }
+
     pub(crate) fn job_received(&self) {
         self.received.fetch_add(1, Ordering::Relaxed);
     }
@@ -73,7 +89,8 @@ impl ExecutorWatch {
     pub(crate) fn describe(&self, index: usize) -> String {
         let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
         let mut line = format!(
-            "executor {index}: {} job(s) received, {} ended",
+            "executor {index}: {} job(s) in flight; {} received, {} ended",
+            load(&self.posted_in_flight),
             load(&self.received),
             load(&self.ended)
         );
@@ -92,6 +109,18 @@ impl ExecutorWatch {
             load(&self.blocking_ended)
         );
         line
+    }
+}
+
+/// A job's place in its executor's count of jobs in flight, given back on drop.
+#[derive(Debug)]
+pub(crate) struct PostedJob {
+    watch: Arc<ExecutorWatch>,
+}
+
+impl Drop for PostedJob {
+    fn drop(&mut self) {
+        self.watch.posted_in_flight.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -121,21 +150,24 @@ mod tests {
 
     #[test]
     fn a_job_counts_in_its_step_until_the_guard_drops() {
-        let watch = ExecutorWatch::default();
+        let watch = Arc::new(ExecutorWatch::default());
+        let posted = watch.job_posted();
         watch.job_received();
         let probe = watch.step(JobStep::Probe);
         let call = watch.blocking_call();
         assert_eq!(
             watch.describe(3),
-            "executor 3: 1 job(s) received, 0 ended; now 1 probing the file system; \
+            "executor 3: 1 job(s) in flight; 1 received, 0 ended; now 1 probing the file system; \
              blocking calls 1 started, 0 ended"
         );
         drop(call);
         drop(probe);
         watch.job_ended();
+        drop(posted);
+        assert_eq!(watch.jobs_in_flight(), 0);
         assert_eq!(
             watch.describe(3),
-            "executor 3: 1 job(s) received, 1 ended; blocking calls 1 started, 1 ended"
+            "executor 3: 0 job(s) in flight; 1 received, 1 ended; blocking calls 1 started, 1 ended"
         );
     }
 }

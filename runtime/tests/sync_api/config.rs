@@ -294,6 +294,26 @@ fn staging_must_hold_two_chunks() {
 }
 
 #[test]
+fn busy_fan_out_is_off_unless_set_and_within_the_executors() {
+    assert_eq!(parse_ok(&[]).busy_fan_out, None);
+    assert_eq!(parse_ok(&[("HIPFILE_BUSY_FAN_OUT", "2")]).busy_fan_out, Some(2));
+    assert_eq!(parse_ok(&[("HIPFILE_BUSY_FAN_OUT", "4")]).busy_fan_out, Some(4));
+    for bad in ["0", "5", "-1", "x", "all"] {
+        rejected(&[("HIPFILE_BUSY_FAN_OUT", bad)], &cpus(4), "HIPFILE_BUSY_FAN_OUT");
+    }
+    let config = parse_ok(&[("HIPFILE_THREADS", "2"), ("HIPFILE_BUSY_FAN_OUT", "2")]);
+    assert_eq!(config.busy_fan_out, Some(2));
+    rejected(
+        &[("HIPFILE_THREADS", "2"), ("HIPFILE_BUSY_FAN_OUT", "3")],
+        &cpus(4),
+        "HIPFILE_BUSY_FAN_OUT",
+    );
+    let mut hand_built = parse_ok(&[]);
+    hand_built.busy_fan_out = Some(0);
+    assert_eq!(hand_built.validate().map_err(|error| error.variable), Err("HIPFILE_BUSY_FAN_OUT"));
+}
+
+#[test]
 fn request_parallelism_follows_the_executor_count() {
     assert_eq!(parse_ok(&[("HIPFILE_THREADS", "3")]).request_parallelism, 3);
     let pairs = [("HIPFILE_THREADS", "3"), ("HIPFILE_REQUEST_PARALLELISM", "4")];
