@@ -251,7 +251,6 @@ impl Batch {
             let starting = Arc::clone(&run);
             let ending = Arc::clone(&run);
             let job = IoJob {
-                posted: None,
                 file: Arc::clone(&file),
                 guard,
                 direction,

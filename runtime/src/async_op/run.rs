@@ -149,7 +149,6 @@ impl AsyncOp {
                 }
             });
             let job = IoJob {
-                posted: None,
                 file: Arc::clone(&self.file),
                 guard,
                 direction: self.direction,

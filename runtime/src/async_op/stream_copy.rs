@@ -322,7 +322,6 @@ impl AsyncOp {
                 }
             });
             let job = IoJob {
-                posted: None,
                 file: Arc::clone(&self.file),
                 guard,
                 direction: Direction::Read,

@@ -68,21 +68,26 @@ pub(crate) type StartCheck = Box<dyn FnOnce() -> bool + Send>;
 pub(crate) struct Completion {
     done: Option<JobDone>,
     device: Arc<dyn Device>,
+    /// Counts the job in its executor's jobs in flight until it reports (set by
+    /// [`Engine::post`]).
+    posted: Option<watch::PostedJob>,
 }
 
 impl Completion {
     /// Wraps `done`.
     pub(crate) fn new(device: Arc<dyn Device>, done: JobDone) -> Completion {
-        Completion { done: Some(done), device }
+        Completion { done: Some(done), device, posted: None }
     }
 
-    /// Runs the callback.
+    /// Runs the callback, once the job no longer counts as in flight: a caller woken by
+    /// it that posts its next request at once finds the executor idle.
     pub(crate) fn finish(
         mut self,
         outcome: Outcome,
         device_error: Option<DeviceError>,
         stream: Option<&InternalStream>,
     ) {
+        drop(self.posted.take());
         if let Some(done) = self.done.take() {
             done(JobEnd { outcome, device_error, device: &*self.device, stream });
         }
@@ -91,6 +96,7 @@ impl Completion {
 
 impl Drop for Completion {
     fn drop(&mut self) {
+        drop(self.posted.take());
         if let Some(done) = self.done.take() {
             let outcome = Outcome::Library(OpError::InternalError);
             done(JobEnd { outcome, device_error: None, device: &*self.device, stream: None });
@@ -157,9 +163,6 @@ pub(crate) struct IoJob {
     pub(crate) may_start: Option<StartCheck>,
     /// Called once with the result.
     pub(crate) done: Completion,
-    /// Counts the job in its executor's jobs in flight until the job is dropped; set by
-    /// [`Engine::post`] (`None` where a job is built).
-    pub(crate) posted: Option<watch::PostedJob>,
 }
 
 struct ExecutorLink {
@@ -506,7 +509,7 @@ impl Engine {
     /// overflow list: see [`queue`]).
     pub(crate) fn post(&self, index: usize, mut job: IoJob) {
         let index = index % self.executors.len();
-        job.posted = Some(self.watches[index].job_posted());
+        job.done.posted = Some(self.watches[index].job_posted());
         self.executors[index].sender.post(job, on_executor_thread());
     }
 
@@ -543,7 +546,6 @@ impl Engine {
         for (i, (&(offset, len), guard)) in parts.iter().zip(guards).enumerate() {
             let sender = sender.clone();
             let job = IoJob {
-                posted: None,
                 file: Arc::clone(&request.file),
                 guard,
                 direction: request.direction,

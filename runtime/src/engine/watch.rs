@@ -41,7 +41,8 @@ impl JobStep {
 /// One executor's counters.
 #[derive(Debug, Default)]
 pub(crate) struct ExecutorWatch {
-    /// Jobs posted to the executor and not yet dropped ([`PostedJob`]), queued or running.
+    /// Jobs posted to the executor that have not reported yet ([`PostedJob`]), queued or
+    /// running.
     posted_in_flight: AtomicU64,
     received: AtomicU64,
     ended: AtomicU64,
@@ -51,14 +52,15 @@ pub(crate) struct ExecutorWatch {
 }
 
 impl ExecutorWatch {
-    /// Counts a job posted to this executor until the returned token drops (with the job,
-    /// on whichever executor kind ran it, or in its queue at shutdown).
+    /// Counts a job posted to this executor until the returned token drops: the job's
+    /// completion drops it just before it reports, on whichever executor kind ran it, or
+    /// with the job if it never ran.
     pub(crate) fn job_posted(self: &Arc<Self>) -> PostedJob {
         self.posted_in_flight.fetch_add(1, Ordering::Relaxed);
         PostedJob { watch: Arc::clone(self) }
     }
 
-    /// Jobs posted to this executor and not yet ended, queued or running.
+    /// Jobs posted to this executor that have not reported yet, queued or running.
     pub(crate) fn jobs_in_flight(&self) -> u64 {
         self.posted_in_flight.load(Ordering::Relaxed)
     }
