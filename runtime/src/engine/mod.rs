@@ -454,8 +454,8 @@ impl Engine {
             .collect()
     }
 
-    /// Jobs posted to the executors and not yet ended, queued or running, all executors
-    /// together.
+    /// Jobs posted to the executors that have not reported yet, queued or running, all
+    /// executors together.
     pub fn jobs_in_flight(&self) -> u64 {
         self.watches.iter().map(|watch| watch.jobs_in_flight()).sum()
     }

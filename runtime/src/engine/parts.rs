@@ -23,7 +23,10 @@ pub(super) fn fan_out(direction: Direction, file_has_direct: bool, parallel: usi
 /// `most` (`HIPFILE_REQUEST_PARALLELISM`, capped by the executor count). A request that
 /// finds the engine idle spreads as wide as before; one that finds every executor busy
 /// goes as `least` parts, each of more chunks, so the chunks of one part overlap their
-/// reads and copies inside one job instead of as many short jobs.
+/// reads and copies inside one job instead of as many short jobs. The parts still go to
+/// consecutive executors from the request's hint, as without it, not to the idle ones by
+/// name: with every executor busy that spreads the requests evenly, and when some are idle
+/// the count is right but not always the place.
 ///
 /// Why: on the H200 (`benches/results/h200-2026-12-06-h/`) 2 MiB chunks, which halve
 /// the parts of a 16 MiB op, read 16 streams 1.18x as fast and 1 stream 0.93x; the
