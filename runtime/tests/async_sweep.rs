@@ -261,6 +261,17 @@ fn sweep_reads_1m_through_device_slots() {
     Sweep::with_config("device-slots", config).every_count_and_flag_set(Direction::Read, MIB);
 }
 
+/// The fan-out that follows the load (`HIPFILE_BUSY_FAN_OUT=1`): a request that finds every
+/// executor busy goes as one part, others over the idle executors. 1 MiB reads and writes,
+/// every stream count and flag set, every byte verified.
+#[test]
+fn sweep_1m_with_the_fan_out_following_the_load() {
+    let config = Config { busy_fan_out: Some(1), ..sweep_config() };
+    let mut sweep = Sweep::with_config("busy-fan-out", config);
+    sweep.every_count_and_flag_set(Direction::Read, MIB);
+    sweep.every_count_and_flag_set(Direction::Write, MIB);
+}
+
 /// The application holds every third stream on its own gate while the others run, at
 /// the counts that used to hang and around them, reads and writes.
 #[test]
