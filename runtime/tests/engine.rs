@@ -229,7 +229,7 @@ fn a_request_finding_every_executor_busy_goes_as_the_least_parts() {
     let gates = gate_streams(&device);
     assert!(gates.len() >= 4, "one internal stream per executor: {}", gates.len());
     thread::scope(|scope| {
-        let (driver, device) = (&driver, &device);
+        let driver = &driver;
         let held =
             scope.spawn(move || driver.io_sync(Direction::Read, handle, first, raw(2 * MIB, 0, 0)));
         eventually("the held read on every executor", || engine.jobs_in_flight() == 4);
@@ -241,7 +241,6 @@ fn a_request_finding_every_executor_busy_goes_as_the_least_parts() {
         drop(gates);
         assert_eq!(held.join().unwrap(), Ok(2 * MIB));
         assert_eq!(busy.join().unwrap(), Ok(8 * MIB));
-        let _ = device;
     });
     assert!(device_bytes(first, 2 * MIB) == data[..2 * MIB]);
     assert!(device_bytes(second, 8 * MIB) == data);

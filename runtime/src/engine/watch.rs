@@ -1,7 +1,8 @@
 //! Where each executor's jobs are, for the pending report of a stuck stream and for the
-//! fan-out that follows the load (`HIPFILE_BUSY_FAN_OUT`): jobs posted and not yet ended
-//! (every executor kind), and on glommio executors jobs received and ended, how many are
-//! now in each step, and the blocking calls (`off_reactor`) in flight. Cheap enough to stay on: a relaxed atomic add per step.
+//! fan-out that follows the load (`HIPFILE_BUSY_FAN_OUT`): jobs posted that have not
+//! reported yet (every executor kind), and on glommio executors jobs received and ended,
+//! how many are now in each step, and the blocking calls (`off_reactor`) in flight. Cheap
+//! enough to stay on: a relaxed atomic add per job and step.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
