@@ -14,7 +14,6 @@
 //! the rest from it. Measured there: the query's share fell to 15.5 %; throughput did
 //! not move (the polls filled time in which all the executor's jobs waited anyway).
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use crate::device::EventHandle;
@@ -36,14 +35,17 @@ pub(super) struct CopyEvent {
 }
 
 /// The order of the events recorded on each of an executor's internal streams, and what
-/// the device last said about them.
+/// the device last said about them. An executor has one internal stream per device, so
+/// a short list searched in order serves (asked in every poll of a copy, where hashing
+/// the key cost more than the search).
 #[derive(Default)]
 pub(super) struct EventOrder {
-    streams: HashMap<usize, StreamOrder>,
+    streams: Vec<StreamOrder>,
 }
 
-#[derive(Default)]
 struct StreamOrder {
+    /// The stream's identity.
+    stream: usize,
     /// The seq the next recorded event gets, less one.
     recorded: u64,
     /// Every event up to this seq is complete.
@@ -55,7 +57,15 @@ struct StreamOrder {
 impl EventOrder {
     /// `handle` was just recorded on `stream` (after every event recorded on it before).
     pub(super) fn recorded(&mut self, stream: usize, handle: EventHandle) -> CopyEvent {
-        let order = self.streams.entry(stream).or_default();
+        let index = match self.streams.iter().position(|order| order.stream == stream) {
+            Some(index) => index,
+            None => {
+                let order = StreamOrder { stream, recorded: 0, complete_through: 0, pending: None };
+                self.streams.push(order);
+                self.streams.len() - 1
+            }
+        };
+        let order = &mut self.streams[index];
         order.recorded += 1;
         CopyEvent { handle, stream, seq: order.recorded }
     }
@@ -63,7 +73,7 @@ impl EventOrder {
     /// What is known of `event` at `now` without asking the device: `Some(true)` complete,
     /// `Some(false)` pending (an older event was pending a moment ago), `None` unknown.
     pub(super) fn known(&self, event: &CopyEvent, now: Instant) -> Option<bool> {
-        let order = self.streams.get(&event.stream)?;
+        let order = self.streams.iter().find(|order| order.stream == event.stream)?;
         if event.seq <= order.complete_through {
             return Some(true);
         }
@@ -75,7 +85,9 @@ impl EventOrder {
 
     /// The device said at `now` whether `event` is complete.
     pub(super) fn observed(&mut self, event: &CopyEvent, complete: bool, now: Instant) {
-        let Some(order) = self.streams.get_mut(&event.stream) else { return };
+        let Some(order) = self.streams.iter_mut().find(|order| order.stream == event.stream) else {
+            return;
+        };
         if complete {
             order.complete_through = order.complete_through.max(event.seq);
             if order.pending.is_some_and(|(seq, _)| seq <= event.seq) {
