@@ -246,7 +246,7 @@ impl Batch {
             buffer_use: Mutex::new(Some(buffer.begin_use())),
             shared: Arc::clone(&self.shared),
         });
-        let executor_hint = self.driver.next_executor();
+        let executors = engine.executors_for(self.driver.next_executor(), parts.len());
         for (index, (&(offset, len), guard)) in parts.iter().zip(guards).enumerate() {
             let starting = Arc::clone(&run);
             let ending = Arc::clone(&run);
@@ -267,7 +267,7 @@ impl Batch {
                     Box::new(move |end: JobEnd<'_>| ending.part_done(index, end)),
                 ),
             };
-            engine.post(executor_hint + index, job);
+            engine.post(executors[index], job);
         }
     }
 

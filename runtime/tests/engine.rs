@@ -249,6 +249,50 @@ fn a_request_finding_every_executor_busy_goes_as_the_least_parts() {
     driver.handle_deregister(handle);
 }
 
+/// `HIPFILE_BUSY_FAN_OUT=1` on four executors, requests in two parts at most: the parts
+/// of a request go to the idle executors by name, not to consecutive ones from its hint.
+/// A held read takes the executors h and h + 1; the next request's hint is h + 1, busy,
+/// and its two parts go to h + 2 and h + 3, so every executor holds exactly one job
+/// (consecutive placement would put two on h + 1 and none on h + 3).
+#[test]
+fn busy_fan_out_parts_go_to_the_idle_executors() {
+    let _serial = serial();
+    let data = pattern(8 * MIB, 11);
+    let file = TempFile::new(&tmpfs_dir(), &data);
+    let client = file.open_rw();
+    let mut config = config(&[0, 1, 0, 1]);
+    config.busy_fan_out = Some(1);
+    config.request_parallelism = 2;
+    config.validate().unwrap();
+    let (driver, device) = driver_with(config);
+    let handle = driver.handle_register(client.as_raw_fd()).unwrap();
+    let engine = driver.engine().unwrap();
+    let first = device.malloc_device(0, 8 * MIB).unwrap();
+    let second = device.malloc_device(0, 8 * MIB).unwrap();
+    // Every executor makes its internal stream (gated below): two requests of two parts.
+    assert_eq!(driver.io_sync(Direction::Read, handle, first, raw(8 * MIB, 0, 0)), Ok(8 * MIB));
+    assert_eq!(driver.io_sync(Direction::Read, handle, first, raw(8 * MIB, 0, 0)), Ok(8 * MIB));
+    eventually("the first read's jobs ended", || engine.jobs_in_flight() == 0);
+    let gates = gate_streams(&device);
+    thread::scope(|scope| {
+        let driver = &driver;
+        let held =
+            scope.spawn(move || driver.io_sync(Direction::Read, handle, first, raw(2 * MIB, 0, 0)));
+        eventually("the held read on two executors", || engine.jobs_in_flight() == 2);
+        let busy = scope
+            .spawn(move || driver.io_sync(Direction::Read, handle, second, raw(4 * MIB, 0, 0)));
+        eventually("the second read posted", || engine.jobs_in_flight() == 4);
+        assert_eq!(engine.jobs_in_flight_by_executor(), vec![1, 1, 1, 1], "one job each");
+        drop(gates);
+        assert_eq!(held.join().unwrap(), Ok(2 * MIB));
+        assert_eq!(busy.join().unwrap(), Ok(4 * MIB));
+    });
+    assert!(device_bytes(first, 2 * MIB) == data[..2 * MIB]);
+    assert!(device_bytes(second, 4 * MIB) == data[..4 * MIB]);
+    eventually("every job ended", || engine.jobs_in_flight() == 0);
+    driver.handle_deregister(handle);
+}
+
 /// After the engine started and served a read, 300 ms of idleness cost the process
 /// (executors, device stream workers, everything) less than 30 ms of CPU time.
 #[test]

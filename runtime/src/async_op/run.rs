@@ -129,6 +129,7 @@ impl AsyncOp {
             engine.parts(self.direction, &self.file, io.file_offset_bytes(), io.size_bytes());
         let fan_out = parts.len() > 1;
         let joiner = Arc::new(PartJoiner::new(self.direction, parts.clone()));
+        let executors = engine.executors_for(self.stream.executor, parts.len());
         for (index, &(offset, len)) in parts.iter().enumerate() {
             let Some(guard) = self.share_guard() else {
                 self.publish(Outcome::Library(OpError::InternalError));
@@ -164,7 +165,7 @@ impl AsyncOp {
                 may_start: None,
                 done: Completion::new(Arc::clone(self.host.device()), done),
             };
-            engine.post(self.stream.executor + index, job);
+            engine.post(executors[index], job);
         }
     }
 

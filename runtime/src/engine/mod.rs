@@ -39,7 +39,7 @@ pub(crate) use counters::{EnginePhaseCounters, EngineStats, Phase};
 pub use counters::{EnginePhases, EngineStatsSnapshot};
 pub(crate) use executor::spare_cores_for_spinning;
 pub(crate) use parts::PartJoiner;
-use parts::{combine, fan_out, fan_out_for_load, split_into_parts};
+use parts::{combine, fan_out, fan_out_for_load, place_parts, split_into_parts};
 pub use queue::JOB_QUEUE_CAPACITY;
 pub(crate) use staging::FallbackPool;
 
@@ -457,7 +457,12 @@ impl Engine {
     /// Jobs posted to the executors that have not reported yet, queued or running, all
     /// executors together.
     pub fn jobs_in_flight(&self) -> u64 {
-        self.watches.iter().map(|watch| watch.jobs_in_flight()).sum()
+        self.jobs_in_flight_by_executor().iter().sum()
+    }
+
+    /// Jobs posted to each executor that have not reported yet, in executor order.
+    pub fn jobs_in_flight_by_executor(&self) -> Vec<u64> {
+        self.watches.iter().map(|watch| watch.jobs_in_flight()).collect()
     }
 
     /// Counters.
@@ -543,6 +548,7 @@ impl Engine {
             }
         }
         let (sender, receiver) = flume::bounded(parts.len());
+        let executors = self.executors_for(request.executor_hint, parts.len());
         for (i, (&(offset, len), guard)) in parts.iter().zip(guards).enumerate() {
             let sender = sender.clone();
             let job = IoJob {
@@ -564,7 +570,7 @@ impl Engine {
                     }),
                 ),
             };
-            self.post(request.executor_hint + i, job);
+            self.post(executors[i], job);
         }
         drop(sender);
         let mut results: Vec<(usize, Outcome, Option<DeviceError>)> = receiver.iter().collect();
@@ -604,6 +610,18 @@ impl Engine {
         };
         let parallel = fan_out(direction, file.direct_fd().is_some(), parallel);
         split_into_parts(file_offset_bytes, len_bytes, self.chunk_bytes as u64, parallel)
+    }
+
+    /// The executors (indices for [`Engine::post`]) of a request's `parts` parts, `hint`
+    /// being its stream's executor: one part stays there; several go to consecutive
+    /// executors from it, or, with `HIPFILE_BUSY_FAN_OUT`, to the idle executors first and
+    /// then the least loaded ([`place_parts`]).
+    pub(crate) fn executors_for(&self, hint: usize, parts: usize) -> Vec<usize> {
+        if self.busy_fan_out.is_none() || parts <= 1 {
+            return (0..parts).map(|index| hint + index).collect();
+        }
+        let loads = self.jobs_in_flight_by_executor();
+        place_parts(&loads, hint % loads.len().max(1), parts)
     }
 }
 

@@ -23,10 +23,8 @@ pub(super) fn fan_out(direction: Direction, file_has_direct: bool, parallel: usi
 /// `most` (`HIPFILE_REQUEST_PARALLELISM`, capped by the executor count). A request that
 /// finds the engine idle spreads as wide as before; one that finds every executor busy
 /// goes as `least` parts, each of more chunks, so the chunks of one part overlap their
-/// reads and copies inside one job instead of as many short jobs. The parts still go to
-/// consecutive executors from the request's hint, as without it, not to the idle ones by
-/// name: with every executor busy that spreads the requests evenly, and when some are idle
-/// the count is right but not always the place.
+/// reads and copies inside one job instead of as many short jobs. The parts go to
+/// the idle executors by name ([`place_parts`]).
 ///
 /// Why: on the H200 (`benches/results/h200-2026-12-06-h/`) 2 MiB chunks, which halve
 /// the parts of a 16 MiB op, read 16 streams 1.18x as fast and 1 stream 0.93x; the
@@ -34,6 +32,24 @@ pub(super) fn fan_out(direction: Direction, file_has_direct: bool, parallel: usi
 pub(super) fn fan_out_for_load(idle: usize, least: usize, most: usize) -> usize {
     let most = most.max(1);
     idle.clamp(least.clamp(1, most), most)
+}
+
+/// The executors `parts` parts of a request go to under `HIPFILE_BUSY_FAN_OUT`, given each
+/// executor's `jobs_in_flight` and the request's `hint` (its stream's executor): the idle
+/// executors first, then the least loaded, ties broken in ring order from the hint. Every
+/// index is distinct while `parts` does not exceed the executor count (past it the ring
+/// order repeats). Without busy fan-out the parts go to consecutive executors from the
+/// hint, which spreads requests evenly when every executor is busy but may stack a
+/// request's parts on busy executors while others sit idle.
+pub(super) fn place_parts(jobs_in_flight: &[u64], hint: usize, parts: usize) -> Vec<usize> {
+    let executors = jobs_in_flight.len();
+    if executors == 0 {
+        return vec![0; parts];
+    }
+    let mut order: Vec<usize> = (0..executors).map(|step| (hint + step) % executors).collect();
+    // A stable sort keeps the ring order among executors of equal load.
+    order.sort_by_key(|&index| jobs_in_flight[index]);
+    order.iter().copied().cycle().take(parts).collect()
 }
 
 /// Splits `len_bytes` at `file_offset_bytes` into at most `parallel` parts of whole
@@ -165,6 +181,24 @@ mod tests {
 
     proptest! {
         #[test]
+        fn placed_parts_are_distinct_and_never_pass_over_an_idler_executor(
+            loads in proptest::collection::vec(0u64..4, 1..20),
+            hint in 0usize..40,
+            parts in 1usize..20,
+        ) {
+            let placed = place_parts(&loads, hint, parts);
+            prop_assert_eq!(placed.len(), parts);
+            let distinct: std::collections::HashSet<_> = placed.iter().collect();
+            prop_assert_eq!(distinct.len(), parts.min(loads.len()));
+            let used_load = placed.iter().map(|&i| loads[i]).max().unwrap();
+            for (index, load) in loads.iter().enumerate() {
+                if !placed.contains(&index) {
+                    prop_assert!(*load >= used_load, "executor {} (load {}) passed over", index, load);
+                }
+            }
+        }
+
+        #[test]
         fn the_fan_out_stays_in_bounds(idle in 0usize..300, least in 0usize..300, most in 0usize..300) {
             let parallel = fan_out_for_load(idle, least, most);
             prop_assert!(parallel >= 1 && parallel <= most.max(1));
@@ -173,6 +207,17 @@ mod tests {
                 prop_assert_eq!(parallel, idle);
             }
         }
+    }
+
+    #[test]
+    fn busy_fan_out_parts_go_to_the_idle_executors_first() {
+        let loads = [3, 0, 2, 0, 1, 0];
+        assert_eq!(place_parts(&loads, 0, 3), vec![1, 3, 5], "the idle ones, from the hint");
+        assert_eq!(place_parts(&loads, 4, 3), vec![5, 1, 3], "ring order from the hint");
+        assert_eq!(place_parts(&loads, 0, 5), vec![1, 3, 5, 4, 2], "then the least loaded");
+        assert_eq!(place_parts(&[0; 4], 2, 2), vec![2, 3], "an idle engine: from the hint");
+        assert_eq!(place_parts(&[1, 1], 1, 3), vec![1, 0, 1], "more parts than executors");
+        assert_eq!(place_parts(&[], 5, 2), vec![0, 0]);
     }
 
     #[test]
