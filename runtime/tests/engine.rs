@@ -293,6 +293,34 @@ fn busy_fan_out_parts_go_to_the_idle_executors() {
     driver.handle_deregister(handle);
 }
 
+/// With 2 MiB chunks a 4 MiB read on four idle executors still goes as four parts of
+/// 1 MiB (requests split by at most 1 MiB), read and written back byte for byte, one
+/// starting inside a chunk.
+#[test]
+fn chunks_past_1_mib_still_split_requests_at_1_mib() {
+    let _serial = serial();
+    let data = pattern(8 * MIB, 13);
+    let file = TempFile::new(&tmpfs_dir(), &data);
+    let client = file.open_rw();
+    let mut config = config(&[0, 1, 0, 1]);
+    config.staging_chunk_bytes = 2 * MIB;
+    config.validate().unwrap();
+    let (driver, device) = driver_with(config);
+    let handle = driver.handle_register(client.as_raw_fd()).unwrap();
+    let engine = driver.engine().unwrap();
+    let buf = device.malloc_device(0, 8 * MIB).unwrap();
+    assert_eq!(driver.io_sync(Direction::Read, handle, buf, raw(4 * MIB, MIB, 0)), Ok(4 * MIB));
+    assert!(device_bytes(buf, 4 * MIB) == data[MIB..5 * MIB]);
+    eventually("the read's jobs counted", || engine.stats().jobs == 4);
+    let written = pattern(4 * MIB, 14);
+    fill_device(buf, &written);
+    assert_eq!(driver.io_sync(Direction::Write, handle, buf, raw(4 * MIB, MIB, 0)), Ok(4 * MIB));
+    let on_disk = file.contents();
+    assert!(on_disk[MIB..5 * MIB] == written[..]);
+    assert!(on_disk[..MIB] == data[..MIB] && on_disk[5 * MIB..] == data[5 * MIB..]);
+    driver.handle_deregister(handle);
+}
+
 /// After the engine started and served a read, 300 ms of idleness cost the process
 /// (executors, device stream workers, everything) less than 30 ms of CPU time.
 #[test]

@@ -39,7 +39,7 @@ pub(crate) use counters::{EnginePhaseCounters, EngineStats, Phase};
 pub use counters::{EnginePhases, EngineStatsSnapshot};
 pub(crate) use executor::spare_cores_for_spinning;
 pub(crate) use parts::PartJoiner;
-use parts::{combine, fan_out, fan_out_for_load, place_parts, split_into_parts};
+use parts::{combine, fan_out, fan_out_for_load, part_granule, place_parts, split_into_parts};
 pub use queue::JOB_QUEUE_CAPACITY;
 pub(crate) use staging::FallbackPool;
 
@@ -580,8 +580,8 @@ impl Engine {
 
     /// Splits `[file_offset, file_offset + len)` into the parts a request fans out to: up
     /// to `request_parallelism` parts (offsets relative to the request; one for a small
-    /// request) whose inner boundaries fall on multiples of the chunk size in the *file*,
-    /// so each part keeps O_DIRECT alignment.
+    /// request) whose inner boundaries fall on multiples of the chunk size (at most 1 MiB,
+    /// [`parts::PART_GRANULE_BYTES`]) in the *file*, so each part keeps O_DIRECT alignment.
     ///
     /// With `HIPFILE_BUSY_FAN_OUT` the count follows the load ([`fan_out_for_load`]): every
     /// executor for a request that finds them idle, fewer and longer parts for one that
@@ -609,7 +609,8 @@ impl Engine {
             None => most,
         };
         let parallel = fan_out(direction, file.direct_fd().is_some(), parallel);
-        split_into_parts(file_offset_bytes, len_bytes, self.chunk_bytes as u64, parallel)
+        let granule = part_granule(self.chunk_bytes as u64);
+        split_into_parts(file_offset_bytes, len_bytes, granule, parallel)
     }
 
     /// The executors (indices for [`Engine::post`]) of a request's `parts` parts, `hint`

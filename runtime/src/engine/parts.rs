@@ -52,6 +52,19 @@ pub(super) fn place_parts(jobs_in_flight: &[u64], hint: usize, parts: usize) -> 
     order.iter().copied().cycle().take(parts).collect()
 }
 
+/// The largest unit a request splits into parts by: chunks bigger than this (`HIPFILE_CHUNK_KB`
+/// above 1024) still split requests at 1 MiB boundaries, so a chunk size chosen for
+/// fewer, longer reads and copies inside a part does not also cut how many executors a
+/// lone request reaches (on the H200 2 MiB chunks that also split at 2 MiB read a lone
+/// 16 MiB op on 8 executors instead of 14, 0.93x; `benches/results/h200-2026-12-06-h/`).
+/// A part starting inside a chunk reads up to the chunk's end first, then whole chunks.
+pub(super) const PART_GRANULE_BYTES: u64 = 1 << 20;
+
+/// The unit requests split into parts by with chunks of `chunk_bytes`.
+pub(super) fn part_granule(chunk_bytes: u64) -> u64 {
+    chunk_bytes.clamp(1, PART_GRANULE_BYTES)
+}
+
 /// Splits `len_bytes` at `file_offset_bytes` into at most `parallel` parts of whole
 /// chunks (`chunk_bytes`-aligned in the file), as even as chunks allow: the first parts
 /// get one chunk more than the rest. Returns `(offset in the request, length)` pairs in
@@ -232,6 +245,15 @@ mod tests {
         assert_eq!(split(8), vec![2; 8]);
         assert_eq!(split(32), vec![1; 16], "never more parts than chunks");
         assert_eq!(split(1), vec![16]);
+    }
+
+    #[test]
+    fn chunks_past_1_mib_still_split_requests_at_1_mib() {
+        assert_eq!(part_granule(256 << 10), 256 << 10);
+        assert_eq!(part_granule(MIB), MIB);
+        assert_eq!(part_granule(2 * MIB), MIB);
+        assert_eq!(part_granule(64 * MIB), MIB);
+        assert_eq!(split_into_parts(0, 16 * MIB, part_granule(2 * MIB), 14).len(), 14);
     }
 
     #[test]
