@@ -205,92 +205,81 @@ fn tiny_arena_under_parallel_reads_falls_back_correctly_within_the_cap() {
     driver.handle_deregister(handle);
 }
 
-/// `HIPFILE_BUSY_FAN_OUT=1` on four executors: a request that finds them idle spreads
-/// over all four; one that finds every executor busy goes as one part. Once everything
-/// ended, no job counts as in flight, and every byte of both reads is right.
-#[test]
-fn a_request_finding_every_executor_busy_goes_as_the_least_parts() {
+/// Four executors under `HIPFILE_BUSY_FAN_OUT=1`, a request in at most `parallelism`
+/// parts, every executor's internal stream made by reads of 8 MiB and then gated: a read
+/// of `held_bytes` goes in flight as `held_jobs` jobs, then a read of `busy_bytes`;
+/// `while_both` looks at the engine while both are held, then both finish with every
+/// byte right and no job left in flight. Returns the engine's jobs, all reads counted.
+fn a_held_and_a_busy_read(
+    parallelism: usize,
+    (held_bytes, held_jobs): (usize, u64),
+    busy_bytes: usize,
+    while_both: impl FnOnce(&hipfile_runtime::engine::Engine),
+) -> u64 {
     let _serial = serial();
-    let data = pattern(8 * MIB, 7);
+    let data = pattern(8 * MIB, parallelism as u64);
     let file = TempFile::new(&tmpfs_dir(), &data);
     let client = file.open_rw();
     let mut config = config(&[0, 1, 0, 1]);
     config.busy_fan_out = Some(1);
+    config.request_parallelism = parallelism;
     config.validate().unwrap();
     let (driver, device) = driver_with(config);
     let handle = driver.handle_register(client.as_raw_fd()).unwrap();
     let engine = driver.engine().unwrap();
     let first = device.malloc_device(0, 8 * MIB).unwrap();
     let second = device.malloc_device(0, 8 * MIB).unwrap();
-    // Idle: four parts (and every executor makes its internal stream, gated below).
-    assert_eq!(driver.io_sync(Direction::Read, handle, first, raw(8 * MIB, 0, 0)), Ok(8 * MIB));
-    eventually("the first read's jobs counted", || engine.stats().jobs == 4);
-    eventually("the first read's jobs ended", || engine.jobs_in_flight() == 0);
+    for warm in 0..4u64.div_ceil(parallelism as u64) {
+        assert_eq!(driver.io_sync(Direction::Read, handle, first, raw(8 * MIB, 0, 0)), Ok(8 * MIB));
+        let jobs = (warm + 1) * parallelism as u64;
+        eventually("the warm-up read's jobs counted", || engine.stats().jobs == jobs);
+    }
+    eventually("the warm-up reads' jobs ended", || engine.jobs_in_flight() == 0);
     let gates = gate_streams(&device);
     assert!(gates.len() >= 4, "one internal stream per executor: {}", gates.len());
     thread::scope(|scope| {
         let driver = &driver;
-        let held =
-            scope.spawn(move || driver.io_sync(Direction::Read, handle, first, raw(2 * MIB, 0, 0)));
-        eventually("the held read on every executor", || engine.jobs_in_flight() == 4);
+        let held = scope
+            .spawn(move || driver.io_sync(Direction::Read, handle, first, raw(held_bytes, 0, 0)));
+        eventually("the held read in flight", || engine.jobs_in_flight() == held_jobs);
         let busy = scope
-            .spawn(move || driver.io_sync(Direction::Read, handle, second, raw(8 * MIB, 0, 0)));
-        eventually("the second read posted", || engine.jobs_in_flight() > 4);
-        thread::sleep(Duration::from_millis(50));
-        assert_eq!(engine.jobs_in_flight(), 5, "every executor busy: one part");
+            .spawn(move || driver.io_sync(Direction::Read, handle, second, raw(busy_bytes, 0, 0)));
+        eventually("the second read posted", || engine.jobs_in_flight() > held_jobs);
+        while_both(engine);
         drop(gates);
-        assert_eq!(held.join().unwrap(), Ok(2 * MIB));
-        assert_eq!(busy.join().unwrap(), Ok(8 * MIB));
+        assert_eq!(held.join().unwrap(), Ok(held_bytes));
+        assert_eq!(busy.join().unwrap(), Ok(busy_bytes));
     });
-    assert!(device_bytes(first, 2 * MIB) == data[..2 * MIB]);
-    assert!(device_bytes(second, 8 * MIB) == data);
+    assert!(device_bytes(first, held_bytes) == data[..held_bytes]);
+    assert!(device_bytes(second, busy_bytes) == data[..busy_bytes]);
     eventually("every job ended", || engine.jobs_in_flight() == 0);
-    assert_eq!(engine.stats().jobs, 4 + 4 + 1);
+    let jobs = engine.stats().jobs;
     driver.handle_deregister(handle);
+    jobs
 }
 
-/// `HIPFILE_BUSY_FAN_OUT=1` on four executors, requests in two parts at most: the parts
-/// of a request go to the idle executors by name, not to consecutive ones from its hint.
-/// A held read takes the executors h and h + 1; the next request's hint is h + 1, busy,
-/// and its two parts go to h + 2 and h + 3, so every executor holds exactly one job
-/// (consecutive placement would put two on h + 1 and none on h + 3).
+/// A request that finds the executors idle spreads over all four; one that finds every
+/// executor busy goes as one part (`HIPFILE_BUSY_FAN_OUT=1`).
+#[test]
+fn a_request_finding_every_executor_busy_goes_as_the_least_parts() {
+    let jobs = a_held_and_a_busy_read(4, (2 * MIB, 4), 8 * MIB, |engine| {
+        thread::sleep(Duration::from_millis(50));
+        assert_eq!(engine.jobs_in_flight(), 5, "every executor busy: one part");
+    });
+    assert_eq!(jobs, 4 + 4 + 1);
+}
+
+/// Requests in two parts at most: the parts of a request go to the idle executors by
+/// name, not to consecutive ones from its hint. The held read takes the executors h and
+/// h + 1; the next request's hint is h + 1, busy, and its two parts go to h + 2 and
+/// h + 3, so every executor holds exactly one job (consecutive placement would put two
+/// on h + 1 and none on h + 3).
 #[test]
 fn busy_fan_out_parts_go_to_the_idle_executors() {
-    let _serial = serial();
-    let data = pattern(8 * MIB, 11);
-    let file = TempFile::new(&tmpfs_dir(), &data);
-    let client = file.open_rw();
-    let mut config = config(&[0, 1, 0, 1]);
-    config.busy_fan_out = Some(1);
-    config.request_parallelism = 2;
-    config.validate().unwrap();
-    let (driver, device) = driver_with(config);
-    let handle = driver.handle_register(client.as_raw_fd()).unwrap();
-    let engine = driver.engine().unwrap();
-    let first = device.malloc_device(0, 8 * MIB).unwrap();
-    let second = device.malloc_device(0, 8 * MIB).unwrap();
-    // Every executor makes its internal stream (gated below): two requests of two parts.
-    assert_eq!(driver.io_sync(Direction::Read, handle, first, raw(8 * MIB, 0, 0)), Ok(8 * MIB));
-    assert_eq!(driver.io_sync(Direction::Read, handle, first, raw(8 * MIB, 0, 0)), Ok(8 * MIB));
-    eventually("the first read's jobs ended", || engine.jobs_in_flight() == 0);
-    let gates = gate_streams(&device);
-    thread::scope(|scope| {
-        let driver = &driver;
-        let held =
-            scope.spawn(move || driver.io_sync(Direction::Read, handle, first, raw(2 * MIB, 0, 0)));
-        eventually("the held read on two executors", || engine.jobs_in_flight() == 2);
-        let busy = scope
-            .spawn(move || driver.io_sync(Direction::Read, handle, second, raw(4 * MIB, 0, 0)));
-        eventually("the second read posted", || engine.jobs_in_flight() == 4);
+    a_held_and_a_busy_read(2, (2 * MIB, 2), 4 * MIB, |engine| {
+        eventually("the second read's two parts posted", || engine.jobs_in_flight() == 4);
         assert_eq!(engine.jobs_in_flight_by_executor(), vec![1, 1, 1, 1], "one job each");
-        drop(gates);
-        assert_eq!(held.join().unwrap(), Ok(2 * MIB));
-        assert_eq!(busy.join().unwrap(), Ok(4 * MIB));
     });
-    assert!(device_bytes(first, 2 * MIB) == data[..2 * MIB]);
-    assert!(device_bytes(second, 4 * MIB) == data[..4 * MIB]);
-    eventually("every job ended", || engine.jobs_in_flight() == 0);
-    driver.handle_deregister(handle);
 }
 
 /// With 2 MiB chunks a 4 MiB read on four idle executors still goes as four parts of
