@@ -310,6 +310,27 @@ fn chunks_past_1_mib_still_split_requests_at_1_mib() {
     driver.handle_deregister(handle);
 }
 
+/// `HIPFILE_COPY_SPIN_US=0`: copies' completions are waited for by timer sleeps alone,
+/// and reads and writes over every executor still move every byte.
+#[test]
+fn copies_waited_for_without_spinning_move_every_byte() {
+    let _serial = serial();
+    let data = pattern(8 * MIB, 17);
+    let file = TempFile::new(&tmpfs_dir(), &data);
+    let client = file.open_rw();
+    let config = hipfile_runtime::config::Config { copy_spin_us: 0, ..config(&[0, 1, 0, 1]) };
+    let (driver, device) = driver_with(config);
+    let handle = driver.handle_register(client.as_raw_fd()).unwrap();
+    let buf = device.malloc_device(0, 8 * MIB).unwrap();
+    assert_eq!(driver.io_sync(Direction::Read, handle, buf, raw(8 * MIB, 0, 0)), Ok(8 * MIB));
+    assert!(device_bytes(buf, 8 * MIB) == data);
+    let written = pattern(8 * MIB, 18);
+    fill_device(buf, &written);
+    assert_eq!(driver.io_sync(Direction::Write, handle, buf, raw(8 * MIB, 0, 0)), Ok(8 * MIB));
+    assert!(file.contents() == written);
+    driver.handle_deregister(handle);
+}
+
 /// After the engine started and served a read, 300 ms of idleness cost the process
 /// (executors, device stream workers, everything) less than 30 ms of CPU time.
 #[test]

@@ -74,6 +74,7 @@ const ODIRECT: &str = "HIPFILE_ODIRECT";
 const REQUEST_PARALLELISM: &str = "HIPFILE_REQUEST_PARALLELISM";
 const BUSY_FAN_OUT: &str = "HIPFILE_BUSY_FAN_OUT";
 const QUEUE_DEPTH: &str = "HIPFILE_QUEUE_DEPTH";
+const COPY_SPIN_US: &str = "HIPFILE_COPY_SPIN_US";
 const PREFETCH_MB: &str = "HIPFILE_PREFETCH_MB";
 const CPU_DEVICES: &str = "HIPFILE_CPU_DEVICES";
 const ALLOW_COMPAT_MODE: &str = "HIPFILE_ALLOW_COMPAT_MODE";
@@ -105,6 +106,12 @@ pub(crate) const MIN_CHUNK_BYTES: usize = 4 * KIB;
 pub(crate) const MAX_CHUNK_BYTES: usize = 64 * MIB;
 /// Largest `HIPFILE_QUEUE_DEPTH`.
 pub(crate) const MAX_CHUNKS_IN_FLIGHT: usize = 64;
+/// Largest `HIPFILE_COPY_SPIN_US`.
+pub(crate) const MAX_COPY_SPIN_US: usize = 10_000;
+/// How long an executor polls a staging copy's completion by yielding before it sleeps:
+/// copies of small chunks finish in microseconds, and a timer sleep costs ~50 µs of
+/// wake-up.
+const DEFAULT_COPY_SPIN_US: usize = 200;
 /// Largest `HIPFILE_CPU_DEVICES`.
 pub(crate) const MAX_CPU_DEVICES: u32 = 16;
 
@@ -139,6 +146,7 @@ const REASON_FALLBACK_CHUNK: &str =
 const REASON_PARALLELISM: &str = "must be an integer between 1 and the executor count";
 const REASON_BUSY_FAN_OUT: &str = "must be an integer between 1 and the executor count";
 const REASON_QUEUE_DEPTH: &str = "must be an integer between 1 and 64";
+const REASON_COPY_SPIN: &str = "must be an integer between 0 and 10000";
 const REASON_PREFETCH: &str = "must be an integer number of MiB that fits in usize";
 const REASON_CPU_DEVICES: &str = "must be an integer between 1 and 16";
 
@@ -170,6 +178,11 @@ pub const ENV_VARS: &[(&str, &str)] = &[
          (default unset: always HIPFILE_REQUEST_PARALLELISM)",
     ),
     (QUEUE_DEPTH, "chunks in flight per op, 1..=64 (default 4)"),
+    (
+        COPY_SPIN_US,
+        "microseconds an executor polls a staging copy's completion by yielding to its other \
+         work before it sleeps between polls, 0..=10000 (default 200)",
+    ),
     (
         PREFETCH_MB,
         "MiB of fully FIXED async reads all streams together may read ahead of their \
@@ -381,6 +394,9 @@ pub struct Config {
     pub busy_fan_out: Option<usize>,
     /// Chunks in flight per op, 1..=64 (`HIPFILE_QUEUE_DEPTH`).
     pub chunks_in_flight: usize,
+    /// Microseconds an executor polls a staging copy's completion by yielding before it
+    /// sleeps between polls, 0..=10000 (`HIPFILE_COPY_SPIN_US`).
+    pub copy_spin_us: usize,
     /// Bytes of fully FIXED async reads all streams together may prefetch; 0 = off;
     /// `None`: [`DEFAULT_PREFETCH_CAP_BYTES`] or half the staging arenas, whichever is
     /// less (`HIPFILE_PREFETCH_MB`). See [`Config::prefetch_cap_bytes`].
@@ -550,6 +566,13 @@ impl Config {
             DEFAULT_CHUNKS_IN_FLIGHT,
             REASON_QUEUE_DEPTH,
         )?;
+        config.copy_spin_us = parse_count(
+            COPY_SPIN_US,
+            get(COPY_SPIN_US),
+            0..=MAX_COPY_SPIN_US,
+            DEFAULT_COPY_SPIN_US,
+            REASON_COPY_SPIN,
+        )?;
         config.prefetch_budget_bytes = match get(PREFETCH_MB) {
             None => None,
             raw => Some(parse_mib(PREFETCH_MB, raw, 0, 0, REASON_PREFETCH)?),
@@ -703,6 +726,8 @@ impl Config {
         check(QUEUE_DEPTH, depth.to_string(), REASON_QUEUE_DEPTH, || {
             (1..=MAX_CHUNKS_IN_FLIGHT).contains(&depth)
         })?;
+        let spin = self.copy_spin_us;
+        check(COPY_SPIN_US, spin.to_string(), REASON_COPY_SPIN, || spin <= MAX_COPY_SPIN_US)?;
         let devices = self.cpu_device_count;
         check(CPU_DEVICES, devices.to_string(), REASON_CPU_DEVICES, || {
             (1..=MAX_CPU_DEVICES).contains(&devices)
@@ -725,6 +750,7 @@ impl Config {
             pinned_fallback_cap_bytes: DEFAULT_PINNED_FALLBACK_MB * MIB,
             direct: DirectPolicy::Auto,
             chunks_in_flight: DEFAULT_CHUNKS_IN_FLIGHT,
+            copy_spin_us: DEFAULT_COPY_SPIN_US,
             cpu_device_count: 1,
             allow_compat_mode: true,
             use_io_uring: true,

@@ -322,6 +322,7 @@ impl Engine {
                 chunk_bytes: config.staging_chunk_bytes,
                 arena_bytes: config.staging_per_executor_bytes,
                 chunks_in_flight: config.chunks_in_flight,
+                copy_spin: std::time::Duration::from_micros(config.copy_spin_us as u64),
                 page_bytes: crate::sys::page_size_bytes(),
                 spin: executor::spare_cores_for_spinning(config.executor_cpus.len()),
                 buffered_writes: config.buffered_writes,

@@ -38,6 +38,7 @@ pub fn config(cpus: &[usize]) -> Config {
         staging_per_executor_bytes: 8 * MIB,
         pinned_fallback_cap_bytes: 4 * MIB,
         chunks_in_flight: 4,
+        copy_spin_us: 200,
         prefetch_budget_bytes: None,
         cpu_device_count: 1,
         direct: DirectPolicy::Auto,

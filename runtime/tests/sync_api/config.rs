@@ -208,6 +208,9 @@ fn each_variable_is_parsed() {
     assert_eq!(parse_ok(&[("HIPFILE_REQUEST_PARALLELISM", "4")]).request_parallelism, 4);
     assert_eq!(parse_ok(&[("HIPFILE_QUEUE_DEPTH", "1")]).chunks_in_flight, 1);
     assert_eq!(parse_ok(&[("HIPFILE_QUEUE_DEPTH", "64")]).chunks_in_flight, 64);
+    assert_eq!(parse_ok(&[]).copy_spin_us, 200);
+    assert_eq!(parse_ok(&[("HIPFILE_COPY_SPIN_US", "0")]).copy_spin_us, 0);
+    assert_eq!(parse_ok(&[("HIPFILE_COPY_SPIN_US", "10000")]).copy_spin_us, 10_000);
     assert_eq!(parse_ok(&[("HIPFILE_CPU_DEVICES", "16")]).cpu_device_count, 16);
     assert_eq!(parse_ok(&[("HIPFILE_CPU_DEVICES", "3")]).cpu_device_count, 3);
     assert!(!parse_ok(&[("HIPFILE_ALLOW_COMPAT_MODE", "false")]).allow_compat_mode);
@@ -234,6 +237,7 @@ fn invalid_values_are_rejected_naming_the_variable() {
         ("HIPFILE_PINNED_FALLBACK_MB", &["-1", "lots", "1.5", "99999999999999999999"]),
         ("HIPFILE_REQUEST_PARALLELISM", &["0", "5", "-1", "all"]),
         ("HIPFILE_QUEUE_DEPTH", &["0", "65", "-4", "four", "4 4"]),
+        ("HIPFILE_COPY_SPIN_US", &["10001", "-1", "spin", "2.5"]),
         ("HIPFILE_PREFETCH_MB", &["-1", "some", "2.5", "99999999999999999999"]),
         ("HIPFILE_CPU_DEVICES", &["0", "17", "-1", "one"]),
     ];

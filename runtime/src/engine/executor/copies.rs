@@ -120,8 +120,9 @@ impl Executor {
     }
 
     /// Polls an event without blocking the executor: yields for up to
-    /// [`EVENT_SPIN`] (copies of small chunks finish in microseconds, and a timer sleep
-    /// costs ~50 µs of wake-up), then timer sleeps with backoff.
+    /// `HIPFILE_COPY_SPIN_US` (default 200 µs: copies of small chunks finish in
+    /// microseconds, and a timer sleep costs ~50 µs of wake-up), then timer sleeps with
+    /// backoff.
     pub(super) async fn wait_event(&self, event: &CopyEvent) -> Result<(), DeviceError> {
         let started = Instant::now();
         if self.copy_done(event, started)? {
@@ -135,7 +136,7 @@ impl Executor {
                 return Ok(());
             }
             let waited = now.saturating_duration_since(started);
-            if waited < EVENT_SPIN {
+            if waited < self.setup.copy_spin {
                 glommio::executor().yield_task_queue_now().await;
             } else {
                 if waited >= COPY_STALL_WARNING {
@@ -147,9 +148,6 @@ impl Executor {
         }
     }
 }
-
-/// How long [`Executor::wait_event`] polls by yielding before it sleeps.
-const EVENT_SPIN: Duration = Duration::from_micros(200);
 
 /// How long a staging copy may stay incomplete before the process is warned (once) that
 /// it is probably queued behind a held stream on a shared hardware queue.

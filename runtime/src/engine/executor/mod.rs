@@ -50,6 +50,8 @@ pub(super) struct Setup {
     pub(crate) chunk_bytes: usize,
     pub(crate) arena_bytes: usize,
     pub(crate) chunks_in_flight: usize,
+    /// How long a copy's completion is polled by yielding before sleeps (`HIPFILE_COPY_SPIN_US`).
+    pub(crate) copy_spin: std::time::Duration,
     pub(crate) page_bytes: u64,
     /// Spin before parking ([`spare_cores_for_spinning`]).
     pub(crate) spin: bool,
