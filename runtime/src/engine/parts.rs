@@ -29,6 +29,9 @@ pub(super) fn fan_out(direction: Direction, file_has_direct: bool, parallel: usi
 /// Why: on the H200 (`benches/results/h200-2026-12-06-h/`) 2 MiB chunks, which halve
 /// the parts of a 16 MiB op, read 16 streams 1.18x as fast and 1 stream 0.93x; the
 /// engine's CPU per GiB followed the number of chunks and parts, not the bytes.
+/// Measured with `least` 2 on an H100 (`benches/results/h100-2026-12-07-a/`): sync reads
+/// from 16 threads 1.10-1.16x, but async streams 0.70x (1 stream) and 0.83x (8), whose
+/// own earlier ops make the executors look busy; so it is off by default.
 pub(super) fn fan_out_for_load(idle: usize, least: usize, most: usize) -> usize {
     let most = most.max(1);
     idle.clamp(least.clamp(1, most), most)
