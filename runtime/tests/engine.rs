@@ -282,53 +282,52 @@ fn busy_fan_out_parts_go_to_the_idle_executors() {
     });
 }
 
+/// An 8 MiB file under `config`: `len` bytes at `offset` read into the device and checked,
+/// `after_read` shown the engine, then new bytes written back there through the engine
+/// and the file checked, around them too.
+fn read_and_write_back(
+    config: hipfile_runtime::config::Config,
+    (offset, len): (usize, usize),
+    after_read: impl FnOnce(&hipfile_runtime::engine::Engine),
+) {
+    let _serial = serial();
+    let data = pattern(8 * MIB, 13);
+    let file = TempFile::new(&tmpfs_dir(), &data);
+    let client = file.open_rw();
+    let (driver, device) = driver_with(config);
+    let handle = driver.handle_register(client.as_raw_fd()).unwrap();
+    let buf = device.malloc_device(0, 8 * MIB).unwrap();
+    assert_eq!(driver.io_sync(Direction::Read, handle, buf, raw(len, offset, 0)), Ok(len));
+    assert!(device_bytes(buf, len) == data[offset..offset + len]);
+    after_read(driver.engine().unwrap());
+    let written = pattern(len, 14);
+    fill_device(buf, &written);
+    assert_eq!(driver.io_sync(Direction::Write, handle, buf, raw(len, offset, 0)), Ok(len));
+    let on_disk = file.contents();
+    assert!(on_disk[offset..offset + len] == written[..]);
+    assert!(on_disk[..offset] == data[..offset] && on_disk[offset + len..] == data[offset + len..]);
+    driver.handle_deregister(handle);
+}
+
 /// With 2 MiB chunks a 4 MiB read on four idle executors still goes as four parts of
 /// 1 MiB (requests split by at most 1 MiB), read and written back byte for byte, one
 /// starting inside a chunk.
 #[test]
 fn chunks_past_1_mib_still_split_requests_at_1_mib() {
-    let _serial = serial();
-    let data = pattern(8 * MIB, 13);
-    let file = TempFile::new(&tmpfs_dir(), &data);
-    let client = file.open_rw();
     let mut config = config(&[0, 1, 0, 1]);
     config.staging_chunk_bytes = 2 * MIB;
     config.validate().unwrap();
-    let (driver, device) = driver_with(config);
-    let handle = driver.handle_register(client.as_raw_fd()).unwrap();
-    let engine = driver.engine().unwrap();
-    let buf = device.malloc_device(0, 8 * MIB).unwrap();
-    assert_eq!(driver.io_sync(Direction::Read, handle, buf, raw(4 * MIB, MIB, 0)), Ok(4 * MIB));
-    assert!(device_bytes(buf, 4 * MIB) == data[MIB..5 * MIB]);
-    eventually("the read's jobs counted", || engine.stats().jobs == 4);
-    let written = pattern(4 * MIB, 14);
-    fill_device(buf, &written);
-    assert_eq!(driver.io_sync(Direction::Write, handle, buf, raw(4 * MIB, MIB, 0)), Ok(4 * MIB));
-    let on_disk = file.contents();
-    assert!(on_disk[MIB..5 * MIB] == written[..]);
-    assert!(on_disk[..MIB] == data[..MIB] && on_disk[5 * MIB..] == data[5 * MIB..]);
-    driver.handle_deregister(handle);
+    read_and_write_back(config, (MIB, 4 * MIB), |engine| {
+        eventually("the read's jobs counted", || engine.stats().jobs == 4);
+    });
 }
 
 /// `HIPFILE_COPY_SPIN_US=0`: copies' completions are waited for by timer sleeps alone,
 /// and reads and writes over every executor still move every byte.
 #[test]
 fn copies_waited_for_without_spinning_move_every_byte() {
-    let _serial = serial();
-    let data = pattern(8 * MIB, 17);
-    let file = TempFile::new(&tmpfs_dir(), &data);
-    let client = file.open_rw();
     let config = hipfile_runtime::config::Config { copy_spin_us: 0, ..config(&[0, 1, 0, 1]) };
-    let (driver, device) = driver_with(config);
-    let handle = driver.handle_register(client.as_raw_fd()).unwrap();
-    let buf = device.malloc_device(0, 8 * MIB).unwrap();
-    assert_eq!(driver.io_sync(Direction::Read, handle, buf, raw(8 * MIB, 0, 0)), Ok(8 * MIB));
-    assert!(device_bytes(buf, 8 * MIB) == data);
-    let written = pattern(8 * MIB, 18);
-    fill_device(buf, &written);
-    assert_eq!(driver.io_sync(Direction::Write, handle, buf, raw(8 * MIB, 0, 0)), Ok(8 * MIB));
-    assert!(file.contents() == written);
-    driver.handle_deregister(handle);
+    read_and_write_back(config, (0, 8 * MIB), |_| {});
 }
 
 /// After the engine started and served a read, 300 ms of idleness cost the process
