@@ -267,7 +267,7 @@ impl Batch {
                     Box::new(move |end: JobEnd<'_>| ending.part_done(index, end)),
                 ),
             };
-            engine.post(executors[index], job);
+            engine.post(executors.executor(index), job);
         }
     }
 

@@ -165,7 +165,7 @@ impl AsyncOp {
                 may_start: None,
                 done: Completion::new(Arc::clone(self.host.device()), done),
             };
-            engine.post(executors[index], job);
+            engine.post(executors.executor(index), job);
         }
     }
 

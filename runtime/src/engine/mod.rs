@@ -458,7 +458,7 @@ impl Engine {
     /// Jobs posted to the executors that have not reported yet, queued or running, all
     /// executors together.
     pub fn jobs_in_flight(&self) -> u64 {
-        self.jobs_in_flight_by_executor().iter().sum()
+        self.watches.iter().map(|watch| watch.jobs_in_flight()).sum()
     }
 
     /// Jobs posted to each executor that have not reported yet, in executor order.
@@ -571,7 +571,7 @@ impl Engine {
                     }),
                 ),
             };
-            self.post(executors[i], job);
+            self.post(executors.executor(i), job);
         }
         drop(sender);
         let mut results: Vec<(usize, Outcome, Option<DeviceError>)> = receiver.iter().collect();
@@ -618,12 +618,29 @@ impl Engine {
     /// being its stream's executor: one part stays there; several go to consecutive
     /// executors from it, or, with `HIPFILE_BUSY_FAN_OUT`, to the idle executors first and
     /// then the least loaded ([`place_parts`]).
-    pub(crate) fn executors_for(&self, hint: usize, parts: usize) -> Vec<usize> {
+    pub(crate) fn executors_for(&self, hint: usize, parts: usize) -> PartPlacement {
         if self.busy_fan_out.is_none() || parts <= 1 {
-            return (0..parts).map(|index| hint + index).collect();
+            return PartPlacement::FromHint(hint);
         }
         let loads = self.jobs_in_flight_by_executor();
-        place_parts(&loads, hint % loads.len().max(1), parts)
+        PartPlacement::Placed(place_parts(&loads, hint % loads.len().max(1), parts))
+    }
+}
+
+/// Where a request's parts go ([`Engine::executors_for`]): consecutive executors from a
+/// hint (no allocation on the default path), or executors chosen by load.
+pub(crate) enum PartPlacement {
+    FromHint(usize),
+    Placed(Vec<usize>),
+}
+
+impl PartPlacement {
+    /// The executor of part `index` (for [`Engine::post`], which takes it modulo the count).
+    pub(crate) fn executor(&self, index: usize) -> usize {
+        match self {
+            PartPlacement::FromHint(hint) => hint + index,
+            PartPlacement::Placed(executors) => executors[index],
+        }
     }
 }
 
