@@ -141,21 +141,23 @@ impl AsyncOp {
         // The window's share is the op's once the prefetch started (before its gate
         // exists: the arm may release it as soon as it finds the gate).
         self.holds_prefetch_window.store(true, Ordering::SeqCst);
-        let Some(receiver) = self.start_prefetch(engine) else {
+        let Some(gate) = self.start_prefetch(engine) else {
             if self.holds_prefetch_window.swap(false, Ordering::SeqCst) {
                 self.stream.release_prefetch(len_bytes);
             }
             return DeferredStart::Gone;
         };
         self.host.async_stats().prefetched.fetch_add(1, Ordering::Relaxed);
-        self.post(engine, self.submitted, Some(receiver));
+        self.post(engine, self.submitted, Some(gate));
         DeferredStart::Started
     }
 
     /// Starts the op's prefetch through its gate unless the stream reached the op (or it
-    /// was abandoned): the receiver its jobs wait on.
-    pub(super) fn start_prefetch(&self, engine: &Engine) -> Option<flume::Receiver<bool>> {
-        let mut receiver = None;
+    /// was abandoned): the gate its jobs wait on, which the arm opens once per part, so
+    /// the jobs must be posted as exactly these parts (under `HIPFILE_BUSY_FAN_OUT` a
+    /// second `Engine::parts` may split differently).
+    pub(super) fn start_prefetch(&self, engine: &Engine) -> Option<PrefetchGate> {
+        let mut gate = None;
         self.gate.start_prefetch(|| {
             // Legal by construction: only an eligible op holds or asks for a window, and
             // the gate runs this only before the stream reached the op.
@@ -168,10 +170,11 @@ impl AsyncOp {
                 self.submitted.size_bytes(),
             );
             let (sender, waiting) = flume::bounded(parts.len());
-            receiver = Some(waiting);
-            Some((sender, parts.len()))
+            let count = parts.len();
+            gate = Some(PrefetchGate { receiver: waiting, parts });
+            Some((sender, count))
         });
-        receiver
+        gate
     }
 
     /// Records what a prefetch starting now is read against: our write count of the
@@ -204,4 +207,10 @@ impl AsyncOp {
             self.stream.start_deferred();
         }
     }
+}
+
+/// A prefetch's gate: what its jobs wait on, and the parts they were counted as.
+pub(super) struct PrefetchGate {
+    pub(super) receiver: flume::Receiver<bool>,
+    pub(super) parts: Vec<(u64, u64)>,
 }

@@ -123,10 +123,15 @@ impl AsyncOp {
         self: &Arc<Self>,
         engine: &Engine,
         io: ValidIo,
-        gate: Option<flume::Receiver<bool>>,
+        gate: Option<super::prefetch::PrefetchGate>,
     ) {
-        let parts =
-            engine.parts(self.direction, &self.file, io.file_offset_bytes(), io.size_bytes());
+        let (gate, parts) = match gate {
+            Some(gate) => (Some(gate.receiver), gate.parts),
+            None => (
+                None,
+                engine.parts(self.direction, &self.file, io.file_offset_bytes(), io.size_bytes()),
+            ),
+        };
         let fan_out = parts.len() > 1;
         let joiner = Arc::new(PartJoiner::new(self.direction, parts.clone()));
         let executors = engine.executors_for(self.stream.executor, parts.len());

@@ -119,9 +119,9 @@ impl AsyncOp {
         if self.piece.is_none() {
             self.host.async_stats().submitted.fetch_add(1, Ordering::Relaxed);
         }
-        if let Some(receiver) = prefetch_gate {
+        if let Some(gate) = prefetch_gate {
             self.host.async_stats().prefetched.fetch_add(1, Ordering::Relaxed);
-            self.post(engine, self.submitted, Some(receiver));
+            self.post(engine, self.submitted, Some(gate));
         }
         // (A staged slot read was posted by `enqueue_doorbell_arm`, ahead of its copy.)
         if self.wants_deferred_prefetch {
