@@ -4,9 +4,10 @@
 //! Sites sit behind the I/O layer (every `pread`/`pwrite` of the library, each engine
 //! chunk read and write through io_uring), at the library's calls into the device layer
 //! (engine and caller-thread copies, events, pinned allocations: the same on every
-//! backend, so the GPU suite runs the same plans) and at the engine's start. Whether the k-th call at a
-//! site fails is a function of the plan's seed, the site and k alone, so a plan replays
-//! the same faults for the same sequence of calls at each site.
+//! backend, so the GPU suite runs the same plans), at the engine's start and between a
+//! prefetch's gate and its jobs. Whether the k-th call at a site fails is a function of
+//! the plan's seed, the site and k alone, so a plan replays the same faults for the same
+//! sequence of calls at each site.
 //!
 //! The check at a site is one relaxed atomic load while no plan is installed.
 
@@ -44,9 +45,14 @@ pub enum Site {
     /// stream may have reached the op). The wait is in fact queued; the library's
     /// recovery (the arm releases the word) lets the stream go on.
     StreamWait,
+    /// Between a prefetch's gate and the posting of its jobs (a fully FIXED read that
+    /// prefetches, at submission or deferred): only [`Fault::Delay`] has meaning here —
+    /// the jobs are posted that much later, while the executors' loads may change; any
+    /// other fault passes.
+    PrefetchPost,
 }
 
-const SITES: usize = 9;
+const SITES: usize = 10;
 
 impl Site {
     fn index(self) -> usize {

@@ -155,7 +155,8 @@ impl AsyncOp {
     /// Starts the op's prefetch through its gate unless the stream reached the op (or it
     /// was abandoned): the gate its jobs wait on, which the arm opens once per part, so
     /// the jobs must be posted as exactly these parts (under `HIPFILE_BUSY_FAN_OUT` a
-    /// second `Engine::parts` may split differently).
+    /// second `Engine::parts` may split differently). Under a fault plan it returns a gate
+    /// late ([`crate::fault::Site::PrefetchPost`]): its jobs are posted after the delay.
     pub(super) fn start_prefetch(&self, engine: &Engine) -> Option<PrefetchGate> {
         let mut gate = None;
         self.gate.start_prefetch(|| {
@@ -174,6 +175,9 @@ impl AsyncOp {
             gate = Some(PrefetchGate { receiver: waiting, parts });
             Some((sender, count))
         });
+        if gate.is_some() {
+            injected_post_delay();
+        }
         gate
     }
 
@@ -206,6 +210,16 @@ impl AsyncOp {
             self.stream.release_prefetch(self.submitted.size_bytes());
             self.stream.start_deferred();
         }
+    }
+}
+
+/// A fault plan's delay between a prefetch's gate and the posting of its jobs (tests
+/// only; see [`crate::fault::Site::PrefetchPost`]; other faults pass there). One relaxed
+/// atomic load while no plan is installed.
+fn injected_post_delay() {
+    use crate::fault::{Fault, Site};
+    if let Some(Fault::Delay(delay)) = crate::fault::at(Site::PrefetchPost) {
+        std::thread::sleep(delay);
     }
 }
 

@@ -3,7 +3,7 @@
 //! crate, one module per area. Tests that need a process of their own (they measure the
 //! whole process, change process-wide limits or inject faults) are separate crates:
 //! `arm_poller`, `async_soak`, `async_sweep`, `faults`, `stats`, `start_anywhere`,
-//! `write_short`, `engine`, `cpu_device`, `staging_range`.
+//! `write_short`, `engine`, `cpu_device`, `staging_range`, `prefetch_parts`.
 
 mod batch;
 mod data_path_safety;
