@@ -53,6 +53,7 @@ struct ConfigInfo {
     request_parallelism: usize,
     chunks_in_flight: usize,
     copy_spin_us: usize,
+    caller_thread: String,
     prefetch_cap_bytes: usize,
     direct_policy: String,
     direct_effective: bool,
@@ -78,6 +79,7 @@ struct StatsInfo {
     fallback_chunks: u64,
     sync_retry_chunks: u64,
     caller_thread_requests: u64,
+    caller_thread_large_requests: u64,
     caller_thread_requests_beside_ops: u64,
     blocking_jobs: u64,
     fallback_waits: u64,
@@ -380,6 +382,7 @@ fn stats(b: &Bench) -> Option<StatsInfo> {
         fallback_chunks: engine.fallback_chunks,
         sync_retry_chunks: engine.sync_retry_chunks,
         caller_thread_requests: engine.caller_thread_requests,
+        caller_thread_large_requests: engine.caller_thread_large_requests,
         caller_thread_requests_beside_ops: engine.caller_thread_requests_beside_ops,
         blocking_jobs: engine.blocking_jobs,
         fallback_waits: engine.fallback_waits,
@@ -403,7 +406,7 @@ fn stats(b: &Bench) -> Option<StatsInfo> {
 
 fn print_stats(s: &StatsInfo) {
     println!(
-        "hipfile-rs counters: {} engine jobs ({} arena chunks, {} fallback, {} waits for a fallback chunk, {} sync retries; {} on blocking executors; slot jobs moved by one pread / pwrite: {} / {}), {} requests on the caller's thread ({} while async ops were alive); async {} submitted, {} prefetched, {} copied on the user's stream ({} ops through their stream's spare slot), {} device / {} host releases; file {} MiB O_DIRECT + {} MiB buffered read, {} MiB O_DIRECT + {} MiB buffered written; device slots hold {} MiB ({} reads found none free, {} of them shared their stream's)",
+        "hipfile-rs counters: {} engine jobs ({} arena chunks, {} fallback, {} waits for a fallback chunk, {} sync retries; {} on blocking executors; slot jobs moved by one pread / pwrite: {} / {}), {} requests on the caller's thread ({} of more than one chunk, {} while async ops were alive); async {} submitted, {} prefetched, {} copied on the user's stream ({} ops through their stream's spare slot), {} device / {} host releases; file {} MiB O_DIRECT + {} MiB buffered read, {} MiB O_DIRECT + {} MiB buffered written; device slots hold {} MiB ({} reads found none free, {} of them shared their stream's)",
         s.engine_jobs,
         s.arena_chunks,
         s.fallback_chunks,
@@ -413,6 +416,7 @@ fn print_stats(s: &StatsInfo) {
         s.host_memory_preads,
         s.host_memory_pwrites,
         s.caller_thread_requests,
+        s.caller_thread_large_requests,
         s.caller_thread_requests_beside_ops,
         s.async_submitted,
         s.async_prefetched,
@@ -474,6 +478,7 @@ fn json_report(
             request_parallelism: c.request_parallelism,
             chunks_in_flight: c.chunks_in_flight,
             copy_spin_us: c.copy_spin_us,
+            caller_thread: format!("{:?}", c.caller_thread),
             prefetch_cap_bytes: c.prefetch_cap_bytes(),
             direct_policy: format!("{:?}", c.direct),
             direct_effective: b.env.direct.effective,

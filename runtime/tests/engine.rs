@@ -13,6 +13,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use hipfile_core::Direction;
+use hipfile_runtime::config::{CallerThread, Config};
 use hipfile_runtime::engine::EnginePhases;
 
 #[allow(unused_imports, reason = "not every helper is used by every file")]
@@ -328,6 +329,84 @@ fn chunks_past_1_mib_still_split_requests_at_1_mib() {
 fn copies_waited_for_without_spinning_move_every_byte() {
     let config = hipfile_runtime::config::Config { copy_spin_us: 0, ..config(&[0, 1, 0, 1]) };
     read_and_write_back(config, (0, 8 * MIB), |_| {});
+}
+
+/// `HIPFILE_CALLER_THREAD=always`: sync requests of many chunks move on the calling
+/// thread, piece by piece at chunk boundaries, and the executors get no job: a read at an
+/// unaligned offset, a read across the end of the file (the bytes up to it), a write at
+/// an unaligned offset, read back from the file.
+#[test]
+fn caller_thread_always_moves_requests_of_many_chunks_itself() {
+    let _serial = serial();
+    let data = pattern(4 * MIB, 7);
+    let file = TempFile::new(&tmpfs_dir(), &data);
+    let client = file.open_rw();
+    let config = Config { caller_thread: CallerThread::Always, ..config(&[0, 1]) };
+    let (driver, device) = driver_with(config);
+    let handle = driver.handle_register(client.as_raw_fd()).unwrap();
+    let engine = driver.engine().unwrap();
+    let buf = device.malloc_device(0, 4 * MIB).unwrap();
+    let (offset, len) = (1000, 3 * MIB + 5000);
+    assert_eq!(driver.io_sync(Direction::Read, handle, buf, raw(len, offset, 0)), Ok(len));
+    assert!(device_bytes(buf, len) == data[offset..offset + len]);
+    let near_end = 3 * MIB - 50;
+    let to_end = data.len() - near_end;
+    assert_eq!(driver.io_sync(Direction::Read, handle, buf, raw(2 * MIB, near_end, 0)), Ok(to_end));
+    assert!(device_bytes(buf, to_end) == data[near_end..]);
+    let new = pattern(2 * MIB + 333, 8);
+    fill_device(buf, &new);
+    let at = 777;
+    assert_eq!(driver.io_sync(Direction::Write, handle, buf, raw(new.len(), at, 0)), Ok(new.len()));
+    let mut expected = data.clone();
+    expected[at..at + new.len()].copy_from_slice(&new);
+    assert!(file.contents() == expected, "the file after the write");
+    let stats = engine.stats();
+    assert_eq!((stats.jobs, stats.caller_thread_large_requests), (0, 3), "{stats:?}");
+    assert_eq!(stats.caller_thread_requests, 3, "{stats:?}");
+    driver.handle_deregister(handle);
+}
+
+/// `HIPFILE_CALLER_THREAD=busy`: a request of many chunks goes to the executors while one
+/// of them is idle, and moves on the calling thread while every executor has a job in
+/// flight; it then ends while those jobs are still held (their copies gated), so it
+/// waited for none of them.
+#[test]
+fn caller_thread_busy_moves_a_large_request_itself_only_while_every_executor_is_busy() {
+    let _serial = serial();
+    let data = pattern(8 * MIB, 9);
+    let file = TempFile::new(&tmpfs_dir(), &data);
+    let client = file.open_rw();
+    let config = Config { caller_thread: CallerThread::Busy, ..config(&[0, 1]) };
+    let (driver, device) = driver_with(config);
+    let handle = driver.handle_register(client.as_raw_fd()).unwrap();
+    let engine = driver.engine().unwrap();
+    let (first, second) =
+        (device.malloc_device(0, 8 * MIB).unwrap(), device.malloc_device(0, 4 * MIB).unwrap());
+    // Idle executors take it (and make their internal streams, gated below).
+    assert_eq!(driver.io_sync(Direction::Read, handle, first, raw(8 * MIB, 0, 0)), Ok(8 * MIB));
+    eventually("the idle engine's read in two jobs", || engine.stats().jobs == 2);
+    eventually("its jobs ended", || engine.jobs_in_flight() == 0);
+    assert_eq!(engine.stats().caller_thread_requests, 0);
+    let gates = gate_streams(&device);
+    assert!(gates.len() >= 2, "one internal stream per executor: {}", gates.len());
+    let _watchdog = Watchdog::new("the caller-thread read beside held jobs", HANG_GUARD);
+    thread::scope(|scope| {
+        let driver = &driver;
+        let held =
+            scope.spawn(move || driver.io_sync(Direction::Read, handle, first, raw(8 * MIB, 0, 0)));
+        eventually("the held read's jobs in flight", || engine.jobs_in_flight() == 2);
+        let read = raw(4 * MIB, MIB, 0);
+        assert_eq!(driver.io_sync(Direction::Read, handle, second, read), Ok(4 * MIB));
+        assert_eq!(engine.jobs_in_flight(), 2, "the held jobs are still held");
+        assert!(device_bytes(second, 4 * MIB) == data[MIB..5 * MIB]);
+        drop(gates);
+        assert_eq!(held.join().unwrap(), Ok(8 * MIB));
+    });
+    assert!(device_bytes(first, 8 * MIB) == data);
+    eventually("every job counted", || engine.stats().jobs == 4);
+    let stats = engine.stats();
+    assert_eq!(stats.caller_thread_large_requests, 1, "{stats:?}");
+    driver.handle_deregister(handle);
 }
 
 /// After the engine started and served a read, 300 ms of idleness cost the process

@@ -74,6 +74,8 @@ fn delta(after: EngineStatsSnapshot, before: EngineStatsSnapshot) -> EngineStats
         fallback_chunks: after.fallback_chunks - before.fallback_chunks,
         sync_retry_chunks: after.sync_retry_chunks - before.sync_retry_chunks,
         caller_thread_requests: after.caller_thread_requests - before.caller_thread_requests,
+        caller_thread_large_requests: after.caller_thread_large_requests
+            - before.caller_thread_large_requests,
         caller_thread_requests_beside_ops: after.caller_thread_requests_beside_ops
             - before.caller_thread_requests_beside_ops,
         blocking_jobs: after.blocking_jobs - before.blocking_jobs,

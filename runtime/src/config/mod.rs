@@ -47,6 +47,8 @@ const STREAM_COPY_DEVICE_IDLE_MS: &str = "HIPFILE_STREAM_COPY_DEVICE_IDLE_MS";
 const DEFAULT_STREAM_COPY_DEVICE_IDLE_MS: u64 = 5_000;
 const REASON_STREAM_COPY_SLOTS: &str = "must be pinned or device";
 const REASON_BUFFERED_WRITES: &str = "must be thread or io_uring";
+const CALLER_THREAD: &str = "HIPFILE_CALLER_THREAD";
+const REASON_CALLER_THREAD: &str = "must be small, busy or always";
 const REASON_ON_OFF: &str = "must be 1/on/true or 0/off/false";
 const REASON_STREAM_COPIES: &str = "must be 1/on/true, 0/off/false or all";
 const REASON_STREAM_COPY_MB: &str = "must be an integer number of MiB, at least 16";
@@ -247,7 +249,32 @@ pub const ENV_VARS: &[(&str, &str)] = &[
         "how executors write page-cache (not O_DIRECT) chunks: thread (pwrite on the \
          executor's blocking thread) or io_uring (default thread)",
     ),
+    (
+        CALLER_THREAD,
+        "which sync requests the calling thread moves itself, chunk by chunk, instead of \
+         the executors: small (at most one chunk; the default), busy (also larger ones \
+         that find every executor with a job in flight) or always (every one)",
+    ),
 ];
+
+/// Which synchronous requests the calling thread moves itself (`pread`/`pwrite` and one
+/// device copy per chunk, through a pinned fallback chunk) instead of handing them to the
+/// executors (`HIPFILE_CALLER_THREAD`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum CallerThread {
+    /// Requests of at most one chunk (`small`): an executor would do the same work, with
+    /// nothing to overlap, after two hand-offs between threads.
+    #[default]
+    Small,
+    /// Also larger requests that find every executor with a job in flight (`busy`): the
+    /// executors' parts would only queue behind other work, while the calling thread,
+    /// which would wait for them, is a core of its own (cuFile's compat mode moves every
+    /// request on its caller's thread).
+    Busy,
+    /// Every request (`always`): the calling thread alone, as cuFile's compat mode does;
+    /// for comparisons.
+    Always,
+}
 
 /// How the executors write chunks that go through the page cache
 /// (`HIPFILE_BUFFERED_WRITES`).
@@ -410,6 +437,8 @@ pub struct Config {
     pub use_io_uring: bool,
     /// How io_uring executors write page-cache chunks (`HIPFILE_BUFFERED_WRITES`).
     pub buffered_writes: BufferedWrites,
+    /// Which sync requests the calling thread moves itself (`HIPFILE_CALLER_THREAD`).
+    pub caller_thread: CallerThread,
     /// Which fully FIXED async reads stage ahead into a slot and copy on the user's own
     /// stream (`HIPFILE_STREAM_COPIES`, default the backend's choice; [`StreamCopies`]).
     pub stream_copies: StreamCopies,
@@ -664,6 +693,19 @@ impl Config {
                 });
             }
         };
+        config.caller_thread = match get(CALLER_THREAD).as_deref().map(str::trim) {
+            None | Some("small") => CallerThread::Small,
+            Some("busy") => CallerThread::Busy,
+            Some("always") => CallerThread::Always,
+            Some(other) => {
+                let value = other.to_string();
+                return Err(ConfigError {
+                    variable: CALLER_THREAD,
+                    value,
+                    reason: REASON_CALLER_THREAD,
+                });
+            }
+        };
         config.validate()?;
         Ok(config)
     }
@@ -755,6 +797,7 @@ impl Config {
             allow_compat_mode: true,
             use_io_uring: true,
             buffered_writes: BufferedWrites::Thread,
+            caller_thread: CallerThread::Small,
             stream_copies: StreamCopies::Auto,
             stream_copy_cap_bytes: default_stream_copy_mib(crate::sys::physical_memory_bytes())
                 * MIB,

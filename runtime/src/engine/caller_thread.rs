@@ -1,29 +1,39 @@
-//! Synchronous requests of at most one chunk moved on the caller's thread, without a
-//! hand-off to an executor.
+//! Synchronous requests moved on the caller's thread, without a hand-off to an executor:
+//! those of at most one chunk, and larger ones as `HIPFILE_CALLER_THREAD` says.
 
 use std::os::fd::RawFd;
 
 use hipfile_core::{ChunkMode, Direction, OpError, Outcome};
 
 use super::{Engine, EngineStats, SyncRequest, executor};
+use crate::config::CallerThread;
 use crate::device::DeviceError;
 
 impl Engine {
-    /// A request of at most one chunk, moved on the calling thread: `pread`/`pwrite`
-    /// with a pinned fallback chunk and one device copy ([`DeviceCopies::copy_now`](crate::device::DeviceCopies::copy_now)). An
-    /// executor would do the same work for it, one chunk with nothing to overlap, and
-    /// the two hand-offs between threads cost more than the work for small requests
-    /// (4 KiB on the H200: ~75 µs through an executor, against ~10 µs for `pread` + copy).
-    /// `None` when the request is larger, the device cannot copy on the caller's thread,
-    /// no fallback chunk is free, or the copy fails (as inside a stream callback, where
-    /// CUDA forbids synchronizing; nothing was written then, and a read may be read
-    /// again): the executors take the request then, and report real device errors.
+    /// A request moved on the calling thread, chunk by chunk: `pread`/`pwrite` with a
+    /// pinned fallback chunk and one device copy per chunk
+    /// ([`DeviceCopies::copy_now`](crate::device::DeviceCopies::copy_now)).
+    ///
+    /// Requests of at most one chunk always: an executor would do the same work for it,
+    /// one chunk with nothing to overlap, and the two hand-offs between threads cost more
+    /// than the work for small requests (4 KiB on the H200: ~75 µs through an executor,
+    /// against ~10 µs for `pread` + copy). Larger ones as `HIPFILE_CALLER_THREAD` says
+    /// ([`Engine::caller_thread_takes`]).
+    ///
+    /// `None` when the request is not the caller's, the device cannot copy on the
+    /// caller's thread, no fallback chunk is free, or a copy fails (as inside a stream
+    /// callback, where CUDA forbids synchronizing): the executors take the whole request
+    /// then, and report real device errors. Redoing it is safe: a read's earlier chunks
+    /// are read again into the same device bytes, a write's earlier chunks written again
+    /// from the same device bytes.
     pub(super) fn run_on_caller_thread(
         &self,
         request: &SyncRequest,
     ) -> Option<(Outcome, Option<DeviceError>)> {
-        let len = usize::try_from(request.len_bytes).ok()?;
-        if len == 0 || len > self.chunk_bytes || !self.device.copies_on_caller_thread() {
+        if request.len_bytes == 0
+            || !self.caller_thread_takes(request.len_bytes)
+            || !self.device.copies_on_caller_thread()
+        {
             return None;
         }
         let Ok(guard) = request.file.begin_op() else {
@@ -36,7 +46,7 @@ impl Engine {
         // depends only on engine copies, which always take the safe path), so a stall of
         // a direct copy behind it would end when it is released.
         let ops_may_hold_streams = self.ops_may_hold_streams();
-        let copy = |direction, len_bytes| {
+        let copy = |direction, request_offset_bytes: u64, len_bytes| {
             crate::device::injected_fault(crate::fault::Site::DeviceCopy)?;
             // SAFETY: `host` is a pinned fallback chunk of chunk_bytes >= len_bytes, ours
             // until dropped below; the device range lies in the validated request.
@@ -44,29 +54,59 @@ impl Engine {
                 self.device.copy_now(
                     request.device_ordinal,
                     direction,
-                    request.device_addr,
+                    request.device_addr + request_offset_bytes,
                     host,
                     len_bytes,
                     ops_may_hold_streams,
                 )
             }
         };
-        let moved = match request.direction {
-            Direction::Read => {
-                // SAFETY: the chunk is ours and holds chunk_bytes >= len bytes.
-                let target = unsafe { std::slice::from_raw_parts_mut(host, len) };
-                match crate::file::pread_full(fd, target, request.file_offset_bytes) {
-                    Ok(got) if got > 0 && copy(Direction::Read, got).is_err() => return None,
-                    result => result,
+        let chunk_bytes = self.chunk_bytes as u64;
+        let mut moved_bytes = 0u64;
+        let mut failure = None;
+        while moved_bytes < request.len_bytes {
+            let file_offset = request.file_offset_bytes + moved_bytes;
+            // A request of at most one chunk goes whole; the pieces of a larger one end on
+            // chunk boundaries in the file, so an O_DIRECT request (aligned as a whole)
+            // stays aligned piece by piece.
+            let remaining = request.len_bytes - moved_bytes;
+            let piece_bytes = if request.len_bytes <= chunk_bytes {
+                remaining
+            } else {
+                (chunk_bytes - file_offset % chunk_bytes).min(remaining)
+            };
+            let piece = piece_bytes as usize;
+            let result = match request.direction {
+                Direction::Read => {
+                    // SAFETY: the chunk is ours and holds chunk_bytes >= piece bytes.
+                    let target = unsafe { std::slice::from_raw_parts_mut(host, piece) };
+                    match crate::file::pread_full(fd, target, file_offset) {
+                        Ok(got) if got > 0 && copy(Direction::Read, moved_bytes, got).is_err() => {
+                            return None;
+                        }
+                        result => result,
+                    }
+                }
+                Direction::Write => {
+                    copy(Direction::Write, moved_bytes, piece).ok()?;
+                    // SAFETY: the copy filled `piece` bytes of the chunk.
+                    let source = unsafe { std::slice::from_raw_parts(host, piece) };
+                    crate::file::pwrite_full(fd, source, file_offset)
+                }
+            };
+            match result {
+                Ok(bytes) => {
+                    moved_bytes += bytes as u64;
+                    if (bytes as u64) < piece_bytes {
+                        break; // end of file (or of the disk, for a write)
+                    }
+                }
+                Err(error) => {
+                    failure = Some(error);
+                    break;
                 }
             }
-            Direction::Write => {
-                copy(Direction::Write, len).ok()?;
-                // SAFETY: the copy filled `len` bytes of the chunk.
-                let source = unsafe { std::slice::from_raw_parts(host, len) };
-                crate::file::pwrite_full(fd, source, request.file_offset_bytes)
-            }
-        };
+        }
         drop(chunk);
         drop(guard);
         EngineStats::add(&self.stats.caller_thread_requests, 1);
@@ -74,13 +114,35 @@ impl Engine {
         if ops_may_hold_streams {
             EngineStats::add(&self.stats.caller_thread_requests_beside_ops, 1);
         }
-        Some(match moved {
-            Ok(bytes) => {
-                request.file.record_bytes(request.direction, mode, bytes as u64);
-                (Outcome::Bytes(bytes as u64), None)
+        if request.len_bytes > chunk_bytes {
+            EngineStats::add(&self.stats.caller_thread_large_requests, 1);
+        }
+        if moved_bytes > 0 {
+            request.file.record_bytes(request.direction, mode, moved_bytes);
+        }
+        // As for a request in parts (`parts::combine`): a read that failed reports the
+        // failure; a write that wrote bytes before failing reports them, as `pwrite` does.
+        Some(match failure {
+            Some(error) if request.direction == Direction::Read || moved_bytes == 0 => {
+                (executor::os_outcome(&error), None)
             }
-            Err(error) => (executor::os_outcome(&error), None),
+            _ => (Outcome::Bytes(moved_bytes), None),
         })
+    }
+
+    /// Whether a sync request of `len_bytes` is moved on the caller's thread
+    /// (`HIPFILE_CALLER_THREAD`): at most one chunk always; larger ones with `always`, or
+    /// with `busy` while every executor has a job in flight (its parts would queue behind
+    /// that work, and the caller's thread, which would wait for them, is a core of its own).
+    fn caller_thread_takes(&self, len_bytes: u64) -> bool {
+        if len_bytes <= self.chunk_bytes as u64 {
+            return true;
+        }
+        match self.caller_thread {
+            CallerThread::Small => false,
+            CallerThread::Always => true,
+            CallerThread::Busy => self.watches.iter().all(|watch| watch.jobs_in_flight() > 0),
+        }
     }
 
     /// The descriptor a caller-thread request uses: O_DIRECT when the file has one and

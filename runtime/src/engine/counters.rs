@@ -16,8 +16,10 @@ pub(crate) struct EngineStats {
     pub(crate) fallback_chunks: AtomicU64,
     /// Chunks redone with blocking pread/pwrite after io_uring refused them (EOPNOTSUPP).
     pub(crate) sync_retry_chunks: AtomicU64,
-    /// Synchronous requests of at most one chunk moved on the caller's thread.
+    /// Synchronous requests moved on the caller's thread.
     pub(crate) caller_thread_requests: AtomicU64,
+    /// Of those, the ones of more than one chunk (`HIPFILE_CALLER_THREAD`).
+    pub(crate) caller_thread_large_requests: AtomicU64,
     /// Of those, the ones moved while async ops were alive (their copies take the path no
     /// held application stream can stall).
     pub(crate) caller_thread_requests_beside_ops: AtomicU64,
@@ -186,8 +188,10 @@ pub struct EngineStatsSnapshot {
     pub fallback_chunks: u64,
     /// Chunks redone with blocking I/O.
     pub sync_retry_chunks: u64,
-    /// Synchronous requests of at most one chunk moved on the caller's thread.
+    /// Synchronous requests moved on the caller's thread.
     pub caller_thread_requests: u64,
+    /// Of those, the ones of more than one chunk (`HIPFILE_CALLER_THREAD`).
+    pub caller_thread_large_requests: u64,
     /// Of those, the ones moved while async ops were alive.
     pub caller_thread_requests_beside_ops: u64,
     /// Jobs moved by a blocking executor.

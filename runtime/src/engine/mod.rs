@@ -204,6 +204,8 @@ pub struct Engine {
     request_parallelism: usize,
     /// `HIPFILE_BUSY_FAN_OUT` (see [`parts::fan_out_for_load`]).
     busy_fan_out: Option<usize>,
+    /// `HIPFILE_CALLER_THREAD` (see [`Engine::run_on_caller_thread`]).
+    caller_thread: crate::config::CallerThread,
     arena_bytes: usize,
     page_bytes: u64,
     /// Async ops alive (see [`Engine::track_async_op`]).
@@ -395,6 +397,7 @@ impl Engine {
             chunk_bytes: config.staging_chunk_bytes,
             request_parallelism: config.request_parallelism.max(1),
             busy_fan_out: config.busy_fan_out,
+            caller_thread: config.caller_thread,
             arena_bytes: config.staging_per_executor_bytes,
             page_bytes: crate::sys::page_size_bytes(),
             async_ops_alive: Arc::new(AtomicUsize::new(0)),
@@ -476,6 +479,7 @@ impl Engine {
             sync_retry_chunks: load(&self.stats.sync_retry_chunks),
             caller_thread_requests: load(&self.stats.caller_thread_requests),
             caller_thread_requests_beside_ops: load(&self.stats.caller_thread_requests_beside_ops),
+            caller_thread_large_requests: load(&self.stats.caller_thread_large_requests),
             blocking_jobs: load(&self.stats.blocking_jobs),
             fallback_waits: load(&self.stats.fallback_waits),
             host_memory_preads: load(&self.stats.host_memory_preads),

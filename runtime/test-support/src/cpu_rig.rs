@@ -45,6 +45,7 @@ pub fn config(cpus: &[usize]) -> Config {
         allow_compat_mode: true,
         use_io_uring: true,
         buffered_writes: BufferedWrites::Thread,
+        caller_thread: hipfile_runtime::config::CallerThread::Small,
         stream_copies: hipfile_runtime::config::StreamCopies::Off,
         stream_copy_cap_bytes: 64 << 20,
         stream_copy_piece_bytes: 16 << 20,

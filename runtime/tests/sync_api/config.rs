@@ -8,8 +8,8 @@ use std::cell::RefCell;
 use std::collections::BTreeSet;
 
 use hipfile_runtime::config::{
-    BufferedWrites, Config, ConfigError, DEFAULT_MAX_EXECUTORS, DeviceSelection, ENV_VARS,
-    MAX_EXECUTORS, StreamCopies, default_executor_count, usable_cpus,
+    BufferedWrites, CallerThread, Config, ConfigError, DEFAULT_MAX_EXECUTORS, DeviceSelection,
+    ENV_VARS, MAX_EXECUTORS, StreamCopies, default_executor_count, usable_cpus,
 };
 use hipfile_runtime::file::DirectPolicy;
 use proptest::prelude::*;
@@ -466,6 +466,25 @@ fn buffered_writes_take_a_thread_unless_io_uring_is_asked_for() {
         BufferedWrites::IoUring
     );
     rejected(&[("HIPFILE_BUFFERED_WRITES", "uring")], &cpus(4), "HIPFILE_BUFFERED_WRITES");
+}
+
+#[test]
+fn caller_thread_takes_small_requests_unless_busy_or_always_is_asked_for() {
+    assert_eq!(parse_ok(&[]).caller_thread, CallerThread::Small);
+    assert_eq!(
+        parse_ok(&[("HIPFILE_CALLER_THREAD", " small ")]).caller_thread,
+        CallerThread::Small
+    );
+    assert_eq!(parse_ok(&[("HIPFILE_CALLER_THREAD", "busy")]).caller_thread, CallerThread::Busy);
+    assert_eq!(
+        parse_ok(&[("HIPFILE_CALLER_THREAD", "always")]).caller_thread,
+        CallerThread::Always
+    );
+    for value in ["Busy", "1", "on", "large", "busy,always"] {
+        let error =
+            rejected(&[("HIPFILE_CALLER_THREAD", value)], &cpus(4), "HIPFILE_CALLER_THREAD");
+        assert_eq!(error.reason, "must be small, busy or always", "{error}");
+    }
 }
 
 #[test]
