@@ -13,6 +13,7 @@ use std::fmt;
 
 use hipfile_core::OpError;
 
+use crate::config::CallerThread;
 use crate::device::MemoryType;
 use crate::driver::{Driver, HandleId};
 use crate::error::Error;
@@ -106,10 +107,19 @@ impl Driver {
             format!(
                 "{}larger ones split into whole {chunk_kib} KiB chunks over up to {} of {} \
                  executors{} (io_uring{}), disk and copies overlapped",
-                if on_caller {
-                    format!("up to {chunk_kib} KiB run on the caller's thread (pread/pwrite + one copy); ")
-                } else {
-                    String::new()
+                match (on_caller, config.caller_thread) {
+                    (false, _) => String::new(),
+                    (true, CallerThread::Small) => format!(
+                        "up to {chunk_kib} KiB run on the caller's thread (pread/pwrite + one copy); "
+                    ),
+                    (true, CallerThread::Busy) => format!(
+                        "up to {chunk_kib} KiB, and larger ones while every executor is busy \
+                         (HIPFILE_CALLER_THREAD=busy), run on the caller's thread \
+                         (pread/pwrite + one copy per chunk); "
+                    ),
+                    (true, CallerThread::Always) => "every one runs on the caller's thread, \
+                         chunk by chunk (HIPFILE_CALLER_THREAD=always); otherwise "
+                        .to_string(),
                 },
                 config.request_parallelism,
                 config.executor_cpus.len(),
