@@ -25,8 +25,8 @@ use std::sync::OnceLock;
 use crate::file::DirectPolicy;
 
 use parse::{
-    check, chunk_ok, in_unit, parse_chunk_bytes, parse_count, parse_device, parse_direct,
-    parse_executor_cpus, parse_hipfile_bool, parse_mib,
+    check, chunk_ok, in_unit, parse_choice, parse_chunk_bytes, parse_count, parse_device,
+    parse_direct, parse_executor_cpus, parse_hipfile_bool, parse_mib,
 };
 
 const DEVICE: &str = "HIPFILE_DEVICE";
@@ -643,18 +643,13 @@ impl Config {
                 reason: REASON_STREAM_COPY_PIECE_MB,
             });
         }
-        config.stream_copy_slots = match get(STREAM_COPY_SLOTS).as_deref().map(str::trim) {
-            None => StreamCopySlots::Auto,
-            Some("pinned") => StreamCopySlots::Pinned,
-            Some("device") => StreamCopySlots::Device,
-            Some(other) => {
-                return Err(ConfigError {
-                    variable: STREAM_COPY_SLOTS,
-                    value: other.to_string(),
-                    reason: REASON_STREAM_COPY_SLOTS,
-                });
-            }
-        };
+        config.stream_copy_slots = parse_choice(
+            STREAM_COPY_SLOTS,
+            get(STREAM_COPY_SLOTS),
+            &[("pinned", StreamCopySlots::Pinned), ("device", StreamCopySlots::Device)],
+            StreamCopySlots::Auto,
+            REASON_STREAM_COPY_SLOTS,
+        )?;
         config.stream_copy_device_cap_bytes = parse_mib(
             STREAM_COPY_DEVICE_MB,
             get(STREAM_COPY_DEVICE_MB),
@@ -662,18 +657,13 @@ impl Config {
             16,
             REASON_STREAM_COPY_MB,
         )?;
-        config.stream_copy_device_full =
-            match get(STREAM_COPY_DEVICE_FULL).as_deref().map(str::trim) {
-                Some("pinned") => DeviceSlotsFull::Pinned,
-                None | Some("share") => DeviceSlotsFull::Share,
-                Some(other) => {
-                    return Err(ConfigError {
-                        variable: STREAM_COPY_DEVICE_FULL,
-                        value: other.to_string(),
-                        reason: REASON_STREAM_COPY_DEVICE_FULL,
-                    });
-                }
-            };
+        config.stream_copy_device_full = parse_choice(
+            STREAM_COPY_DEVICE_FULL,
+            get(STREAM_COPY_DEVICE_FULL),
+            &[("pinned", DeviceSlotsFull::Pinned), ("share", DeviceSlotsFull::Share)],
+            DeviceSlotsFull::Share,
+            REASON_STREAM_COPY_DEVICE_FULL,
+        )?;
         config.stream_copy_device_idle_ms = parse_count(
             STREAM_COPY_DEVICE_IDLE_MS,
             get(STREAM_COPY_DEVICE_IDLE_MS),
@@ -681,31 +671,24 @@ impl Config {
             DEFAULT_STREAM_COPY_DEVICE_IDLE_MS as usize,
             REASON_STREAM_COPY_DEVICE_IDLE,
         )? as u64;
-        config.buffered_writes = match get(BUFFERED_WRITES).as_deref().map(str::trim) {
-            None | Some("thread") => BufferedWrites::Thread,
-            Some("io_uring") => BufferedWrites::IoUring,
-            Some(other) => {
-                let value = other.to_string();
-                return Err(ConfigError {
-                    variable: BUFFERED_WRITES,
-                    value,
-                    reason: REASON_BUFFERED_WRITES,
-                });
-            }
-        };
-        config.caller_thread = match get(CALLER_THREAD).as_deref().map(str::trim) {
-            None | Some("small") => CallerThread::Small,
-            Some("busy") => CallerThread::Busy,
-            Some("always") => CallerThread::Always,
-            Some(other) => {
-                let value = other.to_string();
-                return Err(ConfigError {
-                    variable: CALLER_THREAD,
-                    value,
-                    reason: REASON_CALLER_THREAD,
-                });
-            }
-        };
+        config.buffered_writes = parse_choice(
+            BUFFERED_WRITES,
+            get(BUFFERED_WRITES),
+            &[("thread", BufferedWrites::Thread), ("io_uring", BufferedWrites::IoUring)],
+            BufferedWrites::Thread,
+            REASON_BUFFERED_WRITES,
+        )?;
+        config.caller_thread = parse_choice(
+            CALLER_THREAD,
+            get(CALLER_THREAD),
+            &[
+                ("small", CallerThread::Small),
+                ("busy", CallerThread::Busy),
+                ("always", CallerThread::Always),
+            ],
+            CallerThread::Small,
+            REASON_CALLER_THREAD,
+        )?;
         config.validate()?;
         Ok(config)
     }

@@ -98,6 +98,23 @@ pub(super) fn parse_chunk_bytes(raw: Option<String>) -> Result<usize, ConfigErro
         })
 }
 
+/// One of `choices` by its exact name (trimmed), `default` when unset.
+pub(super) fn parse_choice<T: Copy>(
+    variable: &'static str,
+    raw: Option<String>,
+    choices: &[(&str, T)],
+    default: T,
+    reason: &'static str,
+) -> Result<T, ConfigError> {
+    let Some(raw) = raw else { return Ok(default) };
+    let text = raw.trim();
+    choices
+        .iter()
+        .find(|(name, _)| *name == text)
+        .map(|&(_, value)| value)
+        .ok_or_else(|| ConfigError { variable, value: text.to_owned(), reason })
+}
+
 pub(super) fn parse_device(raw: Option<String>) -> Result<DeviceSelection, ConfigError> {
     let Some(raw) = raw else { return Ok(DeviceSelection::Auto) };
     let text = raw.trim();
