@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 
 use hipfile_core::{Direction, OpError};
-use hipfile_runtime::config::{Config, DeviceSelection};
+use hipfile_runtime::config::{CallerThread, Config, DeviceSelection};
 use hipfile_runtime::device::user::{StreamGate, UserDevice};
 use hipfile_runtime::device::{
     Device, DeviceError, DeviceKind, EventHandle, InternalStream, MemoryType,
@@ -128,7 +128,12 @@ impl Drop for TempFile {
 }
 
 fn driver(device: &Arc<dyn UserDevice>) -> Arc<Driver> {
-    let mut config = Config::default();
+    driver_with(device, CallerThread::Small)
+}
+
+/// [`driver`] with sync requests moved on the caller's thread as `caller_thread` says.
+fn driver_with(device: &Arc<dyn UserDevice>, caller_thread: CallerThread) -> Arc<Driver> {
+    let mut config = Config { caller_thread, ..Config::default() };
     config.executor_cpus = hipfile_runtime::config::usable_cpus().into_iter().take(4).collect();
     config.request_parallelism = config.executor_cpus.len();
     config.staging_per_executor_bytes = 16 << 20;
@@ -384,8 +389,19 @@ fn contract_wait_value_blocks_until_released_and_host_functions_run_in_order() {
 
 #[test]
 fn library_sync_read_write_round_trip() {
+    sync_read_write_round_trip(CallerThread::Small);
+}
+
+/// The same requests, every one moved on the calling thread chunk by chunk
+/// (`HIPFILE_CALLER_THREAD=always`): on CUDA, one `copy_now` per chunk.
+#[test]
+fn library_sync_read_write_round_trip_on_the_caller_thread() {
+    sync_read_write_round_trip(CallerThread::Always);
+}
+
+fn sync_read_write_round_trip(caller_thread: CallerThread) {
     let Some(device) = device() else { return };
-    let driver = driver(&device);
+    let driver = driver_with(&device, caller_thread);
     let data = pattern((9 << 20) + 333, 2);
     let file = TempFile::new("sync", &data);
     let handle = driver.handle_register(file.file.as_raw_fd()).unwrap();
@@ -417,6 +433,12 @@ fn library_sync_read_write_round_trip() {
     assert_eq!(driver.io_sync(Direction::Write, handle, addr, raw).unwrap(), fresh.len());
     let back = std::fs::read(&file.path).unwrap();
     assert!(back[12345..12345 + fresh.len()] == fresh[..]);
+    let stats = driver.engine().unwrap().stats();
+    // Every request above is larger than a chunk but the last read (1 MiB at 4096), which
+    // a device that copies on callers' threads at all (not rocm) moves there anyway.
+    let on_caller = stats.caller_thread_requests > 0;
+    let expected = if on_caller && caller_thread == CallerThread::Always { 3 } else { 0 };
+    assert_eq!(stats.caller_thread_large_requests, expected, "{stats:?}");
     driver.handle_deregister(handle);
 }
 
