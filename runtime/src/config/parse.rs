@@ -106,46 +106,51 @@ pub(super) fn parse_choice<T: Copy>(
     default: T,
     reason: &'static str,
 ) -> Result<T, ConfigError> {
+    parse_named(variable, raw, choices, default, reason, str::eq)
+}
+
+/// One of `choices` by its name in any case (trimmed), `default` when unset.
+fn parse_choice_any_case<T: Copy>(
+    variable: &'static str,
+    raw: Option<String>,
+    choices: &[(&str, T)],
+    default: T,
+    reason: &'static str,
+) -> Result<T, ConfigError> {
+    parse_named(variable, raw, choices, default, reason, str::eq_ignore_ascii_case)
+}
+
+fn parse_named<T: Copy>(
+    variable: &'static str,
+    raw: Option<String>,
+    choices: &[(&str, T)],
+    default: T,
+    reason: &'static str,
+    same: fn(&str, &str) -> bool,
+) -> Result<T, ConfigError> {
     let Some(raw) = raw else { return Ok(default) };
     let text = raw.trim();
     choices
         .iter()
-        .find(|(name, _)| *name == text)
+        .find(|(name, _)| same(name, text))
         .map(|&(_, value)| value)
         .ok_or_else(|| ConfigError { variable, value: text.to_owned(), reason })
 }
 
 pub(super) fn parse_device(raw: Option<String>) -> Result<DeviceSelection, ConfigError> {
-    let Some(raw) = raw else { return Ok(DeviceSelection::Auto) };
-    let text = raw.trim();
-    [
+    let choices = [
         ("auto", DeviceSelection::Auto),
         ("cpu", DeviceSelection::Cpu),
         ("cuda", DeviceSelection::Cuda),
         ("rocm", DeviceSelection::Rocm),
-    ]
-    .into_iter()
-    .find(|(name, _)| name.eq_ignore_ascii_case(text))
-    .map(|(_, device)| device)
-    .ok_or_else(|| ConfigError {
-        variable: DEVICE,
-        value: text.to_owned(),
-        reason: REASON_DEVICE,
-    })
+    ];
+    parse_choice_any_case(DEVICE, raw, &choices, DeviceSelection::Auto, REASON_DEVICE)
 }
 
 pub(super) fn parse_direct(raw: Option<String>) -> Result<DirectPolicy, ConfigError> {
-    let Some(raw) = raw else { return Ok(DirectPolicy::Auto) };
-    let text = raw.trim();
-    [("auto", DirectPolicy::Auto), ("on", DirectPolicy::On), ("off", DirectPolicy::Off)]
-        .into_iter()
-        .find(|(name, _)| name.eq_ignore_ascii_case(text))
-        .map(|(_, policy)| policy)
-        .ok_or_else(|| ConfigError {
-            variable: ODIRECT,
-            value: text.to_owned(),
-            reason: REASON_ODIRECT,
-        })
+    let choices =
+        [("auto", DirectPolicy::Auto), ("on", DirectPolicy::On), ("off", DirectPolicy::Off)];
+    parse_choice_any_case(ODIRECT, raw, &choices, DirectPolicy::Auto, REASON_ODIRECT)
 }
 
 /// hipFile's `Environment::get<bool>`: `strcasecmp` against `true` and `false`, nothing

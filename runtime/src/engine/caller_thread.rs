@@ -30,9 +30,10 @@ impl Engine {
         &self,
         request: &SyncRequest,
     ) -> Option<(Outcome, Option<DeviceError>)> {
+        // The load check of `busy` (one atomic per executor) last.
         if request.len_bytes == 0
-            || !self.caller_thread_takes(request.len_bytes)
             || !self.device.copies_on_caller_thread()
+            || !self.caller_thread_takes(request.len_bytes)
         {
             return None;
         }
