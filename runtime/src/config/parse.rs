@@ -109,17 +109,7 @@ pub(super) fn parse_choice<T: Copy>(
     parse_named(variable, raw, choices, default, reason, str::eq)
 }
 
-/// One of `choices` by its name in any case (trimmed), `default` when unset.
-fn parse_choice_any_case<T: Copy>(
-    variable: &'static str,
-    raw: Option<String>,
-    choices: &[(&str, T)],
-    default: T,
-    reason: &'static str,
-) -> Result<T, ConfigError> {
-    parse_named(variable, raw, choices, default, reason, str::eq_ignore_ascii_case)
-}
-
+/// One of `choices` by a name that is `same` as the value (trimmed), `default` when unset.
 fn parse_named<T: Copy>(
     variable: &'static str,
     raw: Option<String>,
@@ -137,6 +127,11 @@ fn parse_named<T: Copy>(
         .ok_or_else(|| ConfigError { variable, value: text.to_owned(), reason })
 }
 
+/// Device and O_DIRECT policy names match in any case.
+fn any_case(name: &str, value: &str) -> bool {
+    name.eq_ignore_ascii_case(value)
+}
+
 pub(super) fn parse_device(raw: Option<String>) -> Result<DeviceSelection, ConfigError> {
     let choices = [
         ("auto", DeviceSelection::Auto),
@@ -144,13 +139,13 @@ pub(super) fn parse_device(raw: Option<String>) -> Result<DeviceSelection, Confi
         ("cuda", DeviceSelection::Cuda),
         ("rocm", DeviceSelection::Rocm),
     ];
-    parse_choice_any_case(DEVICE, raw, &choices, DeviceSelection::Auto, REASON_DEVICE)
+    parse_named(DEVICE, raw, &choices, DeviceSelection::Auto, REASON_DEVICE, any_case)
 }
 
 pub(super) fn parse_direct(raw: Option<String>) -> Result<DirectPolicy, ConfigError> {
     let choices =
         [("auto", DirectPolicy::Auto), ("on", DirectPolicy::On), ("off", DirectPolicy::Off)];
-    parse_choice_any_case(ODIRECT, raw, &choices, DirectPolicy::Auto, REASON_ODIRECT)
+    parse_named(ODIRECT, raw, &choices, DirectPolicy::Auto, REASON_ODIRECT, any_case)
 }
 
 /// hipFile's `Environment::get<bool>`: `strcasecmp` against `true` and `false`, nothing
