@@ -33,10 +33,8 @@ impl Paused {
         let data = pattern(11, file_len);
         let file = TempFile::new(tag, &data);
         // A prefetch of a file changed in the last 30 ms is redone when the stream
-        // reaches the read (the kernel's change times may not show a change that soon:
-        // `ChangeStamp` in runtime/src/file/change.rs); the tests that count file reads want a
-        // settled file.
-        std::thread::sleep(Duration::from_millis(40));
+        // reaches the read; the tests that count file reads want a settled file.
+        hipfile_test_support::let_file_changes_settle();
         let fd = file.open_rw();
         let handle = rig.register(&fd);
         let buffer = rig.alloc(buffer_len);

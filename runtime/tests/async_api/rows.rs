@@ -552,7 +552,7 @@ fn page_aligned_flag_with_aligned_inputs_goes_direct() {
         // The file must be settled: a prefetch (flags 15) of a file changed in the last
         // 30 ms (the previous round's write) is read again when the stream reaches it,
         // and the counters below count each byte read once.
-        std::thread::sleep(std::time::Duration::from_millis(40));
+        hipfile_test_support::let_file_changes_settle();
         let stream = rig.registered_stream(flags);
         let (size, offset) = (MIB + 8192, MIB as i64);
         let before = counters(&rig);
