@@ -88,6 +88,7 @@ impl Drop for Watchdog {
 /// The engine's phases once every executor is idle again (an executor adds its busy
 /// time when its last job has ended, just after the job reported its result).
 fn settled_phases(engine: &hipfile_runtime::engine::Engine) -> EnginePhases {
+    eventually("every job ended", || engine.jobs_in_flight() == 0);
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut last = engine.phases();
     loop {

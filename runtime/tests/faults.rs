@@ -644,7 +644,7 @@ fn a_slot_allocation_that_waits_holds_up_no_other_thread() {
             started.elapsed()
         })
     };
-    std::thread::sleep(Duration::from_millis(300));
+    wait_until("the first read in its delayed allocation", || guard.injected() == vec![1]);
     let second = params(MIB, MIB as i64, MIB as i64);
     let started = std::time::Instant::now();
     rig.submit(Direction::Read, handle, buffer, &second, streams[1]).expect("second read");
@@ -667,7 +667,8 @@ fn a_slot_allocation_that_waits_holds_up_no_other_thread() {
 
 /// A rig with `HIPFILE_STREAM_COPIES=all`, a 1 MiB pattern file and a 1 MiB buffer
 /// holding other bytes, on which one 16 KiB read at file offset 8192 is submitted from
-/// another thread while the enqueue of its slot's copy takes 300 ms more (injected).
+/// another thread while the enqueue of its slot's copy takes [`SLOW_ENQUEUE`] more
+/// (injected).
 struct SlowCopyEnqueue {
     rig: Arc<Rig>,
     data: Vec<u8>,
@@ -677,6 +678,11 @@ struct SlowCopyEnqueue {
     handle: HandleId,
     buffer: u64,
 }
+
+/// How long [`SlowCopyEnqueue`]'s copy enqueue is held: what the tests do meanwhile (an
+/// arm, a 16 KiB read, a release, a poll) takes milliseconds; a second leaves a loaded
+/// machine room.
+const SLOW_ENQUEUE: Duration = Duration::from_secs(1);
 
 impl SlowCopyEnqueue {
     fn new(tag: &str) -> SlowCopyEnqueue {
@@ -705,7 +711,7 @@ impl SlowCopyEnqueue {
     ) -> (fault::PlanGuard, std::thread::JoinHandle<Result<(), hipfile_runtime::Error>>) {
         let guard = fault::install(Plan {
             seed: 0x514,
-            rules: vec![once(Site::DeviceCopy, Fault::Delay(Duration::from_millis(300)))],
+            rules: vec![once(Site::DeviceCopy, Fault::Delay(SLOW_ENQUEUE))],
         });
         let (rig, p, handle, buffer) =
             (Arc::clone(&self.rig), Arc::clone(p), self.handle, self.buffer);
@@ -724,7 +730,7 @@ impl SlowCopyEnqueue {
     ) {
         let gate = self.rig.pause(stream).expect("pause");
         let (guard, submitter) = self.submit(stream, p);
-        std::thread::sleep(Duration::from_millis(100));
+        wait_until("the submission in its copy's enqueue", || guard.injected() == vec![1]);
         assert!(!submitter.is_finished(), "the submission is still in its copy's enqueue");
         change(p);
         drop(gate);
@@ -739,7 +745,7 @@ impl SlowCopyEnqueue {
 /// copy is enqueued, and its stream is released without waiting for that enqueue: on
 /// CUDA the enqueue may wait for a lock that a thread making streams holds while it waits
 /// for this very stream (README, Known limits; found on the H200 when the release waited
-/// for the enqueue). While the enqueue is slow (an injected 300 ms), the op's arm, its
+/// for the enqueue). While the enqueue is slow (an injected second), the op's arm, its
 /// read and its release run; it publishes once the copy is queued, and the copy, queued
 /// behind the released wait, still lands. For a read at arm (flags 5) and one staged at
 /// submission (15).
@@ -843,7 +849,7 @@ fn a_read_whose_copy_cannot_be_enqueued_ends_with_a_driver_error() {
     }
 }
 
-/// The same slow copy enqueue (300 ms) for a read at arm whose late file offset turns out
+/// The same slow copy enqueue ([`SLOW_ENQUEUE`]) for a read at arm whose late file offset turns out
 /// invalid when the stream reaches it: it fails with -5022 and its destination stays as it
 /// was — the slot is filled from the destination only once the copy is queued, which
 /// writes those bytes back.
@@ -937,7 +943,7 @@ impl StagedReads {
 
 /// `HIPFILE_STREAM_COPIES=all`: reads staged into slots of their own read ahead within
 /// their stream's read-ahead window, like the engine's prefetch, instead of all at once.
-/// With every file read slowed (200 ms), sixteen 4 MiB reads submitted on a held stream
+/// With every file read slowed (500 ms), sixteen 4 MiB reads submitted on a held stream
 /// start no more than the window's worth (32 MiB: eight) before the first fills end; the
 /// rest start as those end or when the stream reaches them, and every byte lands.
 #[test]
@@ -951,13 +957,14 @@ fn staged_slot_reads_read_ahead_within_the_stream_window() {
     let window_ops = hipfile_runtime::stream::PREFETCH_WINDOW_BYTES as usize / STAGED_OP_BYTES;
     let guard = fault::install(Plan {
         seed: 0x5107,
-        rules: vec![every(Site::FileRead, Fault::Delay(Duration::from_millis(200)))],
+        rules: vec![every(Site::FileRead, Fault::Delay(Duration::from_millis(500)))],
     });
     let gate = t.rig.pause(stream).expect("pause");
     let started = Instant::now();
     let ops: Vec<_> = (0..OPS).map(|i| t.read(i, stream)).collect();
     let ahead = t.prefetched();
-    assert!(started.elapsed() < Duration::from_millis(150), "submitted before a fill ended");
+    // Submitting takes milliseconds; the bound leaves a loaded machine 400 ms.
+    assert!(started.elapsed() < Duration::from_millis(400), "submitted before a fill ended");
     assert_eq!(ahead, window_ops as u64, "reads started ahead of the held stream");
     // The window slides while the stream is held: deferred reads start as fills end.
     wait_until("a deferred read to start", || t.prefetched() > ahead);
