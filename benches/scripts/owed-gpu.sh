@@ -1,0 +1,104 @@
+#!/bin/bash
+# The GPU measurements the open issues still owe, in priority order, in one device call
+# under a time budget: each step runs only when the seconds it needs are left, so a call
+# cut short keeps what its earlier steps wrote, and the next call names the rest in STEPS.
+#
+#   TOTAL=560 OUT=$OUT benches/scripts/owed-gpu.sh            # every step that fits
+#   TOTAL=560 STEPS="caller lead" OUT=$OUT benches/scripts/owed-gpu.sh
+#
+# Steps (STEPS, default all, in this order):
+#   isolation  #14 item 4, H200 only: the default data path against the one before #14
+#              (scripts/isolation-ab.sh, two rounds of reads and writes, latency).
+#   contract   the device-contract suite on CUDA (the caller-thread round trip included).
+#   caller     #16: HIPFILE_CALLER_THREAD default / busy / always, 16 MiB hot reads at
+#              1, 8 and 16 streams, two interleaved rounds (scripts/variants-ab.sh).
+#   lead       #16: the same reads against CUFILE_SYNC and every baseline in one run, under
+#              the default and then under HIPFILE_CALLER_THREAD=busy.
+#   cold       #16: where the CPU of cold O_DIRECT reads at 8 streams goes
+#              (HIPFILE_BENCH_CPU_SAMPLES; count with scripts/cpu-samples.py here).
+#
+# Needs target/gpu-bundle/bin/hipfile-bench-sym (the bench, debug info stripped, symbols
+# kept) and, for `contract`, target/gpu-bundle/bin/device_contract; carry that folder.
+# Prints one line per step: ran, skipped (why) or failed (exit code).
+set -u
+cd "$(dirname "$0")/../.." || exit 1
+out=${OUT:-/tmp/hf-owed}; mkdir -p "$out"
+bin=$PWD/target/gpu-bundle/bin
+bench=$bin/hipfile-bench-sym
+total=${TOTAL:-560}
+start=$(date +%s)
+left() { echo $((total - ($(date +%s) - start))); }
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+echo "GPU: ${gpu:-none}; budget ${total} s; results in $out" | tee "$out/steps.txt"
+wanted() { [ -z "${STEPS:-}" ] || [[ " $STEPS " == *" $1 "* ]]; }
+# step NAME SECONDS COMMAND...: runs COMMAND (killed after what is left) when wanted and
+# SECONDS are left.
+step() {
+  local name=$1 need=$2; shift 2
+  wanted "$name" || return 0
+  if [ "$(left)" -lt "$need" ]; then
+    echo "$name: skipped ($(left) s left, needs $need)" | tee -a "$out/steps.txt"
+    return 0
+  fi
+  local began=$(date +%s)
+  timeout -s KILL "$(left)" "$@"
+  local rc=$?
+  local took=$(($(date +%s) - began))
+  if [ $rc -eq 0 ]; then
+    echo "$name: ran in $took s" | tee -a "$out/steps.txt"
+  else
+    echo "$name: failed (exit $rc) after $took s" | tee -a "$out/steps.txt"
+  fi
+}
+
+isolation() {
+  BENCH=$bench OUT=$out/isolation VARIANTS="iso pre-isolation" \
+    READ_VARIANTS="iso pre-isolation iso pre-isolation" \
+    WRITE_VARIANTS="iso pre-isolation iso pre-isolation" benches/scripts/isolation-ab.sh
+}
+contract() {
+  HIPFILE_DEVICE=cuda "$bin/device_contract" --test-threads 1 > "$out/device_contract.txt" 2>&1
+  local rc=$?
+  tail -3 "$out/device_contract.txt"
+  return $rc
+}
+caller() {
+  BENCH=$bench OUT=$out/caller-thread STREAMS=1,8,16 ROUNDS=2 MODES=read \
+    VARIANTS='-; HIPFILE_CALLER_THREAD=busy; HIPFILE_CALLER_THREAD=always' \
+    benches/scripts/variants-ab.sh
+}
+lead() {
+  local variant rc=0
+  for variant in default busy; do
+    local settings=""
+    [ "$variant" = busy ] && settings="HIPFILE_CALLER_THREAD=busy"
+    # shellcheck disable=SC2086 # settings is a word list on purpose
+    env HIPFILE_DEVICE=cuda $settings timeout -s KILL 150 "$bench" --mode read \
+      --streams 1,8,16 --io-size 16M --reps 3 --file /tmp/hf-owed.dat --file-size 2G \
+      --json "$out/lead-$variant.json" > "$out/lead-$variant.txt" 2>&1 || rc=$?
+    grep -E "x CUFILE_SYNC|CUFILE_SYNC" "$out/lead-$variant.txt" | tail -6
+  done
+  rm -f /tmp/hf-owed.dat
+  return $rc
+}
+cold() {
+  HIPFILE_DEVICE=cuda HIPFILE_BENCH_CPU_SAMPLES=$out/cold-cpu-samples.txt \
+    "$bench" --mode read --cold --direct on --streams 8 --io-size 16M --reps 2 \
+    --no-baselines --profile --file /tmp/hf-owed-cold.dat --file-size 2G \
+    > "$out/cold.txt" 2>&1
+  local rc=$?
+  rm -f /tmp/hf-owed-cold.dat
+  return $rc
+}
+
+if [[ "$gpu" == *H200* ]]; then
+  step isolation 300 isolation
+else
+  wanted isolation && echo "isolation: skipped (needs an H200, this is ${gpu:-no GPU})" \
+    | tee -a "$out/steps.txt"
+fi
+[ -x "$bin/device_contract" ] && step contract 60 contract
+step caller 150 caller
+step lead 180 lead
+step cold 60 cold
+echo "done after $(($(date +%s) - start)) s" | tee -a "$out/steps.txt"
