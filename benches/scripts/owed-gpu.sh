@@ -31,7 +31,7 @@ left() { echo $((total - ($(date +%s) - start))); }
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 echo "GPU: ${gpu:-none}; budget ${total} s; results in $out" | tee "$out/steps.txt"
 wanted() { [ -z "${STEPS:-}" ] || [[ " $STEPS " == *" $1 "* ]]; }
-# step NAME SECONDS COMMAND...: runs COMMAND (killed after what is left) when wanted and
+# step NAME SECONDS FUNCTION: runs FUNCTION (killed after what is left) when wanted and
 # SECONDS are left.
 step() {
   local name=$1 need=$2; shift 2
@@ -41,7 +41,7 @@ step() {
     return 0
   fi
   local began=$(date +%s)
-  timeout -s KILL "$(left)" "$@"
+  timeout -s KILL "$(left)" bash -c "$*"
   local rc=$?
   local took=$(($(date +%s) - began))
   if [ $rc -eq 0 ]; then
@@ -90,6 +90,10 @@ cold() {
   rm -f /tmp/hf-owed-cold.dat
   return $rc
 }
+
+# `timeout` runs each step in a shell of its own.
+export out bin bench
+export -f isolation contract caller lead cold
 
 if [[ "$gpu" == *H200* ]]; then
   step isolation 300 isolation
