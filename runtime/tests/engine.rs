@@ -410,6 +410,99 @@ fn caller_thread_busy_moves_a_large_request_itself_only_while_every_executor_is_
     driver.handle_deregister(handle);
 }
 
+/// `HIPFILE_CALLER_THREAD=busy`: while one executor holds a job and the other is idle, a
+/// request of many chunks still goes to the executors, one part on each (the caller's
+/// thread is for when every executor is busy).
+#[test]
+fn caller_thread_busy_leaves_a_large_request_to_the_executors_while_one_is_idle() {
+    let _serial = serial();
+    let data = pattern(8 * MIB, 10);
+    let file = TempFile::new(&tmpfs_dir(), &data);
+    let client = file.open_rw();
+    let config = Config { caller_thread: CallerThread::Busy, ..config(&[0, 1]) };
+    let (driver, device) = driver_with(config);
+    let handle = driver.handle_register(client.as_raw_fd()).unwrap();
+    let engine = driver.engine().unwrap();
+    let (first, second) =
+        (device.malloc_device(0, 8 * MIB).unwrap(), device.malloc_device(0, 4 * MIB).unwrap());
+    // Idle executors take it (and make their internal streams, gated below).
+    assert_eq!(driver.io_sync(Direction::Read, handle, first, raw(8 * MIB, 0, 0)), Ok(8 * MIB));
+    eventually("its jobs ended", || engine.jobs_in_flight() == 0);
+    let gates = gate_streams(&device);
+    assert!(gates.len() >= 2, "one internal stream per executor: {}", gates.len());
+    // A buffered write to one file is one job (`Engine::parts`): one executor held.
+    let source = pattern(2 * MIB, 11);
+    fill_device(first, &source);
+    let _watchdog = Watchdog::new("a large read beside one held job", HANG_GUARD);
+    thread::scope(|scope| {
+        let driver = &driver;
+        let write = raw(2 * MIB, 6 * MIB, 0);
+        let held = scope.spawn(move || driver.io_sync(Direction::Write, handle, first, write));
+        eventually("the held write's one job in flight", || engine.jobs_in_flight() == 1);
+        let read = scope
+            .spawn(move || driver.io_sync(Direction::Read, handle, second, raw(4 * MIB, MIB, 0)));
+        eventually("the read's two parts posted beside it", || engine.jobs_in_flight() == 3);
+        assert_eq!(engine.stats().caller_thread_requests, 0, "nothing on the caller's thread");
+        drop(gates);
+        assert_eq!(held.join().unwrap(), Ok(2 * MIB));
+        assert_eq!(read.join().unwrap(), Ok(4 * MIB));
+    });
+    assert!(device_bytes(second, 4 * MIB) == data[MIB..5 * MIB]);
+    assert!(file.contents()[6 * MIB..] == source[..], "the written bytes");
+    let stats = engine.stats();
+    assert_eq!((stats.caller_thread_requests, stats.caller_thread_large_requests), (0, 0));
+    driver.handle_deregister(handle);
+}
+
+/// `HIPFILE_CALLER_THREAD=always` on a file with an O_DIRECT descriptor: an aligned read
+/// of many chunks the page cache does not hold and an aligned write go through O_DIRECT
+/// piece by piece (each piece ends on a chunk boundary, so stays aligned); an unaligned
+/// read through the page cache. The executors get no job.
+#[test]
+fn caller_thread_always_moves_aligned_requests_of_many_chunks_through_o_direct() {
+    let _serial = serial();
+    let data = pattern(4 * MIB, 12);
+    let file = TempFile::new(&ext4_dir(), &data);
+    let client = file.open_rw();
+    let config = Config { caller_thread: CallerThread::Always, ..config(&[0, 1]) };
+    let (driver, device) = driver_with(config);
+    let handle = driver.handle_register(client.as_raw_fd()).unwrap();
+    if driver.file(handle).unwrap().direct_fd().is_none() {
+        eprintln!("skipped: {} has no O_DIRECT path", ext4_dir().display());
+        return;
+    }
+    let engine = driver.engine().unwrap();
+    let buf = device.malloc_device(0, 4 * MIB).unwrap();
+    let counters = || driver.file(handle).unwrap().counters();
+    hipfile_test_support::page_cache::drop_cached_pages(&client);
+    let before = counters();
+    let (offset, len) = (64 * KIB, 3 * MIB + 8 * KIB);
+    assert_eq!(driver.io_sync(Direction::Read, handle, buf, raw(len, offset, 0)), Ok(len));
+    assert!(device_bytes(buf, len) == data[offset..offset + len], "the aligned read");
+    let read = counters();
+    assert_eq!(read.direct_read_bytes - before.direct_read_bytes, len as u64, "{read:?}");
+    let (offset, len) = (1000, 2 * MIB);
+    assert_eq!(driver.io_sync(Direction::Read, handle, buf, raw(len, offset, 0)), Ok(len));
+    assert!(device_bytes(buf, len) == data[offset..offset + len], "the unaligned read");
+    let unaligned = counters();
+    assert_eq!(unaligned.buffered_read_bytes - read.buffered_read_bytes, len as u64);
+    let fresh = pattern(2 * MIB + 4 * KIB, 13);
+    fill_device(buf, &fresh);
+    let at = 512 * KIB;
+    assert_eq!(
+        driver.io_sync(Direction::Write, handle, buf, raw(fresh.len(), at, 0)),
+        Ok(fresh.len())
+    );
+    let written = counters();
+    assert_eq!(written.direct_written_bytes - unaligned.direct_written_bytes, fresh.len() as u64);
+    let mut expected = data.clone();
+    expected[at..at + fresh.len()].copy_from_slice(&fresh);
+    assert!(file.contents() == expected, "the file after the write");
+    let stats = engine.stats();
+    assert_eq!((stats.jobs, stats.caller_thread_large_requests), (0, 3), "{stats:?}");
+    driver.handle_deregister(handle);
+}
+
 /// After the engine started and served a read, 300 ms of idleness cost the process
 /// (executors, device stream workers, everything) less than 30 ms of CPU time.
 #[test]

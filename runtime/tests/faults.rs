@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use hipfile_core::{Direction, OpError, RawIo};
 use hipfile_runtime::IoError;
-use hipfile_runtime::config::{BufferedWrites, Config};
+use hipfile_runtime::config::{BufferedWrites, CallerThread, Config};
 use hipfile_runtime::device::StreamHandle;
 use hipfile_runtime::fault::{self, Fault, Plan, Rule, Site};
 use hipfile_runtime::file::DirectPolicy;
@@ -255,6 +255,70 @@ fn io_errors_reach_the_caller_as_their_errno() {
     case(every(Site::FileWrite, Fault::Errno(libc::ENOSPC)), errno_or_short(libc::ENOSPC));
     case(every(Site::ChunkWrite, Fault::Errno(libc::ENOSPC)), errno_or_short(libc::ENOSPC));
     case(once(Site::ChunkWrite, Fault::Errno(libc::EIO)), errno_or_short(libc::EIO));
+}
+
+/// `HIPFILE_CALLER_THREAD=always`: a sync request of four chunks moved on the calling
+/// thread piece by piece. A write whose third piece fails reports the two pieces written
+/// before (as `pwrite` does), a read whose third piece fails its errno; a device copy
+/// that fails at the second piece hands the whole request to the executors, which move
+/// it (each byte counted once, by them).
+#[test]
+fn a_request_of_many_chunks_on_the_caller_thread_fails_piece_by_piece() {
+    let _serial = serial();
+    let rig = Rig::with(1, Config { caller_thread: CallerThread::Always, ..small_config() });
+    let chunk = rig.driver.config().staging_chunk_bytes;
+    let len = 4 * chunk;
+    let data = pattern(41, 2 * len);
+    let file = TempFile::new("caller-pieces", &data);
+    let client = file.open_rw();
+    let handle = rig.driver.handle_register(client.as_raw_fd()).expect("register");
+    let buffer = rig.alloc(len);
+    let engine = rig.driver.engine().expect("engine");
+    let io = |offset: usize| RawIo {
+        size_bytes: len as u64,
+        file_offset_bytes: offset as i64,
+        buffer_offset_bytes: 0,
+    };
+    // The first `pieces` calls at `site` go through, the next fails.
+    let fail_after = |site, pieces, fault| Plan {
+        seed: 3,
+        rules: vec![Rule { site, fault: Fault::Pass, one_in: 1, limit: pieces }, once(site, fault)],
+    };
+    let large = || engine.stats().caller_thread_large_requests;
+    let jobs = || engine.stats().jobs;
+    let (large_before, jobs_before) = (large(), jobs());
+
+    let source = pattern(42, len);
+    rig.set_dev_bytes(buffer, &source);
+    let guard = fault::install(fail_after(Site::FileWrite, 2, Fault::Errno(libc::EIO)));
+    let written = rig.driver.io_sync(Direction::Write, handle, buffer, io(0));
+    assert_eq!(guard.injected()[1], 1, "the third piece's write failed");
+    drop(guard);
+    assert_eq!(written, Ok(2 * chunk), "the pieces written before the failure");
+    let contents = file.contents();
+    assert_bytes(&contents[..2 * chunk], &source[..2 * chunk], "the pieces written");
+    assert_bytes(&contents[2 * chunk..], &data[2 * chunk..], "the rest as it was");
+
+    let guard = fault::install(fail_after(Site::FileRead, 2, Fault::Errno(libc::EIO)));
+    let read = rig.driver.io_sync(Direction::Read, handle, buffer, io(len));
+    assert_eq!(guard.injected()[1], 1, "the third piece's read failed");
+    drop(guard);
+    assert_eq!(read, Err(IoError::Os(libc::EIO)));
+    assert_eq!((large() - large_before, jobs()), (2, jobs_before), "both on the caller's thread");
+
+    rig.set_dev_bytes(buffer, &vec![0; len]);
+    let counted = rig.driver.file(handle).expect("file").counters().read_bytes();
+    let guard = fault::install(fail_after(Site::DeviceCopy, 1, Fault::Errno(0)));
+    let read = rig.driver.io_sync(Direction::Read, handle, buffer, io(len));
+    assert_eq!(guard.injected()[1], 1, "the second piece's copy failed");
+    drop(guard);
+    assert_eq!(read, Ok(len));
+    assert_bytes(&rig.dev_bytes(buffer, len), &data[len..], "the read the executors redid");
+    wait_until("the executors' jobs counted", || jobs() > jobs_before);
+    assert_eq!(large() - large_before, 2, "the redone read is not counted as the caller's");
+    let now = rig.driver.file(handle).expect("file").counters().read_bytes();
+    assert_eq!(now - counted, len as u64, "each byte counted once");
+    rig.driver.handle_deregister(handle);
 }
 
 #[test]

@@ -21,11 +21,14 @@ impl Engine {
     /// ([`Engine::caller_thread_takes`]).
     ///
     /// `None` when the request is not the caller's, the device cannot copy on the
-    /// caller's thread, no fallback chunk is free, or a copy fails (as inside a stream
-    /// callback, where CUDA forbids synchronizing): the executors take the whole request
-    /// then, and report real device errors. Redoing it is safe: a read's earlier chunks
-    /// are read again into the same device bytes, a write's earlier chunks written again
-    /// from the same device bytes.
+    /// caller's thread, no fallback chunk is free (for a request of many chunks: none
+    /// beyond one per executor, which the executors' own fallback needs), a copy fails
+    /// (as inside a stream callback, where CUDA forbids synchronizing), or the kernel
+    /// refuses an O_DIRECT transfer (EINVAL, EOPNOTSUPP): the executors take the whole
+    /// request then, report real device errors, and go through the page cache where
+    /// O_DIRECT is refused. Redoing it is safe: a read's earlier chunks are read again
+    /// into the same device bytes, a write's earlier chunks written again from the same
+    /// device bytes.
     pub(super) fn run_on_caller_thread(
         &self,
         request: &SyncRequest,
@@ -40,15 +43,22 @@ impl Engine {
         let Ok(guard) = request.file.begin_op() else {
             return Some((Outcome::Library(OpError::HandleNotRegistered), None));
         };
-        let chunk = self.fallback.try_take().ok()??;
+        let chunk_bytes = self.chunk_bytes as u64;
+        // A request of many chunks holds its chunk for all of them: it leaves one per
+        // executor (blocking executors take one for every chunk they move).
+        let reserve_chunks = if request.len_bytes > chunk_bytes { self.executors.len() } else { 0 };
+        let chunk = self.fallback.try_take_leaving(reserve_chunks).ok()??;
         let (fd, mode) = self.caller_thread_descriptor(request);
         let host = chunk.as_mut_ptr();
-        // Read once: an op submitted meanwhile never waits on this copy (its release
-        // depends only on engine copies, which always take the safe path), so a stall of
-        // a direct copy behind it would end when it is released.
-        let ops_may_hold_streams = self.ops_may_hold_streams();
+        // Asked for each piece, as the request may last long enough for an async op to
+        // be submitted meanwhile. Such an op never waits on this copy (its release depends
+        // only on engine copies, which always take the safe path), so a stall of a direct
+        // copy behind it would end when it is released.
+        let beside_ops = std::cell::Cell::new(false);
         let copy = |direction, request_offset_bytes: u64, len_bytes| {
             crate::device::injected_fault(crate::fault::Site::DeviceCopy)?;
+            let ops_may_hold_streams = self.ops_may_hold_streams();
+            beside_ops.set(beside_ops.get() || ops_may_hold_streams);
             // SAFETY: `host` is a pinned fallback chunk of chunk_bytes >= len_bytes, ours
             // until dropped below; the device range lies in the validated request.
             unsafe {
@@ -62,7 +72,6 @@ impl Engine {
                 )
             }
         };
-        let chunk_bytes = self.chunk_bytes as u64;
         let mut moved_bytes = 0u64;
         let mut failure = None;
         while moved_bytes < request.len_bytes {
@@ -96,12 +105,18 @@ impl Engine {
                 }
             };
             match result {
+                Ok(0) if request.direction == Direction::Write && moved_bytes == 0 => {
+                    // No byte written: the disk is full, as the executors report it.
+                    failure = Some(std::io::Error::from_raw_os_error(libc::ENOSPC));
+                    break;
+                }
                 Ok(bytes) => {
                     moved_bytes += bytes as u64;
                     if (bytes as u64) < piece_bytes {
                         break; // end of file (or of the disk, for a write)
                     }
                 }
+                Err(error) if mode == ChunkMode::Direct && refuses_direct(&error) => return None,
                 Err(error) => {
                     failure = Some(error);
                     break;
@@ -112,7 +127,7 @@ impl Engine {
         drop(guard);
         EngineStats::add(&self.stats.caller_thread_requests, 1);
         crate::stats::count_caller_thread_request();
-        if ops_may_hold_streams {
+        if beside_ops.get() {
             EngineStats::add(&self.stats.caller_thread_requests_beside_ops, 1);
         }
         if request.len_bytes > chunk_bytes {
@@ -148,8 +163,9 @@ impl Engine {
 
     /// The descriptor a caller-thread request uses: O_DIRECT when the file has one and
     /// the whole request is aligned as the executors' plan would require (offsets to the
-    /// page and the file's DIO alignment, the length to the DIO alignment) and, for a
-    /// read, the page cache does not hold the whole range
+    /// page and the file's DIO alignment, the length to the DIO alignment, the chunk at
+    /// least one DIO block, so that every piece, which ends on a chunk boundary, stays
+    /// aligned) and, for a read, the page cache does not hold the whole range
     /// ([`FileHandle::read_hits_page_cache`](crate::file::FileHandle::read_hits_page_cache)); else the buffered one.
     fn caller_thread_descriptor(&self, request: &SyncRequest) -> (RawFd, ChunkMode) {
         let file = &request.file;
@@ -158,7 +174,8 @@ impl Engine {
             // Fallback chunks are page-aligned pinned memory.
             let aligned = request.file_offset_bytes.is_multiple_of(offset_align)
                 && request.len_bytes.is_multiple_of(dio.offset_bytes)
-                && dio.memory_bytes <= self.page_bytes;
+                && dio.memory_bytes <= self.page_bytes
+                && self.chunk_bytes as u64 >= dio.offset_bytes;
             if !aligned {
                 file.note_unaligned_request(request.file_offset_bytes, request.len_bytes);
             } else if request.direction == Direction::Write
@@ -169,4 +186,10 @@ impl Engine {
         }
         (file.buffered_fd(), ChunkMode::Buffered)
     }
+}
+
+/// Whether the kernel refused an O_DIRECT transfer as such (the executors then go
+/// through the page cache: `executor::read`, `executor::write`).
+fn refuses_direct(error: &std::io::Error) -> bool {
+    matches!(error.raw_os_error(), Some(libc::EINVAL | libc::EOPNOTSUPP))
 }

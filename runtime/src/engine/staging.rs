@@ -120,7 +120,24 @@ impl FallbackPool {
     /// # Errors
     /// The device could not allocate pinned memory.
     pub(crate) fn try_take(self: &Arc<Self>) -> Result<Option<FallbackChunk>, DeviceError> {
+        self.try_take_leaving(0)
+    }
+
+    /// [`FallbackPool::try_take`], but only while more than `reserve_chunks` chunks are
+    /// free or may still be allocated: `Ok(None)` leaves those to others.
+    ///
+    /// # Errors
+    /// The device could not allocate pinned memory.
+    pub(crate) fn try_take_leaving(
+        self: &Arc<Self>,
+        reserve_chunks: usize,
+    ) -> Result<Option<FallbackChunk>, DeviceError> {
         let mut state = self.lock();
+        let available_chunks =
+            state.free.len() + self.cap_chunks.saturating_sub(state.allocated_chunks);
+        if available_chunks <= reserve_chunks {
+            return Ok(None);
+        }
         if let Some(region) = state.free.pop() {
             return Ok(Some(FallbackChunk { pool: Arc::clone(self), region, valid_len_bytes: 0 }));
         }
@@ -290,6 +307,19 @@ mod tests {
             drop(prefetched);
             assert_eq!(budget.free_units(), (4 * MIB / SHARE_UNIT_BYTES) as u64);
         });
+    }
+
+    #[test]
+    fn a_take_leaving_a_reserve_stops_where_the_reserve_begins() {
+        let device: Arc<dyn Device> = crate::device::cpu::CpuDevice::new(1);
+        let pool = FallbackPool::new(device, 4096, 3 * 4096);
+        let first = pool.try_take_leaving(2).unwrap().expect("3 available, 2 reserved");
+        assert!(pool.try_take_leaving(2).unwrap().is_none(), "only the reserve is left");
+        let others: Vec<_> = std::iter::from_fn(|| pool.try_take().unwrap()).collect();
+        assert_eq!(others.len(), 2, "the reserve goes to takers without one");
+        drop(first);
+        assert!(pool.try_take_leaving(0).unwrap().is_some(), "a free chunk, nothing reserved");
+        assert!(pool.try_take_leaving(1).unwrap().is_none(), "a free chunk, one reserved");
     }
 
     #[test]
