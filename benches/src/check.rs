@@ -137,6 +137,10 @@ fn limits(config: &Config) {
         format!("{} x {}", config.executor_count(), mib(config.staging_per_executor_bytes)),
     );
     item("  fallback cap", mib(config.pinned_fallback_cap_bytes));
+    if config.fallback_pool_bytes() != config.pinned_fallback_cap_bytes {
+        // HIPFILE_CALLER_THREAD=busy/always: a chunk per executor on top.
+        item("  fallback pool", mib(config.fallback_pool_bytes()));
+    }
 }
 
 fn engine(config: &Config, device: Option<Arc<dyn UserDevice>>, file: Option<&Path>) {

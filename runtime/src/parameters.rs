@@ -175,8 +175,14 @@ impl SizeParameter {
             PropertiesMaxDevicePinnedMemSizeKb => {
                 let arenas =
                     config.executor_count().saturating_mul(config.staging_per_executor_bytes);
-                config.pinned_fallback_cap_bytes =
-                    bytes()?.checked_sub(arenas).ok_or_else(invalid)?;
+                // The executors' chunks the pool holds on top of its cap under
+                // HIPFILE_CALLER_THREAD=busy/always, so that the value reads back as set.
+                let executors_chunks =
+                    config.fallback_pool_bytes().saturating_sub(config.pinned_fallback_cap_bytes);
+                config.pinned_fallback_cap_bytes = bytes()?
+                    .checked_sub(arenas)
+                    .and_then(|rest| rest.checked_sub(executors_chunks))
+                    .ok_or_else(invalid)?;
             }
             ProfileStats
             | ExecutionMinIoThresholdSizeKb
@@ -395,6 +401,13 @@ mod tests {
         PropertiesMaxDevicePinnedMemSizeKb.set(&mut config, 3 * 4096 + 2048).expect("ok");
         assert_eq!(config.pinned_fallback_cap_bytes, 2048 * KIB);
         assert_eq!(PropertiesMaxDevicePinnedMemSizeKb.get(&config), 3 * 4096 + 2048);
+        // Under HIPFILE_CALLER_THREAD=busy the pool holds a chunk (512 KiB) per executor
+        // more: the cap set leaves room for them, and the value reads back as set.
+        let mut busy =
+            Config { caller_thread: crate::config::CallerThread::Busy, ..config.clone() };
+        PropertiesMaxDevicePinnedMemSizeKb.set(&mut busy, 3 * 4096 + 4096).expect("ok");
+        assert_eq!(busy.pinned_fallback_cap_bytes, (4096 - 3 * 512) * KIB);
+        assert_eq!(PropertiesMaxDevicePinnedMemSizeKb.get(&busy), 3 * 4096 + 4096);
         // Less pinned memory than the arenas themselves: refused.
         assert!(PropertiesMaxDevicePinnedMemSizeKb.set(&mut config, 1024).is_err());
         // Read-only keys: their own value passes, any other is refused.

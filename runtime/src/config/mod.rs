@@ -405,8 +405,9 @@ pub struct Config {
     pub staging_chunk_bytes: usize,
     /// Each executor's pinned staging arena, at least 2 chunks (`HIPFILE_STAGING_MB`).
     pub staging_per_executor_bytes: usize,
-    /// Cap of the extra pinned chunks used when an arena is exhausted
-    /// (`HIPFILE_PINNED_FALLBACK_MB`).
+    /// Cap of the extra pinned chunks used when an arena is exhausted and by requests
+    /// moved on the caller's thread (`HIPFILE_PINNED_FALLBACK_MB`); the pool holds one
+    /// chunk per executor more under `busy`/`always` ([`Config::fallback_pool_bytes`]).
     pub pinned_fallback_cap_bytes: usize,
     /// O_DIRECT policy for registered files (`HIPFILE_ODIRECT`).
     pub direct: DirectPolicy,
@@ -521,7 +522,8 @@ impl Config {
     }
 
     /// The most pinned staging memory the engine ever holds: every executor's arena
-    /// plus the fallback cap (saturating; [`Config::validate`] rejects overflow).
+    /// plus the fallback pool ([`Config::fallback_pool_bytes`]; saturating,
+    /// [`Config::validate`] rejects overflow).
     pub fn pinned_cap_bytes(&self) -> usize {
         self.checked_pinned_cap_bytes().unwrap_or(usize::MAX)
     }
@@ -795,6 +797,26 @@ impl Config {
     fn checked_pinned_cap_bytes(&self) -> Option<usize> {
         self.executor_count()
             .checked_mul(self.staging_per_executor_bytes)?
+            .checked_add(self.checked_fallback_pool_bytes()?)
+    }
+
+    /// The pinned fallback pool's size: the cap (`HIPFILE_PINNED_FALLBACK_MB`) and, when
+    /// the caller's thread moves requests of many chunks (`HIPFILE_CALLER_THREAD=busy` or
+    /// `always`), one chunk per executor, which those requests leave free for the
+    /// executors (blocking executors take one for every chunk they move): the callers
+    /// get the cap, the executors their own chunk (saturating; [`Config::validate`]
+    /// rejects overflow).
+    pub fn fallback_pool_bytes(&self) -> usize {
+        self.checked_fallback_pool_bytes().unwrap_or(usize::MAX)
+    }
+
+    fn checked_fallback_pool_bytes(&self) -> Option<usize> {
+        let executors_chunks = match self.caller_thread {
+            CallerThread::Small => 0,
+            CallerThread::Busy | CallerThread::Always => self.executor_count(),
+        };
+        executors_chunks
+            .checked_mul(self.staging_chunk_bytes)?
             .checked_add(self.pinned_fallback_cap_bytes)
     }
 }

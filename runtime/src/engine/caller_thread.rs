@@ -45,7 +45,8 @@ impl Engine {
         };
         let chunk_bytes = self.chunk_bytes as u64;
         // A request of many chunks holds its chunk for all of them: it leaves one per
-        // executor (blocking executors take one for every chunk they move).
+        // executor (blocking executors take one for every chunk they move), which the pool
+        // holds on top of its cap under `busy` and `always` (`Config::fallback_pool_bytes`).
         let reserve_chunks = if request.len_bytes > chunk_bytes { self.executors.len() } else { 0 };
         let chunk = self.fallback.try_take_leaving(reserve_chunks).ok()??;
         let (fd, mode) = self.caller_thread_descriptor(request);

@@ -250,7 +250,7 @@ fn events_to_prepare(config: &Config) -> usize {
     let chunks_per_executor = (config.staging_per_executor_bytes / config.staging_chunk_bytes)
         .max(config.chunks_in_flight)
         + config.chunks_in_flight;
-    let fallback_chunks = config.pinned_fallback_cap_bytes / config.staging_chunk_bytes;
+    let fallback_chunks = config.fallback_pool_bytes() / config.staging_chunk_bytes;
     config.executor_cpus.len() * chunks_per_executor + fallback_chunks
 }
 
@@ -292,7 +292,7 @@ impl Engine {
         let fallback = FallbackPool::new(
             Arc::clone(&device),
             config.staging_chunk_bytes,
-            config.pinned_fallback_cap_bytes,
+            config.fallback_pool_bytes(),
         );
         fallback.prefill();
         prepare_data_path(&*device, config);

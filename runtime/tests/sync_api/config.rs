@@ -487,6 +487,32 @@ fn caller_thread_takes_small_requests_unless_busy_or_always_is_asked_for() {
     }
 }
 
+/// Under `busy` and `always` the fallback pool holds one chunk per executor on top of
+/// `HIPFILE_PINNED_FALLBACK_MB` (what requests of many chunks on callers' threads leave to
+/// the executors), and the pinned cap counts it.
+#[test]
+fn caller_thread_busy_or_always_adds_a_fallback_chunk_per_executor() {
+    let base = [
+        ("HIPFILE_THREADS", "4"),
+        ("HIPFILE_CHUNK_KB", "512"),
+        ("HIPFILE_PINNED_FALLBACK_MB", "8"),
+    ];
+    let small = parse_ok(&base);
+    assert_eq!(small.fallback_pool_bytes(), 8 << 20);
+    for value in ["busy", "always"] {
+        let mut vars = base.to_vec();
+        vars.push(("HIPFILE_CALLER_THREAD", value));
+        let config = parse_ok(&vars);
+        assert_eq!(config.pinned_fallback_cap_bytes, 8 << 20, "{value}: the cap as set");
+        assert_eq!(config.fallback_pool_bytes(), (8 << 20) + 4 * (512 << 10), "{value}");
+        assert_eq!(
+            config.pinned_cap_bytes() - small.pinned_cap_bytes(),
+            4 * (512 << 10),
+            "{value}: counted in the pinned cap"
+        );
+    }
+}
+
 #[test]
 fn pinned_staging_beyond_physical_memory_is_refused() {
     // SAFETY: sysconf has no preconditions.
