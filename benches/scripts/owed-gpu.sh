@@ -14,6 +14,9 @@
 #              1, 8 and 16 streams, two interleaved rounds (scripts/variants-ab.sh).
 #   lead       #16: the same reads against CUFILE_SYNC and every baseline in one run, under
 #              the default and then under HIPFILE_CALLER_THREAD=busy.
+#   spin       #16: HIPFILE_PARK_SPIN_US default (50 µs) against 0: cold O_DIRECT reads
+#              at 1 and 8 streams (GiB/s and CPU-s/GiB, two interleaved rounds), then the
+#              4 KiB round trip under each.
 #   cold       #16: where the CPU of cold O_DIRECT reads at 8 streams goes
 #              (HIPFILE_BENCH_CPU_SAMPLES; count with scripts/cpu-samples.py here).
 #
@@ -81,6 +84,22 @@ lead() {
   rm -f /tmp/hf-owed.dat
   return $rc
 }
+spin() {
+  BENCH=$bench OUT=$out/park-spin STREAMS=1,8 ROUNDS=2 MODES=read REPS=2 \
+    EXTRA="--cold --direct on" VARIANTS='-; HIPFILE_PARK_SPIN_US=0' \
+    benches/scripts/variants-ab.sh || return $?
+  local us
+  for us in default 0; do
+    local settings=""
+    [ "$us" = 0 ] && settings="HIPFILE_PARK_SPIN_US=0"
+    # shellcheck disable=SC2086 # settings is a word list on purpose
+    env HIPFILE_DEVICE=cuda $settings timeout -s KILL 60 "$bench" --latency --no-baselines \
+      --iterations 3000 --file /tmp/hf-owed-lat.dat --file-size 256M \
+      > "$out/park-spin/latency-$us.txt" 2>&1
+    grep -E "ASYNC|SYNC" "$out/park-spin/latency-$us.txt" | head -3
+  done
+  rm -f /tmp/hf-owed-lat.dat
+}
 cold() {
   HIPFILE_DEVICE=cuda HIPFILE_BENCH_CPU_SAMPLES=$out/cold-cpu-samples.txt \
     "$bench" --mode read --cold --direct on --streams 8 --io-size 16M --reps 2 \
@@ -93,7 +112,7 @@ cold() {
 
 # `timeout` runs each step in a shell of its own.
 export out bin bench
-export -f isolation contract caller lead cold
+export -f isolation contract caller lead spin cold
 
 if [[ "$gpu" == *H200* ]]; then
   step isolation 300 isolation
@@ -104,5 +123,6 @@ fi
 [ -x "$bin/device_contract" ] && step contract 60 contract
 step caller 150 caller
 step lead 180 lead
+step spin 150 spin
 step cold 60 cold
 echo "done after $(($(date +%s) - start)) s" | tee -a "$out/steps.txt"

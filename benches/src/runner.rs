@@ -53,6 +53,8 @@ struct ConfigInfo {
     request_parallelism: usize,
     chunks_in_flight: usize,
     copy_spin_us: usize,
+    /// What each executor polls before it parks, as in effect on this machine.
+    park_spin_us: usize,
     caller_thread: String,
     prefetch_cap_bytes: usize,
     direct_policy: String,
@@ -164,7 +166,7 @@ pub fn describe_env(env: &Env, path: &Path, size: u64, args: &RunArgs) {
         c.executor_cpus
     );
     println!(
-        "config: chunk {} KiB, staging {} MiB/executor, queue depth {}, request parallelism {}{}, prefetch {} MiB, pinned cap {} MiB, O_DIRECT policy {:?}",
+        "config: chunk {} KiB, staging {} MiB/executor, queue depth {}, request parallelism {}{}, prefetch {} MiB, pinned cap {} MiB, O_DIRECT policy {:?}, park spin {} us",
         c.staging_chunk_bytes >> 10,
         c.staging_per_executor_bytes >> 20,
         c.chunks_in_flight,
@@ -173,7 +175,8 @@ pub fn describe_env(env: &Env, path: &Path, size: u64, args: &RunArgs) {
             .map_or(String::new(), |least| format!(" (idle executors, at least {least})")),
         c.prefetch_cap_bytes() >> 20,
         c.pinned_cap_bytes() >> 20,
-        c.direct
+        c.direct,
+        c.park_spin_us_on(cores())
     );
     if c.stream_copies != hipfile_runtime::config::StreamCopies::Off {
         println!(
@@ -478,6 +481,7 @@ fn json_report(
             request_parallelism: c.request_parallelism,
             chunks_in_flight: c.chunks_in_flight,
             copy_spin_us: c.copy_spin_us,
+            park_spin_us: c.park_spin_us_on(cores()),
             caller_thread: format!("{:?}", c.caller_thread),
             prefetch_cap_bytes: c.prefetch_cap_bytes(),
             direct_policy: format!("{:?}", c.direct),
@@ -676,4 +680,9 @@ fn run_latency(
         && report.busy_stream.as_ref().is_some_and(|busy| busy.detail.is_none());
     write_outputs(b, args, cufile_line, Vec::new(), Some(report))?;
     Ok(ok)
+}
+
+/// The cores this process may run on (as the engine counts them for its park spin).
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
 }

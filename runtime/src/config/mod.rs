@@ -77,6 +77,7 @@ const REQUEST_PARALLELISM: &str = "HIPFILE_REQUEST_PARALLELISM";
 const BUSY_FAN_OUT: &str = "HIPFILE_BUSY_FAN_OUT";
 const QUEUE_DEPTH: &str = "HIPFILE_QUEUE_DEPTH";
 const COPY_SPIN_US: &str = "HIPFILE_COPY_SPIN_US";
+const PARK_SPIN_US: &str = "HIPFILE_PARK_SPIN_US";
 const PREFETCH_MB: &str = "HIPFILE_PREFETCH_MB";
 const CPU_DEVICES: &str = "HIPFILE_CPU_DEVICES";
 const ALLOW_COMPAT_MODE: &str = "HIPFILE_ALLOW_COMPAT_MODE";
@@ -114,6 +115,14 @@ pub(crate) const MAX_COPY_SPIN_US: usize = 10_000;
 /// copies of small chunks finish in microseconds, and a timer sleep costs ~50 µs of
 /// wake-up.
 const DEFAULT_COPY_SPIN_US: usize = 200;
+/// How long an executor keeps polling after its last work before it parks, where cores
+/// are to spare: a job posted within it starts without the park/wake-up round trip (~7 µs
+/// of the 21 µs hop, shared/reference/glommio.md); an idle executor parks, costing no CPU.
+/// Each wake-up of a busy executor (a read or copy completing) costs up to this much
+/// CPU again before it parks.
+pub const DEFAULT_PARK_SPIN_US: usize = 50;
+/// Largest `HIPFILE_PARK_SPIN_US`.
+pub(crate) const MAX_PARK_SPIN_US: usize = 1000;
 /// Largest `HIPFILE_CPU_DEVICES`.
 pub(crate) const MAX_CPU_DEVICES: u32 = 16;
 
@@ -149,6 +158,7 @@ const REASON_PARALLELISM: &str = "must be an integer between 1 and the executor 
 const REASON_BUSY_FAN_OUT: &str = "must be an integer between 1 and the executor count";
 const REASON_QUEUE_DEPTH: &str = "must be an integer between 1 and 64";
 const REASON_COPY_SPIN: &str = "must be an integer between 0 and 10000";
+const REASON_PARK_SPIN: &str = "must be an integer between 0 and 1000";
 const REASON_PREFETCH: &str = "must be an integer number of MiB that fits in usize";
 const REASON_CPU_DEVICES: &str = "must be an integer between 1 and 16";
 
@@ -184,6 +194,10 @@ pub const ENV_VARS: &[(&str, &str)] = &[
         COPY_SPIN_US,
         "microseconds an executor polls a staging copy's completion by yielding to its other \
          work before it sleeps between polls, 0..=10000 (default 200)",
+    ),
+    (
+        PARK_SPIN_US,
+        "microseconds an executor keeps polling after its last work before it parks          (sleeps until woken), 0..=1000 (default: 50 where the machine has two cores          besides the executors, else 0)",
     ),
     (
         PREFETCH_MB,
@@ -425,6 +439,11 @@ pub struct Config {
     /// Microseconds an executor polls a staging copy's completion by yielding before it
     /// sleeps between polls, 0..=10000 (`HIPFILE_COPY_SPIN_US`).
     pub copy_spin_us: usize,
+    /// Microseconds an executor keeps polling after its last work before it parks,
+    /// 0..=1000 (`HIPFILE_PARK_SPIN_US`); `None`: [`DEFAULT_PARK_SPIN_US`] where the
+    /// machine has two cores besides the executors, else 0
+    /// ([`Config::park_spin_us_on`]).
+    pub park_spin_us: Option<usize>,
     /// Bytes of fully FIXED async reads all streams together may prefetch; 0 = off;
     /// `None`: [`DEFAULT_PREFETCH_CAP_BYTES`] or half the staging arenas, whichever is
     /// less (`HIPFILE_PREFETCH_MB`). See [`Config::prefetch_cap_bytes`].
@@ -604,6 +623,10 @@ impl Config {
             DEFAULT_COPY_SPIN_US,
             REASON_COPY_SPIN,
         )?;
+        config.park_spin_us = match get(PARK_SPIN_US) {
+            None => None,
+            raw => Some(parse_count(PARK_SPIN_US, raw, 0..=MAX_PARK_SPIN_US, 0, REASON_PARK_SPIN)?),
+        };
         config.prefetch_budget_bytes = match get(PREFETCH_MB) {
             None => None,
             raw => Some(parse_mib(PREFETCH_MB, raw, 0, 0, REASON_PREFETCH)?),
@@ -755,6 +778,9 @@ impl Config {
         })?;
         let spin = self.copy_spin_us;
         check(COPY_SPIN_US, spin.to_string(), REASON_COPY_SPIN, || spin <= MAX_COPY_SPIN_US)?;
+        if let Some(park) = self.park_spin_us {
+            check(PARK_SPIN_US, park.to_string(), REASON_PARK_SPIN, || park <= MAX_PARK_SPIN_US)?;
+        }
         let devices = self.cpu_device_count;
         check(CPU_DEVICES, devices.to_string(), REASON_CPU_DEVICES, || {
             (1..=MAX_CPU_DEVICES).contains(&devices)
@@ -778,6 +804,7 @@ impl Config {
             direct: DirectPolicy::Auto,
             chunks_in_flight: DEFAULT_CHUNKS_IN_FLIGHT,
             copy_spin_us: DEFAULT_COPY_SPIN_US,
+            park_spin_us: None,
             cpu_device_count: 1,
             allow_compat_mode: true,
             use_io_uring: true,
@@ -808,6 +835,19 @@ impl Config {
     /// rejects overflow).
     pub fn fallback_pool_bytes(&self) -> usize {
         self.checked_fallback_pool_bytes().unwrap_or(usize::MAX)
+    }
+
+    /// How long each executor polls after its last work before it parks, on a machine
+    /// with `cores` cores: `HIPFILE_PARK_SPIN_US` when set, else [`DEFAULT_PARK_SPIN_US`]
+    /// when two cores are left besides the executors (the arm poller and the
+    /// application; without them a spinning executor takes CPU from the work it waits
+    /// for), else zero (no spinning).
+    pub fn park_spin_us_on(&self, cores: usize) -> usize {
+        self.park_spin_us.unwrap_or(if cores >= self.executor_count() + 2 {
+            DEFAULT_PARK_SPIN_US
+        } else {
+            0
+        })
     }
 
     fn checked_fallback_pool_bytes(&self) -> Option<usize> {

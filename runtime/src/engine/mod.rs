@@ -326,7 +326,9 @@ impl Engine {
                 chunks_in_flight: config.chunks_in_flight,
                 copy_spin: std::time::Duration::from_micros(config.copy_spin_us as u64),
                 page_bytes: crate::sys::page_size_bytes(),
-                spin: executor::spare_cores_for_spinning(config.executor_cpus.len()),
+                park_spin: std::time::Duration::from_micros(
+                    config.park_spin_us_on(executor::available_cores()) as u64,
+                ),
                 buffered_writes: config.buffered_writes,
                 receiver,
                 ready,

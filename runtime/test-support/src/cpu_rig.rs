@@ -39,6 +39,7 @@ pub fn config(cpus: &[usize]) -> Config {
         pinned_fallback_cap_bytes: 4 * MIB,
         chunks_in_flight: 4,
         copy_spin_us: 200,
+        park_spin_us: None,
         prefetch_budget_bytes: None,
         cpu_device_count: 1,
         direct: DirectPolicy::Auto,

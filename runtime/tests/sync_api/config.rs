@@ -513,6 +513,25 @@ fn caller_thread_busy_or_always_adds_a_fallback_chunk_per_executor() {
     }
 }
 
+/// `HIPFILE_PARK_SPIN_US`: unset, executors poll 50 µs before they park where two cores
+/// are left besides them and park at once elsewhere; set, the value everywhere.
+#[test]
+fn park_spin_follows_spare_cores_unless_set() {
+    let four = parse_ok(&[("HIPFILE_THREADS", "4")]);
+    assert_eq!(four.park_spin_us, None);
+    assert_eq!(four.park_spin_us_on(6), 50, "two cores to spare");
+    assert_eq!(four.park_spin_us_on(5), 0, "one core to spare");
+    for (value, us) in [("0", 0), (" 120 ", 120), ("1000", 1000)] {
+        let config = parse_ok(&[("HIPFILE_THREADS", "4"), ("HIPFILE_PARK_SPIN_US", value)]);
+        assert_eq!(config.park_spin_us, Some(us), "{value}");
+        assert_eq!((config.park_spin_us_on(64), config.park_spin_us_on(1)), (us, us), "{value}");
+    }
+    for value in ["1001", "-1", "50us"] {
+        let error = rejected(&[("HIPFILE_PARK_SPIN_US", value)], &cpus(4), "HIPFILE_PARK_SPIN_US");
+        assert_eq!(error.reason, "must be an integer between 0 and 1000", "{error}");
+    }
+}
+
 #[test]
 fn pinned_staging_beyond_physical_memory_is_refused() {
     // SAFETY: sysconf has no preconditions.

@@ -53,8 +53,9 @@ pub(super) struct Setup {
     /// How long a copy's completion is polled by yielding before sleeps (`HIPFILE_COPY_SPIN_US`).
     pub(crate) copy_spin: std::time::Duration,
     pub(crate) page_bytes: u64,
-    /// Spin before parking ([`spare_cores_for_spinning`]).
-    pub(crate) spin: bool,
+    /// How long to keep polling after the last work before parking; zero: park at once
+    /// (`Config::park_spin_us_on`, `HIPFILE_PARK_SPIN_US`).
+    pub(crate) park_spin: std::time::Duration,
     /// How page-cache chunks are written.
     pub(crate) buffered_writes: crate::config::BufferedWrites,
     pub(crate) receiver: JobReceiver,
@@ -71,22 +72,23 @@ thread_local! {
         const { std::cell::RefCell::new(None) };
 }
 
-/// How long an executor keeps polling after its last work before it parks: a job posted
-/// within it starts without the park/wake-up round trip (~7 µs of the 21 µs hop,
-/// shared/reference/glommio.md); an idle executor parks, costing no CPU.
-const SPIN_BEFORE_PARK: std::time::Duration = std::time::Duration::from_micros(50);
+/// The cores this process may run on (1 when unknown).
+pub(crate) fn available_cores() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+}
 
 /// Whether the machine has cores to spare for spinning threads besides `executors`
 /// executors (two more: the arm poller and the application). Without them, a spinning
 /// thread takes CPU from the work it waits for.
 pub(crate) fn spare_cores_for_spinning(executors: usize) -> bool {
-    std::thread::available_parallelism().is_ok_and(|cores| cores.get() >= executors + 2)
+    available_cores() >= executors + 2
 }
 
 /// Spawns the executor thread.
 pub(super) fn spawn(setup: Setup) -> glommio::Result<glommio::ExecutorJoinHandle<()>, ()> {
     let builder = LocalExecutorBuilder::new(Placement::Fixed(setup.cpu));
-    let builder = if setup.spin { builder.spin_before_park(SPIN_BEFORE_PARK) } else { builder };
+    let builder =
+        if setup.park_spin.is_zero() { builder } else { builder.spin_before_park(setup.park_spin) };
     builder
         .name(&format!("{}{}", crate::executor_thread::EXECUTOR_THREAD_PREFIX, setup.index))
         .io_memory(setup.arena_bytes)
