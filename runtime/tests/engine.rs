@@ -367,6 +367,42 @@ fn caller_thread_always_moves_requests_of_many_chunks_itself() {
     driver.handle_deregister(handle);
 }
 
+/// A `HIPFILE_CALLER_THREAD=busy` engine on two executors over an 8 MiB pattern file on
+/// tmpfs, whose idle executors read it whole first (two jobs, which made their internal
+/// streams, now gated), and device buffers of 8 MiB (`first`) and 4 MiB (`second`).
+struct BusyEngine {
+    data: Vec<u8>,
+    file: TempFile,
+    _client: std::fs::File,
+    driver: Arc<hipfile_runtime::Driver>,
+    handle: hipfile_runtime::HandleId,
+    first: u64,
+    second: u64,
+    gates: Vec<hipfile_runtime::device::cpu::StreamGate>,
+}
+
+impl BusyEngine {
+    fn new(seed: u64) -> BusyEngine {
+        let data = pattern(8 * MIB, seed);
+        let file = TempFile::new(&tmpfs_dir(), &data);
+        let client = file.open_rw();
+        let config = Config { caller_thread: CallerThread::Busy, ..config(&[0, 1]) };
+        let (driver, device) = driver_with(config);
+        let handle = driver.handle_register(client.as_raw_fd()).unwrap();
+        let engine = driver.engine().unwrap();
+        let (first, second) =
+            (device.malloc_device(0, 8 * MIB).unwrap(), device.malloc_device(0, 4 * MIB).unwrap());
+        let whole = raw(8 * MIB, 0, 0);
+        assert_eq!(driver.io_sync(Direction::Read, handle, first, whole), Ok(8 * MIB));
+        eventually("the idle engine's read in two jobs", || engine.stats().jobs == 2);
+        eventually("its jobs ended", || engine.jobs_in_flight() == 0);
+        assert_eq!(engine.stats().caller_thread_requests, 0, "idle executors took it");
+        let gates = gate_streams(&device);
+        assert!(gates.len() >= 2, "one internal stream per executor: {}", gates.len());
+        BusyEngine { data, file, _client: client, driver, handle, first, second, gates }
+    }
+}
+
 /// `HIPFILE_CALLER_THREAD=busy`: a request of many chunks goes to the executors while one
 /// of them is idle, and moves on the calling thread while every executor has a job in
 /// flight; it then ends while those jobs are still held (their copies gated), so it
@@ -374,22 +410,9 @@ fn caller_thread_always_moves_requests_of_many_chunks_itself() {
 #[test]
 fn caller_thread_busy_moves_a_large_request_itself_only_while_every_executor_is_busy() {
     let _serial = serial();
-    let data = pattern(8 * MIB, 9);
-    let file = TempFile::new(&tmpfs_dir(), &data);
-    let client = file.open_rw();
-    let config = Config { caller_thread: CallerThread::Busy, ..config(&[0, 1]) };
-    let (driver, device) = driver_with(config);
-    let handle = driver.handle_register(client.as_raw_fd()).unwrap();
+    let BusyEngine { data, file: _file, _client, driver, handle, first, second, gates } =
+        BusyEngine::new(9);
     let engine = driver.engine().unwrap();
-    let (first, second) =
-        (device.malloc_device(0, 8 * MIB).unwrap(), device.malloc_device(0, 4 * MIB).unwrap());
-    // Idle executors take it (and make their internal streams, gated below).
-    assert_eq!(driver.io_sync(Direction::Read, handle, first, raw(8 * MIB, 0, 0)), Ok(8 * MIB));
-    eventually("the idle engine's read in two jobs", || engine.stats().jobs == 2);
-    eventually("its jobs ended", || engine.jobs_in_flight() == 0);
-    assert_eq!(engine.stats().caller_thread_requests, 0);
-    let gates = gate_streams(&device);
-    assert!(gates.len() >= 2, "one internal stream per executor: {}", gates.len());
     let _watchdog = Watchdog::new("the caller-thread read beside held jobs", HANG_GUARD);
     thread::scope(|scope| {
         let driver = &driver;
@@ -416,20 +439,9 @@ fn caller_thread_busy_moves_a_large_request_itself_only_while_every_executor_is_
 #[test]
 fn caller_thread_busy_leaves_a_large_request_to_the_executors_while_one_is_idle() {
     let _serial = serial();
-    let data = pattern(8 * MIB, 10);
-    let file = TempFile::new(&tmpfs_dir(), &data);
-    let client = file.open_rw();
-    let config = Config { caller_thread: CallerThread::Busy, ..config(&[0, 1]) };
-    let (driver, device) = driver_with(config);
-    let handle = driver.handle_register(client.as_raw_fd()).unwrap();
+    let BusyEngine { data, file, _client, driver, handle, first, second, gates } =
+        BusyEngine::new(10);
     let engine = driver.engine().unwrap();
-    let (first, second) =
-        (device.malloc_device(0, 8 * MIB).unwrap(), device.malloc_device(0, 4 * MIB).unwrap());
-    // Idle executors take it (and make their internal streams, gated below).
-    assert_eq!(driver.io_sync(Direction::Read, handle, first, raw(8 * MIB, 0, 0)), Ok(8 * MIB));
-    eventually("its jobs ended", || engine.jobs_in_flight() == 0);
-    let gates = gate_streams(&device);
-    assert!(gates.len() >= 2, "one internal stream per executor: {}", gates.len());
     // A buffered write to one file is one job (`Engine::parts`): one executor held.
     let source = pattern(2 * MIB, 11);
     fill_device(first, &source);
