@@ -197,7 +197,9 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ),
     (
         PARK_SPIN_US,
-        "microseconds an executor keeps polling after its last work before it parks          (sleeps until woken), 0..=1000 (default: 50 where the machine has two cores          besides the executors, else 0)",
+        "microseconds an executor keeps polling after its last work before it parks \
+         (sleeps until woken), 0..=1000 (default: 50 where the machine has two cores \
+         besides the executors, else 0)",
     ),
     (
         PREFETCH_MB,
