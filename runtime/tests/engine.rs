@@ -515,6 +515,67 @@ fn caller_thread_always_moves_aligned_requests_of_many_chunks_through_o_direct()
     driver.handle_deregister(handle);
 }
 
+/// `HIPFILE_CALLER_THREAD=busy` and `always` under load, with io_uring and with blocking
+/// executors (which take a fallback chunk for every chunk they move): twelve threads
+/// write and read back regions of four chunks at once, through a fallback pool of four
+/// chunks beside the executors' own. Every byte lands, nothing waits forever, and the
+/// pool never grows past its size.
+#[test]
+fn caller_threads_and_executors_share_the_fallback_pool_under_load() {
+    let _serial = serial();
+    const THREADS: usize = 12;
+    const ROUNDS: usize = 4;
+    let region = 4 * CHUNK;
+    for caller_thread in [CallerThread::Busy, CallerThread::Always] {
+        for use_io_uring in [true, false] {
+            let what = format!("{caller_thread:?}, io_uring {use_io_uring}");
+            let data = pattern(THREADS * region, 14);
+            let file = TempFile::new(&tmpfs_dir(), &data);
+            let client = file.open_rw();
+            let config = Config {
+                caller_thread,
+                use_io_uring,
+                pinned_fallback_cap_bytes: 4 * CHUNK,
+                ..config(&[0, 1])
+            };
+            let pool_bytes = config.fallback_pool_bytes();
+            let (driver, device) = driver_with(config);
+            let handle = driver.handle_register(client.as_raw_fd()).unwrap();
+            let engine = driver.engine().unwrap();
+            let _watchdog = Watchdog::new("caller threads and executors under load", HANG_GUARD);
+            thread::scope(|scope| {
+                for index in 0..THREADS {
+                    let (driver, device, what) = (&driver, &device, &what);
+                    scope.spawn(move || {
+                        let buffer = device.malloc_device(0, 2 * region).unwrap();
+                        let at = index * region;
+                        for round in 0..ROUNDS {
+                            let fresh = pattern(region, (index * ROUNDS + round) as u64);
+                            fill_device(buffer, &fresh);
+                            let write = raw(region, at, 0);
+                            let wrote = driver.io_sync(Direction::Write, handle, buffer, write);
+                            assert_eq!(wrote, Ok(region), "{what}: thread {index} write");
+                            let read = raw(region, at, region);
+                            let got = driver.io_sync(Direction::Read, handle, buffer, read);
+                            assert_eq!(got, Ok(region), "{what}: thread {index} read");
+                            let back = device_bytes(buffer + region as u64, region);
+                            assert!(back == fresh, "{what}: thread {index} round {round}");
+                        }
+                    });
+                }
+            });
+            assert!(engine.fallback_pinned_bytes() <= pool_bytes, "{what}: the pool's size");
+            let stats = engine.stats();
+            if caller_thread == CallerThread::Always {
+                // Each request goes on its caller's thread unless the pool is down to the
+                // executors' reserve: then to the executors.
+                assert!(stats.caller_thread_large_requests > 0, "{what}: {stats:?}");
+            }
+            driver.handle_deregister(handle);
+        }
+    }
+}
+
 /// After the engine started and served a read, 300 ms of idleness cost the process
 /// (executors, device stream workers, everything) less than 30 ms of CPU time.
 #[test]
