@@ -79,7 +79,9 @@ lead() {
     env HIPFILE_DEVICE=cuda $settings timeout -s KILL 150 "$bench" --mode read \
       --streams 1,8,16 --io-size 16M --reps 3 --file /tmp/hf-owed.dat --file-size 2G \
       --json "$out/lead-$variant.json" > "$out/lead-$variant.txt" 2>&1 || rc=$?
-    grep -E "x CUFILE_SYNC|CUFILE_SYNC" "$out/lead-$variant.txt" | tail -6
+    # The rows to compare: ours (ASYNC, SYNC) against cuFile's sync path, per stream count.
+    echo "lead, $variant:"
+    grep -E "^READ +(ASYNC|SYNC|CUFILE_SYNC) " "$out/lead-$variant.txt"
   done
   rm -f /tmp/hf-owed.dat
   return $rc
