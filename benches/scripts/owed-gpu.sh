@@ -21,7 +21,8 @@
 #              (HIPFILE_BENCH_CPU_SAMPLES; count with scripts/cpu-samples.py here).
 #
 # Needs target/gpu-bundle/bin/hipfile-bench-sym (the bench, debug info stripped, symbols
-# kept) and, for `contract`, target/gpu-bundle/bin/device_contract; carry that folder.
+# kept) and, for `contract`, target/gpu-bundle/bin/device_contract, both built here by
+# scripts/owed-gpu-bundle.sh; carry that folder.
 # Prints one line per step: ran, skipped (why) or failed (exit code).
 set -u
 cd "$(dirname "$0")/../.." || exit 1
