@@ -176,7 +176,7 @@ pub fn describe_env(env: &Env, path: &Path, size: u64, args: &RunArgs) {
         c.prefetch_cap_bytes() >> 20,
         c.pinned_cap_bytes() >> 20,
         c.direct,
-        c.park_spin_us_on(cores())
+        c.park_spin_us()
     );
     if c.stream_copies != hipfile_runtime::config::StreamCopies::Off {
         println!(
@@ -481,7 +481,7 @@ fn json_report(
             request_parallelism: c.request_parallelism,
             chunks_in_flight: c.chunks_in_flight,
             copy_spin_us: c.copy_spin_us,
-            park_spin_us: c.park_spin_us_on(cores()),
+            park_spin_us: c.park_spin_us(),
             caller_thread: format!("{:?}", c.caller_thread),
             prefetch_cap_bytes: c.prefetch_cap_bytes(),
             direct_policy: format!("{:?}", c.direct),
@@ -680,9 +680,4 @@ fn run_latency(
         && report.busy_stream.as_ref().is_some_and(|busy| busy.detail.is_none());
     write_outputs(b, args, cufile_line, Vec::new(), Some(report))?;
     Ok(ok)
-}
-
-/// The cores this process may run on (as the engine counts them for its park spin).
-fn cores() -> usize {
-    std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
 }

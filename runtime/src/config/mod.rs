@@ -96,7 +96,7 @@ pub(crate) const DEFAULT_MIN_EXECUTORS: usize = 8;
 /// The default executor count for `usable` CPUs: one per CPU up to
 /// `DEFAULT_MIN_EXECUTORS` (8); beyond, two CPUs stay free for the application and the arm
 /// poller (so that the poller and idle executors may spin, see
-/// `engine::spare_cores_for_spinning`), up to [`DEFAULT_MAX_EXECUTORS`]. Hot page-cache
+/// `config::spare_cores_for_spinning`), up to [`DEFAULT_MAX_EXECUTORS`]. Hot page-cache
 /// reads are bound by the executors' copies out of the page cache: on the 16-core H200
 /// machine 8 streams read 39 GiB/s with 12-16 executors and 24-29 GiB/s with 8 (README,
 /// Measured). Idle executors park and cost no CPU.
@@ -845,11 +845,17 @@ impl Config {
     /// application; without them a spinning executor takes CPU from the work it waits
     /// for), else zero (no spinning).
     pub fn park_spin_us_on(&self, cores: usize) -> usize {
-        self.park_spin_us.unwrap_or(if cores >= self.executor_count() + 2 {
+        self.park_spin_us.unwrap_or(if spare_cores_for_spinning(self.executor_count(), cores) {
             DEFAULT_PARK_SPIN_US
         } else {
             0
         })
+    }
+
+    /// [`Config::park_spin_us_on`] this machine ([`available_cores`]): what the engine
+    /// uses.
+    pub fn park_spin_us(&self) -> usize {
+        self.park_spin_us_on(available_cores())
     }
 
     fn checked_fallback_pool_bytes(&self) -> Option<usize> {
@@ -863,13 +869,24 @@ impl Config {
     }
 }
 
+/// The cores this process may run on (`available_parallelism`; 1 when unknown).
+pub fn available_cores() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+}
+
+/// Whether `cores` leave two to spare for spinning threads besides `executors` executors
+/// (the arm poller and the application). Without them, a spinning thread takes CPU from
+/// the work it waits for.
+pub(crate) fn spare_cores_for_spinning(executors: usize, cores: usize) -> bool {
+    cores >= executors + 2
+}
+
 /// The CPUs in this process's affinity mask (`sched_getaffinity`), in increasing order;
 /// `0..available_parallelism` if the mask cannot be read. Never empty.
 pub fn usable_cpus() -> Vec<usize> {
-    affinity_cpus().filter(|cpus| !cpus.is_empty()).unwrap_or_else(|| {
-        let count = std::thread::available_parallelism().map_or(1, |n| n.get());
-        (0..count).collect()
-    })
+    affinity_cpus()
+        .filter(|cpus| !cpus.is_empty())
+        .unwrap_or_else(|| (0..available_cores()).collect())
 }
 
 /// `sched_getaffinity(0)`, growing the mask until the kernel accepts its size.

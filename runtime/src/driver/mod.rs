@@ -377,7 +377,8 @@ impl Driver {
         self.arm_poller
             .get_or_start(|| {
                 let executors = self.config().executor_cpus.len();
-                let spin = crate::engine::spare_cores_for_spinning(executors);
+                let cores = crate::config::available_cores();
+                let spin = crate::config::spare_cores_for_spinning(executors, cores);
                 ArmPoller::start(spin).map_err(|e| format!("starting the arm poller thread: {e}"))
             })
             .map_err(|_| Error::new(OpError::InternalError))

@@ -37,7 +37,6 @@ use crate::file::{FileHandle, OpGuard};
 
 pub(crate) use counters::{EnginePhaseCounters, EngineStats, Phase};
 pub use counters::{EnginePhases, EngineStatsSnapshot};
-pub(crate) use executor::spare_cores_for_spinning;
 pub(crate) use parts::PartJoiner;
 use parts::{combine, fan_out, fan_out_for_load, part_granule, place_parts, split_into_parts};
 pub use queue::JOB_QUEUE_CAPACITY;
@@ -326,9 +325,7 @@ impl Engine {
                 chunks_in_flight: config.chunks_in_flight,
                 copy_spin: std::time::Duration::from_micros(config.copy_spin_us as u64),
                 page_bytes: crate::sys::page_size_bytes(),
-                park_spin: std::time::Duration::from_micros(
-                    config.park_spin_us_on(executor::available_cores()) as u64,
-                ),
+                park_spin: std::time::Duration::from_micros(config.park_spin_us() as u64),
                 buffered_writes: config.buffered_writes,
                 receiver,
                 ready,

@@ -72,18 +72,6 @@ thread_local! {
         const { std::cell::RefCell::new(None) };
 }
 
-/// The cores this process may run on (1 when unknown).
-pub(crate) fn available_cores() -> usize {
-    std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
-}
-
-/// Whether the machine has cores to spare for spinning threads besides `executors`
-/// executors (two more: the arm poller and the application). Without them, a spinning
-/// thread takes CPU from the work it waits for.
-pub(crate) fn spare_cores_for_spinning(executors: usize) -> bool {
-    available_cores() >= executors + 2
-}
-
 /// Spawns the executor thread.
 pub(super) fn spawn(setup: Setup) -> glommio::Result<glommio::ExecutorJoinHandle<()>, ()> {
     let builder = LocalExecutorBuilder::new(Placement::Fixed(setup.cpu));
