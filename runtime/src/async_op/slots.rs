@@ -452,16 +452,22 @@ impl SlotPool {
     /// A ring for the pieces of a long read into memory of device `device_ordinal`: slots of
     /// the engine's device memory there when the pool has them and the pieces are over
     /// [`SLOT_BYTES`] (as [`SlotPool::try_take_for_read`]), else — or when the device's
-    /// cap leaves no room for the whole ring — pinned ones.
+    /// cap leaves no room for the whole ring, counted as a read past the device slots —
+    /// pinned ones.
     pub(crate) fn try_take_ring_for_read(
         &self,
         len_bytes: usize,
         count: usize,
         device_ordinal: u32,
     ) -> Option<Vec<Slot>> {
-        self.device_class_for(len_bytes, device_ordinal)
-            .and_then(|class| self.take_ring(count, || class.try_take()))
-            .or_else(|| self.try_take_ring(len_bytes, count))
+        let Some(class) = self.device_class_for(len_bytes, device_ordinal) else {
+            return self.try_take_ring(len_bytes, count);
+        };
+        if let Some(ring) = self.take_ring(count, || class.try_take()) {
+            return Some(ring);
+        }
+        self.note_read_past_device_slots();
+        self.try_take_ring(len_bytes, count)
     }
 
     /// `count` slots from `take`, or none (the ones taken go back).
