@@ -34,6 +34,10 @@ start=$(date +%s)
 left() { echo $((total - ($(date +%s) - start))); }
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 echo "GPU: ${gpu:-none}; budget ${total} s; results in $out" | tee "$out/steps.txt"
+# Whether the executors' staging arenas (allocated by glommio, pinned at executor start)
+# can be huge pages: on the development VM a pread out of the page cache into a THP
+# buffer moved 7-14 % more per core than into 4 KiB pages (README, 27th session).
+echo "THP: $(cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null)" | tee -a "$out/steps.txt"
 wanted() { [ -z "${STEPS:-}" ] || [[ " $STEPS " == *" $1 "* ]]; }
 # step NAME SECONDS FUNCTION: runs FUNCTION (killed after what is left) when wanted and
 # SECONDS are left.
