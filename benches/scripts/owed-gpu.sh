@@ -87,6 +87,9 @@ lead() {
     # The rows to compare: ours (ASYNC, SYNC) against cuFile's sync path, per stream count.
     echo "lead, $variant:"
     grep -E "^READ +(ASYNC|SYNC|CUFILE_SYNC) " "$out/lead-$variant.txt"
+    # #16's goals on this report (ratios within it): met, missed by how much.
+    "$bench" targets "$out/lead-$variant.json" > "$out/lead-$variant-targets.txt" 2>&1
+    grep -E "MET|MISSED" "$out/lead-$variant-targets.txt" | grep "vs CUFILE_SYNC:"
   done
   rm -f /tmp/hf-owed.dat
   return $rc

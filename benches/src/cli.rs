@@ -33,6 +33,9 @@ pub enum Command {
     /// The I/O statistics of a running process that uses hipfile-rs (its
     /// /dev/shm/hipfile-rs-stats.PID), like hipFile's ais-stats: once, or refreshed.
     Stats(StatsArgs),
+    /// Issue #16's speed goals checked against `--json` reports, each report on its own
+    /// (ratios only within one run): met, missed (by how much) or not measured.
+    Targets(crate::targets::TargetsArgs),
 }
 
 /// Options of `hipfile-bench stats`.

@@ -26,6 +26,7 @@ mod svg;
 mod sweep;
 mod sweep_case;
 mod sys;
+mod targets;
 mod workload;
 
 use std::process::ExitCode;
@@ -62,6 +63,7 @@ fn main() -> ExitCode {
     let result = match &cli.command {
         Some(Command::Check(args)) => check::run(args),
         Some(Command::Stats(args)) => stats_view::run(args),
+        Some(Command::Targets(args)) => targets::run(args),
         None => runner::main(&cli.run),
     };
     if let Some(samples) = cpu_samples {

@@ -366,3 +366,64 @@ fn cpu_samples_name_the_threads_that_spent_the_time() {
     }
     assert!(sampled > 0, "the executors spent CPU time reading: {report}");
 }
+
+/// `targets`: a report of this run checked against #16's goals. On the cpu device there
+/// is no cuFile: every goal against CUFILE_SYNC is "not measured", never met, while the
+/// goals against baselines the run has (the pinned copy at 8 streams, fewer streams, raw
+/// `pwrite`) get a ratio. A file that is not a report is an error.
+#[test]
+fn targets_checks_a_report_against_the_goals() {
+    let json =
+        std::env::temp_dir().join(format!("hipfile-bench-targets-{}.json", std::process::id()));
+    let json_arg = json.to_str().unwrap();
+    let (output, _) = bench(&[
+        "--mode",
+        "read,write",
+        "--streams",
+        "1,8",
+        "--io-size",
+        "1M",
+        "--file-size",
+        "16M",
+        "--reps",
+        "1",
+        "--json",
+        json_arg,
+    ]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let targets = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_hipfile-bench"))
+            .arg("targets")
+            .args(args)
+            .output()
+            .expect("starting hipfile-bench targets")
+    };
+    let checked = targets(&[json_arg]);
+    let _ = std::fs::remove_file(&json);
+    let stdout = text(&checked.stdout);
+    assert!(checked.status.success(), "{stdout}{}", text(&checked.stderr));
+    assert!(stdout.contains("device cpu; run: "), "{stdout}");
+    let line = |start: &str| {
+        stdout
+            .lines()
+            .find(|line| line.contains(start))
+            .unwrap_or_else(|| panic!("no line with {start}: {stdout}"))
+    };
+    assert!(
+        line("hot read 1M ASYNC 8 stream(s) vs CUFILE_SYNC:").contains("not measured"),
+        "{stdout}"
+    );
+    for measured in [
+        "hot read 1M ASYNC 8 stream(s) vs GPU_COPY:",
+        "hot read 1M SYNC 8 stream(s) vs SYNC 1 stream(s):",
+        "hot write 1M ASYNC 1 stream(s) vs CPUONLY:",
+    ] {
+        let line = line(measured);
+        assert!(line.starts_with("  MET") || line.starts_with("  MISSED"), "{line}");
+        assert!(line.contains("× (need ≥ "), "{line}");
+    }
+    assert!(stdout.contains(" not measured (no baseline row in this report)"), "{stdout}");
+    let refused = targets(&["/proc/self/status"]);
+    assert!(!refused.status.success());
+    assert!(text(&refused.stderr).contains("is not a JSON report"), "{}", text(&refused.stderr));
+}
