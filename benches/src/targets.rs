@@ -9,7 +9,8 @@
 //! - writes to the page cache: at least 1.0× raw `pwrite` (CPUONLY) and 1.1× CUFILE_SYNC;
 //! - O_DIRECT (and `--cold`) reads: at least 1.0× raw `pread`; O_DIRECT writes at least
 //!   0.95× raw `pwrite`;
-//! - random reads (`RANDREAD`): IOPS at least 1.5× CUFILE_SYNC, with the CPU per op;
+//! - random reads (`RANDREAD` rows, and `--mode batch` reports): IOPS at least 1.5×
+//!   CUFILE_SYNC, with the CPU per op;
 //! - every row above: CPU-s/GiB at most CUFILE_SYNC's;
 //! - `--latency` (4 KiB): the async round trip's p50 at most 25 µs and p99 at most 60 µs,
 //!   the sync p50 at most cuFile's sync p50.
@@ -184,7 +185,51 @@ fn checks(report: &Value) -> Vec<Check> {
         kind_checks(&rows, kind, &mut out);
     }
     latency_checks(&report["latency"], &mut out);
+    batch_checks(report, &mut out);
     out
+}
+
+/// The random-read goals of a `--mode batch` report (its `rows` name a `path`): IOPS of
+/// our paths at least 1.5× CUFILE_SYNC's 8 threads, CPU per op at most cuFile's, each
+/// against the CUFILE_SYNC row of the same op size and op count (one group of the run).
+fn batch_checks(report: &Value, out: &mut Vec<Check>) {
+    let Some(rows) = report["rows"].as_array() else { return };
+    let rows: Vec<ResultRow<'_>> = rows.iter().map(ResultRow).filter(ResultRow::ran).collect();
+    for ours in rows.iter().filter(|r| matches!(r.text("path"), "ASYNC" | "SYNC" | "BATCH")) {
+        let (io_size, ops) = (ours.count("io_size"), ours.count("ops"));
+        let peer = rows.iter().find(|r| {
+            r.text("path") == "CUFILE_SYNC"
+                && r.count("io_size") == io_size
+                && r.count("ops") == ops
+        });
+        let case = format!(
+            "batch random read {} {} {}",
+            crate::cli::format_size(io_size),
+            ours.text("path"),
+            ours.count("in_flight")
+        );
+        let baseline = |field: &str| {
+            peer.and_then(|p| p.number(field)).map(|v| (v, "CUFILE_SYNC 8 threads".to_owned()))
+        };
+        if let Some(iops) = ours.number("iops") {
+            out.push(Check {
+                what: format!("{case} vs CUFILE_SYNC"),
+                ours: iops,
+                baseline: baseline("iops"),
+                need: Need::RatioAtLeast(1.5),
+                unit: "IOPS",
+            });
+        }
+        if let Some(cpu) = ours.number("cpu_us_per_op") {
+            out.push(Check {
+                what: format!("{case} CPU per op vs CUFILE_SYNC"),
+                ours: cpu,
+                baseline: baseline("cpu_us_per_op"),
+                need: Need::RatioAtMost(1.0),
+                unit: "CPU-µs/op",
+            });
+        }
+    }
 }
 
 /// The goals of one kind of rows, for each I/O size and stream count it has.
@@ -463,6 +508,30 @@ mod tests {
             !checks.iter().any(|c| c.what.starts_with("O_DIRECT read 16M SYNC")),
             "the failed row: {checks:#?}"
         );
+    }
+
+    #[test]
+    fn batch_reports_hold_each_path_against_cufiles_threads_of_the_same_group() {
+        let entry = |path: &str, in_flight: u64, ops: u64, iops: f64, cpu: f64| {
+            json!({"path": path, "in_flight": in_flight, "io_size": 4096, "ops": ops,
+                   "iops": iops, "cpu_us_per_op": cpu, "status": "ok"})
+        };
+        let report = json!({"cufile": "", "rows": [
+            entry("BATCH", 32, 8000, 144_240.0, 9.0),
+            entry("ASYNC", 32, 8000, 63_036.0, 30.0),
+            entry("CUFILE_SYNC", 8, 8000, 321_622.0, 10.0),
+            entry("SYNC", 128, 8064, 500_000.0, 8.0),
+            entry("CUFILE_SYNC", 8, 8064, 317_766.0, 10.0),
+        ]});
+        let checks = checks(&report);
+        let batch = find(&checks, "batch random read 4K BATCH 32 vs CUFILE_SYNC");
+        assert_eq!(batch.verdict(), Verdict::Missed);
+        assert_eq!(batch.baseline.as_ref().map(|b| b.0), Some(321_622.0));
+        let sync = find(&checks, "batch random read 4K SYNC 128 vs CUFILE_SYNC");
+        assert_eq!(sync.baseline.as_ref().map(|b| b.0), Some(317_766.0), "its own group");
+        assert_eq!(sync.verdict(), Verdict::Met, "500000 / 317766 = 1.57");
+        let cpu = find(&checks, "batch random read 4K ASYNC 32 CPU per op vs CUFILE_SYNC");
+        assert_eq!(cpu.verdict(), Verdict::Missed);
     }
 
     #[test]
