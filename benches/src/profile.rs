@@ -31,48 +31,84 @@ struct ThreadCpu {
     /// (thread id, group) → CPU ns, and clock ticks in the kernel (`stat`'s stime).
     threads: BTreeMap<(u32, String), (u64, u64)>,
     process_ns: u64,
+    /// The thread that read: its id, and the CPU ns the reading itself cost it.
+    reader: u32,
+    reading_ns: u64,
+}
+
+/// CPU ns of the calling thread (exact, where a running thread's `schedstat` lags).
+fn own_cpu_ns() -> u64 {
+    // SAFETY: an all-zero timespec is a valid value of the plain C struct.
+    let mut now: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: `now` is a valid, writable timespec.
+    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) } != 0 {
+        return 0;
+    }
+    now.tv_sec as u64 * 1_000_000_000 + now.tv_nsec as u64
 }
 
 impl ThreadCpu {
+    /// Every thread's CPU time, the reading thread's last (from its own clock), then the
+    /// process's: what reading `/proc` cost the reader is known and left out of a window
+    /// ([`ThreadCpu::since`]), where it once counted as the row's CPU.
     fn now() -> ThreadCpu {
+        let began_ns = own_cpu_ns();
+        // SAFETY: gettid has no preconditions.
+        let reader = unsafe { libc::gettid() } as u32;
         let mut threads = BTreeMap::new();
+        let read_task = |path: &std::path::Path| {
+            let name = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
+            let stat = std::fs::read_to_string(path.join("stat")).unwrap_or_default();
+            (group_of(name.trim_end()), stat_ticks(&stat))
+        };
         if let Ok(tasks) = std::fs::read_dir("/proc/self/task") {
             for task in tasks.flatten() {
                 let Some(tid) = task.file_name().to_str().and_then(|t| t.parse().ok()) else {
                     continue;
                 };
+                if tid == reader {
+                    continue;
+                }
                 let path = task.path();
-                let name = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
-                let stat = std::fs::read_to_string(path.join("stat")).unwrap_or_default();
-                let ticks = stat_ticks(&stat);
+                let (group, ticks) = read_task(&path);
                 let ns = std::fs::read_to_string(path.join("schedstat"))
                     .ok()
                     .and_then(|s| s.split_whitespace().next()?.parse().ok())
                     .or(ticks.map(|(user, system)| (user + system) * TICK_NS));
                 if let Some(ns) = ns {
                     let system_ticks = ticks.map_or(0, |(_, system)| system);
-                    threads.insert((tid, group_of(name.trim_end())), (ns, system_ticks));
+                    threads.insert((tid, group), (ns, system_ticks));
                 }
             }
         }
-        ThreadCpu { threads, process_ns: (crate::sys::cpu_seconds() * 1e9) as u64 }
+        let (group, ticks) =
+            read_task(&std::path::Path::new("/proc/self/task").join(reader.to_string()));
+        let own_ns = own_cpu_ns();
+        threads.insert((reader, group), (own_ns, ticks.map_or(0, |(_, system)| system)));
+        let process_ns = (crate::sys::cpu_seconds() * 1e9) as u64;
+        ThreadCpu { threads, process_ns, reader, reading_ns: own_ns.saturating_sub(began_ns) }
     }
 
     /// CPU ns and kernel ns per group between `earlier` and `self`; threads that ended
-    /// meanwhile as `(ended threads)` (kernel share unknown).
+    /// meanwhile as `(ended threads)` (kernel share unknown). The reading of `self` is
+    /// left out (that of `earlier` came before its figures were taken).
     fn since(&self, earlier: &ThreadCpu) -> BTreeMap<String, (u64, u64)> {
         let mut groups: BTreeMap<String, (u64, u64)> = BTreeMap::new();
         let mut live_ns = 0u64;
         for ((tid, group), &(ns, system)) in &self.threads {
             let (ns_before, system_before) =
                 earlier.threads.get(&(*tid, group.clone())).copied().unwrap_or((0, 0));
-            let delta = ns.saturating_sub(ns_before);
+            let mut delta = ns.saturating_sub(ns_before);
+            if *tid == self.reader {
+                delta = delta.saturating_sub(self.reading_ns);
+            }
             live_ns += delta;
             let entry = groups.entry(group.clone()).or_default();
             entry.0 += delta;
             entry.1 += system.saturating_sub(system_before) * TICK_NS;
         }
-        let process = self.process_ns.saturating_sub(earlier.process_ns);
+        let process =
+            self.process_ns.saturating_sub(earlier.process_ns).saturating_sub(self.reading_ns);
         // getrusage and schedstat round differently: only a clear remainder is shown.
         let ended = process.saturating_sub(live_ns);
         if ended > process / 50 {
@@ -358,6 +394,31 @@ mod tests {
         // pid (comm with a space) state ppid ... utime=7 stime=5 (fields 14, 15).
         let line = "42 (a b) S 1 2 3 4 5 6 7 8 9 10 7 5 0 0 20 0 1 0";
         assert_eq!(stat_ticks(line), Some((7, 5)));
+    }
+
+    /// Reading `/proc` for every thread is not the window's CPU: two readings one after
+    /// the other, with a hundred idle threads to read, find next to nothing between them
+    /// (the reading itself was once most of a short row's CPU).
+    #[test]
+    fn the_readings_own_cost_is_left_out() {
+        let (done, idle) = std::sync::mpsc::channel::<()>();
+        let idle = std::sync::Mutex::new(idle);
+        std::thread::scope(|scope| {
+            for _ in 0..100 {
+                // Each waits its turn for the channel, whose end is the wake.
+                scope.spawn(|| idle.lock().unwrap().recv().unwrap_err());
+            }
+            let before = ThreadCpu::now();
+            let after = ThreadCpu::now();
+            let between: u64 = after.since(&before).values().map(|(ns, _)| ns).sum();
+            assert!(after.threads.len() > 100, "every thread read");
+            assert!(
+                between < after.reading_ns / 4,
+                "{between} ns between two readings that cost {} ns each",
+                after.reading_ns
+            );
+            drop(done);
+        });
     }
 
     #[test]

@@ -272,12 +272,13 @@ fn a_profiled_run_says_where_each_rows_time_went() {
         let groups = row["profile"]["cpu_s_per_gib"].as_array().unwrap();
         assert!(!groups.is_empty(), "no CPU groups: {row}");
         // The groups cover the timed part only, as the row's column does (the bench's own
-        // fills and verification once made up most of them); the window's own /proc
-        // reading and the rounding of the two clocks leave a little over.
+        // fills and verification once made up most of them, and the window's own /proc
+        // reading up to a millisecond of a 16 MiB row); a thread's CPU time read while it
+        // runs lags by up to a scheduler tick, so the two may differ by a little.
         let groups_sum: f64 = groups.iter().map(|g| g[1].as_f64().unwrap()).sum();
         let column = row["cpu_s_per_gib"].as_f64().unwrap();
         assert!(
-            groups_sum <= 2.0 * column + 0.15,
+            groups_sum <= 1.5 * column + 0.1 && groups_sum >= 0.5 * column - 0.1,
             "groups {groups_sum} against the row's {column}: {row}"
         );
         let ours = row["xfer"] == "ASYNC" || row["xfer"] == "SYNC";
