@@ -155,24 +155,60 @@ impl ResultRow<'_> {
     }
 }
 
-/// The kind of rows a goal is about.
+/// The kind of rows a goal is about, and its goals.
 #[derive(Clone, Copy)]
 struct Kind {
     io_type: &'static str,
     /// Whether a row's cache column belongs to the kind.
     cache: fn(&str) -> bool,
     label: &'static str,
+    /// Least ratio against CUFILE_SYNC, if a goal.
+    vs_cufile: Option<f64>,
+    /// Least ratio against raw storage (CPUONLY), if a goal.
+    vs_raw: Option<f64>,
+    /// Hot reads: against the pinned copy at 8 streams or more, and more streams against
+    /// fewer.
+    vs_copy_and_fewer: bool,
 }
 
-const HOT_READS: Kind = Kind { io_type: "READ", cache: |c| c == "page cache", label: "hot read" };
-const HOT_WRITES: Kind =
-    Kind { io_type: "WRITE", cache: |c| c == "page cache", label: "hot write" };
-const DIRECT_READS: Kind =
-    Kind { io_type: "READ", cache: |c| c == "O_DIRECT" || c == "cold", label: "O_DIRECT read" };
-const DIRECT_WRITES: Kind =
-    Kind { io_type: "WRITE", cache: |c| c == "O_DIRECT", label: "O_DIRECT write" };
-const RANDOM_READS: Kind =
-    Kind { io_type: "RANDREAD", cache: |c| c == "page cache", label: "random read" };
+const HOT_READS: Kind = Kind {
+    io_type: "READ",
+    cache: |c| c == "page cache",
+    label: "hot read",
+    vs_cufile: Some(1.15),
+    vs_raw: None,
+    vs_copy_and_fewer: true,
+};
+const HOT_WRITES: Kind = Kind {
+    io_type: "WRITE",
+    label: "hot write",
+    vs_cufile: Some(1.1),
+    vs_raw: Some(1.0),
+    vs_copy_and_fewer: false,
+    ..HOT_READS
+};
+const DIRECT_READS: Kind = Kind {
+    cache: |c| c == "O_DIRECT" || c == "cold",
+    label: "O_DIRECT read",
+    vs_cufile: None,
+    vs_raw: Some(1.0),
+    vs_copy_and_fewer: false,
+    ..HOT_READS
+};
+const DIRECT_WRITES: Kind = Kind {
+    io_type: "WRITE",
+    cache: |c| c == "O_DIRECT",
+    label: "O_DIRECT write",
+    vs_raw: Some(0.95),
+    ..DIRECT_READS
+};
+const RANDOM_READS: Kind = Kind {
+    io_type: "RANDREAD",
+    label: "random read",
+    vs_cufile: Some(1.5),
+    vs_copy_and_fewer: false,
+    ..HOT_READS
+};
 
 /// Every goal the rows of one report allow, in order.
 fn checks(report: &Value) -> Vec<Check> {
@@ -279,27 +315,20 @@ fn kind_checks(rows: &[ResultRow<'_>], kind: Kind, out: &mut Vec<Check>) {
                     unit,
                 });
             };
-            let (peer_need, raw_need) = match kind.label {
-                "hot read" => (Some(1.15), None),
-                "hot write" => (Some(1.1), Some(1.0)),
-                "O_DIRECT read" => (None, Some(1.0)),
-                "O_DIRECT write" => (None, Some(0.95)),
-                _ => (Some(1.5), None),
-            };
-            if let Some(need) = peer_need {
+            if let Some(need) = kind.vs_cufile {
                 against(
                     "CUFILE_SYNC",
                     find("CUFILE_SYNC", io_size, streams),
                     Need::RatioAtLeast(need),
                 );
             }
-            if let Some(need) = raw_need {
+            if let Some(need) = kind.vs_raw {
                 against("CPUONLY", find("CPUONLY", io_size, streams), Need::RatioAtLeast(need));
             }
-            if kind.label == "hot read" && streams >= 8 {
+            if kind.vs_copy_and_fewer && streams >= 8 {
                 against("GPU_COPY", gpu_copy(io_size, streams), Need::RatioAtLeast(0.85));
             }
-            if kind.label == "hot read" {
+            if kind.vs_copy_and_fewer {
                 // More streams never slower than fewer: against the next smaller count.
                 let fewer = cases
                     .iter()
