@@ -117,7 +117,13 @@ impl Engine {
                         break; // end of file (or of the disk, for a write)
                     }
                 }
-                Err(error) if mode == ChunkMode::Direct && refuses_direct(&error) => return None,
+                Err(error)
+                    if mode == ChunkMode::Direct
+                        && error.raw_os_error().is_some_and(super::transfer_refused) =>
+                {
+                    // The executors go through the page cache where O_DIRECT is refused.
+                    return None;
+                }
                 Err(error) => {
                     failure = Some(error);
                     break;
@@ -187,10 +193,4 @@ impl Engine {
         }
         (file.buffered_fd(), ChunkMode::Buffered)
     }
-}
-
-/// Whether the kernel refused an O_DIRECT transfer as such (the executors then go
-/// through the page cache: `executor::read`, `executor::write`).
-fn refuses_direct(error: &std::io::Error) -> bool {
-    matches!(error.raw_os_error(), Some(libc::EINVAL | libc::EOPNOTSUPP))
 }

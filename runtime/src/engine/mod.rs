@@ -281,6 +281,13 @@ fn internal_streams(device: &dyn Device) -> Vec<(u32, InternalStream)> {
         .collect()
 }
 
+/// Whether a transfer failed because the kernel refuses the way it was asked for (EINVAL,
+/// EOPNOTSUPP: io_uring on this file, O_DIRECT on this file system), not because of the
+/// file's data: the executors and the caller's thread then move it another way.
+fn transfer_refused(errno: i32) -> bool {
+    errno == libc::EOPNOTSUPP || errno == libc::EINVAL
+}
+
 impl Engine {
     /// Starts one executor per entry of `config.executor_cpus`.
     ///

@@ -107,15 +107,14 @@ struct Executor {
     staging_budget: StagingBudget,
 }
 
-const EOPNOTSUPP: i32 = libc::EOPNOTSUPP;
-
 /// Whether an io_uring read or write failed because io_uring cannot do it on this file,
-/// not because of the file's data: EOPNOTSUPP (glommio's poll-ring misdetection) or
-/// EINVAL (a file without `read_iter`/`write_iter`, as `/proc/self/mem`, or one that
-/// rejects O_DIRECT). The blocking `pread`/`pwrite` on the buffered descriptor then
-/// moves the chunk and reports the file's real errors (EIO where `pread` gives EIO).
+/// not because of the file's data ([`super::transfer_refused`]: EOPNOTSUPP from
+/// glommio's poll-ring misdetection, EINVAL from a file without `read_iter`/`write_iter`,
+/// as `/proc/self/mem`, or one that rejects O_DIRECT). The blocking `pread`/`pwrite` on
+/// the buffered descriptor then moves the chunk and reports the file's real errors (EIO
+/// where `pread` gives EIO).
 fn uring_refuses(errno: i32) -> bool {
-    errno == EOPNOTSUPP || errno == libc::EINVAL
+    super::transfer_refused(errno)
 }
 
 impl Executor {
