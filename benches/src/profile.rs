@@ -382,6 +382,23 @@ impl Profile {
     }
 }
 
+/// Runs `work` while `count` more threads of this process sit idle (as the bench's
+/// executors, stream workers and device threads do): each one the profile reads.
+#[cfg(test)]
+pub(crate) fn with_idle_threads<T>(count: usize, work: impl FnOnce() -> T) -> T {
+    let (done, idle) = std::sync::mpsc::channel::<()>();
+    let idle = std::sync::Mutex::new(idle);
+    std::thread::scope(|scope| {
+        for _ in 0..count {
+            // Each waits its turn for the channel, whose end is the wake.
+            scope.spawn(|| idle.lock().unwrap().recv().unwrap_err());
+        }
+        let result = work();
+        drop(done);
+        result
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -406,26 +423,16 @@ mod tests {
     /// between them (the reading itself was once most of a short row's CPU).
     #[test]
     fn the_readings_own_cost_is_left_out() {
-        let (done, idle) = std::sync::mpsc::channel::<()>();
-        let idle = std::sync::Mutex::new(idle);
-        std::thread::scope(|scope| {
-            for _ in 0..100 {
-                // Each waits its turn for the channel, whose end is the wake.
-                scope.spawn(|| idle.lock().unwrap().recv().unwrap_err());
-            }
-            let before = ThreadCpu::now();
-            let after = ThreadCpu::now();
-            assert!(after.threads.len() > 100, "every thread read");
-            // The reader's own time: other tests run beside this one.
-            let reader = after.threads.keys().find(|(tid, _)| *tid == after.reader).unwrap();
-            let between = after.thread_delta_ns(reader, &before);
-            assert!(
-                between < after.reading_ns / 4,
-                "{between} ns of the reader between two readings that cost {} ns each",
-                after.reading_ns
-            );
-            drop(done);
-        });
+        let (before, after) = with_idle_threads(100, || (ThreadCpu::now(), ThreadCpu::now()));
+        assert!(after.threads.len() > 100, "every thread read");
+        // The reader's own time: other tests run beside this one.
+        let reader = after.threads.keys().find(|(tid, _)| *tid == after.reader).unwrap();
+        let between = after.thread_delta_ns(reader, &before);
+        assert!(
+            between < after.reading_ns / 4,
+            "{between} ns of the reader between two readings that cost {} ns each",
+            after.reading_ns
+        );
     }
 
     #[test]

@@ -551,14 +551,8 @@ mod tests {
             .map(|_| (0..OPS_PER_THREAD).map(|i| Op { offset: i as u64, len: 1 }).collect())
             .collect();
         // As in the bench, many threads to read (executors, stream workers, the device's).
-        let (done, idle) = std::sync::mpsc::channel::<()>();
-        let idle = std::sync::Mutex::new(idle);
-        let measured = std::thread::scope(|scope| {
-            for _ in 0..64 {
-                // Each waits its turn for the channel, whose end is the wake.
-                scope.spawn(|| idle.lock().unwrap().recv().unwrap_err());
-            }
-            let measured = timed_threads(
+        let measured = crate::profile::with_idle_threads(64, || {
+            timed_threads(
                 &plan,
                 || Ok(()),
                 |_, _| {
@@ -568,9 +562,7 @@ mod tests {
                     }
                     Ok(())
                 },
-            );
-            drop(done);
-            measured
+            )
         });
         let (latencies_us, seconds, _) = measured.unwrap();
         for thread in latencies_us.chunks(OPS_PER_THREAD) {

@@ -65,14 +65,18 @@ fn bench_with(args: &[&str], vars: &[(&str, &str)]) -> (Output, Duration) {
     (Output { status, stdout, stderr }, started.elapsed())
 }
 
+/// A JSON report's path in the temp dir, unique to this test process and `tag`.
+fn temp_json(tag: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("hipfile-bench-{tag}-{}.json", std::process::id()))
+}
+
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
 #[test]
 fn small_sweep_passes_on_the_cpu_device() {
-    let json =
-        std::env::temp_dir().join(format!("hipfile-bench-sweep-{}.json", std::process::id()));
+    let json = temp_json("sweep");
     let json_arg = json.to_str().unwrap();
     let (output, _) = bench(&[
         "--mode",
@@ -241,8 +245,7 @@ fn a_sweep_spread_over_four_devices_passes() {
 /// JSON's counters include the fallback and blocking ones.
 #[test]
 fn a_profiled_run_says_where_each_rows_time_went() {
-    let json =
-        std::env::temp_dir().join(format!("hipfile-bench-profile-{}.json", std::process::id()));
+    let json = temp_json("profile");
     let json_arg = json.to_str().unwrap();
     let (output, _) = bench(&[
         "--mode",
@@ -374,8 +377,7 @@ fn cpu_samples_name_the_threads_that_spent_the_time() {
 /// `pwrite`) get a ratio. A file that is not a report is an error.
 #[test]
 fn targets_checks_a_report_against_the_goals() {
-    let json =
-        std::env::temp_dir().join(format!("hipfile-bench-targets-{}.json", std::process::id()));
+    let json = temp_json("targets");
     let json_arg = json.to_str().unwrap();
     let (output, _) = bench(&[
         "--mode",
