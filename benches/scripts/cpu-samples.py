@@ -9,7 +9,9 @@ else by file and offset. With THREAD-PREFIX only
 threads whose name starts with it count. Printed per thread kind (digits folded to N):
 its share of the samples; then innermost frames resolved (a frame in a system-call
 wrapper is kernel time); then each function of ours counted once per sample in which it
-appears (inclusive).
+appears (inclusive). With CALLERS_OF=TEXT in the environment, also the nearest function of
+ours around the samples whose innermost frame contains TEXT (which of our calls a system
+call or library frame was made from).
 """
 import bisect
 import collections
@@ -82,6 +84,8 @@ def main():
     per_kind = collections.Counter()
     inner = collections.defaultdict(collections.Counter)
     inclusive = collections.defaultdict(collections.Counter)
+    callers_of = __import__("os").environ.get("CALLERS_OF")
+    callers = collections.defaultdict(collections.Counter)
     for count, tid, frames in stacks:
         name = threads.get(tid, "?")
         if not name.startswith(prefix):
@@ -95,6 +99,9 @@ def main():
             inner[kind][resolved[0][0]] += count
         for function in {n for n, is_ours in resolved if is_ours}:
             inclusive[kind][function] += count
+        if callers_of and resolved and callers_of in resolved[0][0]:
+            nearest = next((n for n, is_ours in resolved if is_ours), "?")
+            callers[kind][nearest] += count
     total = sum(per_kind.values())
     print(f"{total} samples")
     for kind, n in per_kind.most_common():
@@ -105,6 +112,10 @@ def main():
         print("   ours, inclusive:")
         for function, c in inclusive[kind].most_common(int(__import__("os").environ.get("TOP", "16"))):
             print(f"   {100 * c / n:5.1f} %  {function}")
+        if callers[kind]:
+            print(f"   nearest function of ours under {callers_of}:")
+            for function, c in callers[kind].most_common(12):
+                print(f"   {100 * c / n:5.1f} %  {function}")
 
 
 if __name__ == "__main__":

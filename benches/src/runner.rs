@@ -83,6 +83,8 @@ struct StatsInfo {
     caller_thread_requests: u64,
     caller_thread_large_requests: u64,
     caller_thread_requests_beside_ops: u64,
+    /// Requests split into fewer parts under load (`HIPFILE_LOADED_FAN_OUT`).
+    requests_split_under_load: u64,
     blocking_jobs: u64,
     fallback_waits: u64,
     host_memory_preads: u64,
@@ -172,7 +174,10 @@ pub fn describe_env(env: &Env, path: &Path, size: u64, args: &RunArgs) {
         c.chunks_in_flight,
         c.request_parallelism,
         c.busy_fan_out
-            .map_or(String::new(), |least| format!(" (idle executors, at least {least})")),
+            .map_or(String::new(), |least| format!(" (idle executors, at least {least})"))
+            + &c.loaded_fan_out.map_or(String::new(), |parts| format!(
+                ", {parts} while as many requests as executors are in flight"
+            )),
         c.prefetch_cap_bytes() >> 20,
         c.pinned_cap_bytes() >> 20,
         c.direct,
@@ -387,6 +392,7 @@ fn stats(b: &Bench) -> Option<StatsInfo> {
         caller_thread_requests: engine.caller_thread_requests,
         caller_thread_large_requests: engine.caller_thread_large_requests,
         caller_thread_requests_beside_ops: engine.caller_thread_requests_beside_ops,
+        requests_split_under_load: engine.requests_split_under_load,
         blocking_jobs: engine.blocking_jobs,
         fallback_waits: engine.fallback_waits,
         host_memory_preads: engine.host_memory_preads,
@@ -409,7 +415,7 @@ fn stats(b: &Bench) -> Option<StatsInfo> {
 
 fn print_stats(s: &StatsInfo) {
     println!(
-        "hipfile-rs counters: {} engine jobs ({} arena chunks, {} fallback, {} waits for a fallback chunk, {} sync retries; {} on blocking executors; slot jobs moved by one pread / pwrite: {} / {}), {} requests on the caller's thread ({} of more than one chunk, {} while async ops were alive); async {} submitted, {} prefetched, {} copied on the user's stream ({} ops through their stream's spare slot), {} device / {} host releases; file {} MiB O_DIRECT + {} MiB buffered read, {} MiB O_DIRECT + {} MiB buffered written; device slots hold {} MiB ({} reads found none free, {} of them shared their stream's)",
+        "hipfile-rs counters: {} engine jobs ({} arena chunks, {} fallback, {} waits for a fallback chunk, {} sync retries; {} on blocking executors; slot jobs moved by one pread / pwrite: {} / {}; {} requests split in fewer parts under load), {} requests on the caller's thread ({} of more than one chunk, {} while async ops were alive); async {} submitted, {} prefetched, {} copied on the user's stream ({} ops through their stream's spare slot), {} device / {} host releases; file {} MiB O_DIRECT + {} MiB buffered read, {} MiB O_DIRECT + {} MiB buffered written; device slots hold {} MiB ({} reads found none free, {} of them shared their stream's)",
         s.engine_jobs,
         s.arena_chunks,
         s.fallback_chunks,
@@ -418,6 +424,7 @@ fn print_stats(s: &StatsInfo) {
         s.blocking_jobs,
         s.host_memory_preads,
         s.host_memory_pwrites,
+        s.requests_split_under_load,
         s.caller_thread_requests,
         s.caller_thread_large_requests,
         s.caller_thread_requests_beside_ops,

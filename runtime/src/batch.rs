@@ -222,9 +222,15 @@ impl Batch {
             self.shared.finish(slot, Outcome::Bytes(0));
             return;
         }
-        let parts = engine.parts(direction, &file, io.file_offset_bytes(), io.size_bytes());
+        let parts = engine.parts(
+            crate::engine::Waiter::Queue,
+            direction,
+            &file,
+            io.file_offset_bytes(),
+            io.size_bytes(),
+        );
         let mut guards = Vec::with_capacity(parts.len());
-        for _ in &parts {
+        for _ in parts.list() {
             match file.begin_op() {
                 Ok(guard) => guards.push(guard),
                 Err(_) => {
@@ -236,18 +242,19 @@ impl Batch {
         if direction == Direction::Write {
             crate::async_op::prefetch::note_write(&file);
         }
+        let list = parts.list().to_vec();
+        let executors = engine.executors_for(self.driver.next_executor(), &parts);
         let run = Arc::new(EntryRun {
             slot,
             direction,
             size_bytes: io.size_bytes(),
             device_ordinal: buffer.device_ordinal,
             submitted_at: Instant::now(),
-            joiner: PartJoiner::new(direction, parts.clone()),
+            joiner: PartJoiner::new(direction, parts),
             buffer_use: Mutex::new(Some(buffer.begin_use())),
             shared: Arc::clone(&self.shared),
         });
-        let executors = engine.executors_for(self.driver.next_executor(), parts.len());
-        for (index, (&(offset, len), guard)) in parts.iter().zip(guards).enumerate() {
+        for (index, (&(offset, len), guard)) in list.iter().zip(guards).enumerate() {
             let starting = Arc::clone(&run);
             let ending = Arc::clone(&run);
             let job = IoJob {

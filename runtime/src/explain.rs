@@ -129,6 +129,20 @@ impl Driver {
                 if config.use_io_uring { "" } else { " off: blocking pread/pwrite executors" },
             ),
         );
+        out.push(
+            "queued requests",
+            true,
+            match config.loaded_fan_out {
+                Some(parts) => format!(
+                    "async ops and batch entries split as sync requests are while fewer than \
+                     half as many as executors are in flight, then into at most {parts} parts \
+                     on the least loaded executors (HIPFILE_LOADED_FAN_OUT)"
+                ),
+                None => "async ops and batch entries split as sync requests are \
+                         (HIPFILE_LOADED_FAN_OUT=off)"
+                    .to_string(),
+            },
+        );
         if let Some(handle) = handle {
             self.explain_file(&mut out, handle)?;
         }

@@ -78,6 +78,8 @@ fn delta(after: EngineStatsSnapshot, before: EngineStatsSnapshot) -> EngineStats
             - before.caller_thread_large_requests,
         caller_thread_requests_beside_ops: after.caller_thread_requests_beside_ops
             - before.caller_thread_requests_beside_ops,
+        requests_split_under_load: after.requests_split_under_load
+            - before.requests_split_under_load,
         blocking_jobs: after.blocking_jobs - before.blocking_jobs,
         fallback_waits: after.fallback_waits - before.fallback_waits,
         host_memory_preads: after.host_memory_preads - before.host_memory_preads,

@@ -165,6 +165,7 @@ impl AsyncOp {
             self.set_state(OpEvent::Prefetch);
             self.note_prefetch_start();
             let parts = engine.parts(
+                crate::engine::Waiter::Queue,
                 Direction::Read,
                 &self.file,
                 self.submitted.file_offset_bytes(),
@@ -226,5 +227,5 @@ fn injected_post_delay() {
 /// A prefetch's gate: what its jobs wait on, and the parts they were counted as.
 pub(super) struct PrefetchGate {
     pub(super) receiver: flume::Receiver<bool>,
-    pub(super) parts: Vec<(u64, u64)>,
+    pub(super) parts: crate::engine::Parts,
 }

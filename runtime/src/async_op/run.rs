@@ -129,13 +129,19 @@ impl AsyncOp {
             Some(gate) => (Some(gate.receiver), gate.parts),
             None => (
                 None,
-                engine.parts(self.direction, &self.file, io.file_offset_bytes(), io.size_bytes()),
+                engine.parts(
+                    crate::engine::Waiter::Queue,
+                    self.direction,
+                    &self.file,
+                    io.file_offset_bytes(),
+                    io.size_bytes(),
+                ),
             ),
         };
         let fan_out = parts.len() > 1;
-        let joiner = Arc::new(PartJoiner::new(self.direction, parts.clone()));
-        let executors = engine.executors_for(self.stream.executor, parts.len());
-        for (index, &(offset, len)) in parts.iter().enumerate() {
+        let executors = engine.executors_for(self.stream.executor, &parts);
+        let joiner = Arc::new(PartJoiner::new(self.direction, parts));
+        for (index, &(offset, len)) in joiner.parts().iter().enumerate() {
             let Some(guard) = self.share_guard() else {
                 self.publish(Outcome::Library(OpError::InternalError));
                 return;

@@ -303,10 +303,16 @@ impl AsyncOp {
     pub(super) fn post_slot_read(self: &Arc<Self>, engine: &Engine, io: ValidIo) {
         let Some(slot) = self.slot else { return };
         let at_arm = self.reads_slot_at_arm();
-        let parts =
-            engine.parts(Direction::Read, &self.file, io.file_offset_bytes(), io.size_bytes());
-        let joiner = Arc::new(PartJoiner::new(Direction::Read, parts.clone()));
-        for (index, &(offset, len)) in parts.iter().enumerate() {
+        let parts = engine.parts(
+            crate::engine::Waiter::Queue,
+            Direction::Read,
+            &self.file,
+            io.file_offset_bytes(),
+            io.size_bytes(),
+        );
+        let executors = engine.executors_for(self.stream.executor, &parts);
+        let joiner = Arc::new(PartJoiner::new(Direction::Read, parts));
+        for (index, &(offset, len)) in joiner.parts().iter().enumerate() {
             let Some(guard) = self.share_guard() else {
                 let failed = Outcome::Library(OpError::InternalError);
                 if let Some((outcome, _)) = joiner.part_done(index, failed, None) {
@@ -341,7 +347,7 @@ impl AsyncOp {
                 may_start: None,
                 done: Completion::new(Arc::clone(self.host.device()), done),
             };
-            engine.post(self.stream.executor + index, job);
+            engine.post(executors.executor(index), job);
         }
     }
 

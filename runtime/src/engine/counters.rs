@@ -23,6 +23,9 @@ pub(crate) struct EngineStats {
     /// Of those, the ones moved while async ops were alive (their copies take the path no
     /// held application stream can stall).
     pub(crate) caller_thread_requests_beside_ops: AtomicU64,
+    /// Requests split into fewer parts because at least as many requests as executors
+    /// were in flight (`HIPFILE_LOADED_FAN_OUT`).
+    pub(crate) requests_split_under_load: AtomicU64,
     /// Jobs moved by a blocking executor (its glommio executor could not start).
     pub(crate) blocking_jobs: AtomicU64,
     /// Times a chunk waited for a fallback chunk: the pool was at its cap, every chunk
@@ -194,6 +197,8 @@ pub struct EngineStatsSnapshot {
     pub caller_thread_large_requests: u64,
     /// Of those, the ones moved while async ops were alive.
     pub caller_thread_requests_beside_ops: u64,
+    /// Requests split into fewer parts under load (`HIPFILE_LOADED_FAN_OUT`).
+    pub requests_split_under_load: u64,
     /// Jobs moved by a blocking executor.
     pub blocking_jobs: u64,
     /// Waits for a fallback chunk while the pool had none free.

@@ -38,7 +38,12 @@ use crate::file::{FileHandle, OpGuard};
 pub(crate) use counters::{EnginePhaseCounters, EngineStats, Phase};
 pub use counters::{EnginePhases, EngineStatsSnapshot};
 pub(crate) use parts::PartJoiner;
-use parts::{combine, fan_out, fan_out_for_load, part_granule, place_parts, split_into_parts};
+pub(crate) use parts::Parts;
+pub(crate) use parts::Waiter;
+use parts::{
+    InFlight, chunks_touched, combine, fan_out, fan_out_for_load, fan_out_under_load, part_granule,
+    place_parts, split_into_parts,
+};
 pub use queue::JOB_QUEUE_CAPACITY;
 pub(crate) use staging::FallbackPool;
 
@@ -203,6 +208,10 @@ pub struct Engine {
     request_parallelism: usize,
     /// `HIPFILE_BUSY_FAN_OUT` (see [`parts::fan_out_for_load`]).
     busy_fan_out: Option<usize>,
+    /// `HIPFILE_LOADED_FAN_OUT` (see [`parts::fan_out_under_load`]).
+    loaded_fan_out: Option<usize>,
+    /// Queued requests split by [`Engine::parts`] whose parts are not all over.
+    queued_requests: Arc<AtomicUsize>,
     /// `HIPFILE_CALLER_THREAD` (see [`Engine::run_on_caller_thread`]).
     caller_thread: crate::config::CallerThread,
     arena_bytes: usize,
@@ -403,6 +412,8 @@ impl Engine {
             chunk_bytes: config.staging_chunk_bytes,
             request_parallelism: config.request_parallelism.max(1),
             busy_fan_out: config.busy_fan_out,
+            loaded_fan_out: config.loaded_fan_out,
+            queued_requests: Arc::new(AtomicUsize::new(0)),
             caller_thread: config.caller_thread,
             arena_bytes: config.staging_per_executor_bytes,
             page_bytes: crate::sys::page_size_bytes(),
@@ -486,6 +497,7 @@ impl Engine {
             caller_thread_requests: load(&self.stats.caller_thread_requests),
             caller_thread_requests_beside_ops: load(&self.stats.caller_thread_requests_beside_ops),
             caller_thread_large_requests: load(&self.stats.caller_thread_large_requests),
+            requests_split_under_load: load(&self.stats.requests_split_under_load),
             blocking_jobs: load(&self.stats.blocking_jobs),
             fallback_waits: load(&self.stats.fallback_waits),
             host_memory_preads: load(&self.stats.host_memory_preads),
@@ -543,7 +555,9 @@ impl Engine {
         if let Some(result) = self.run_on_caller_thread(&request) {
             return result;
         }
+        // Held until the parts are over: the request counts in flight until then.
         let parts = self.parts(
+            Waiter::Caller,
             request.direction,
             &request.file,
             request.file_offset_bytes,
@@ -552,15 +566,15 @@ impl Engine {
         // Every part's guard first: once one job is posted, the request must not return
         // before it finishes (the caller's buffer is in use until then).
         let mut guards = Vec::with_capacity(parts.len());
-        for _ in &parts {
+        for _ in parts.list() {
             match request.file.begin_op() {
                 Ok(guard) => guards.push(guard),
                 Err(_) => return (Outcome::Library(OpError::HandleNotRegistered), None),
             }
         }
         let (sender, receiver) = flume::bounded(parts.len());
-        let executors = self.executors_for(request.executor_hint, parts.len());
-        for (i, (&(offset, len), guard)) in parts.iter().zip(guards).enumerate() {
+        let executors = self.executors_for(request.executor_hint, &parts);
+        for (i, (&(offset, len), guard)) in parts.list().iter().zip(guards).enumerate() {
             let sender = sender.clone();
             let job = IoJob {
                 file: Arc::clone(&request.file),
@@ -586,7 +600,7 @@ impl Engine {
         drop(sender);
         let mut results: Vec<(usize, Outcome, Option<DeviceError>)> = receiver.iter().collect();
         results.sort_by_key(|r| r.0);
-        combine(request.direction, &parts, &results)
+        combine(request.direction, parts.list(), &results)
     }
 
     /// Splits `[file_offset, file_offset + len)` into the parts a request fans out to: up
@@ -596,7 +610,12 @@ impl Engine {
     ///
     /// With `HIPFILE_BUSY_FAN_OUT` the count follows the load ([`fan_out_for_load`]): every
     /// executor for a request that finds them idle, fewer and longer parts for one that
-    /// finds them busy.
+    /// finds them busy. With `HIPFILE_LOADED_FAN_OUT` a queued request's (`waiter`) follows
+    /// the queued requests in flight ([`fan_out_under_load`]): at most that many parts once
+    /// half as many as executors are.
+    ///
+    /// A queued request counts in flight while the returned [`Parts`] (or the joiner they
+    /// move into) is held.
     ///
     /// A write to a file without an O_DIRECT descriptor (every byte goes through the page
     /// cache) stays one part: buffered writes to one file take its inode lock one at a
@@ -606,11 +625,12 @@ impl Engine {
     /// `benches/results/h100-2026-12-06-e/`).
     pub(crate) fn parts(
         &self,
+        waiter: Waiter,
         direction: Direction,
         file: &FileHandle,
         file_offset_bytes: u64,
         len_bytes: u64,
-    ) -> Vec<(u64, u64)> {
+    ) -> Parts {
         let most = self.request_parallelism.min(self.executors.len());
         let parallel = match self.busy_fan_out {
             Some(least) => {
@@ -619,17 +639,41 @@ impl Engine {
             }
             None => most,
         };
+        let in_flight = match waiter {
+            Waiter::Caller => InFlight::uncounted(),
+            Waiter::Queue => InFlight::count(&self.queued_requests),
+        };
         let parallel = fan_out(direction, file.direct_fd().is_some(), parallel);
+        let under_load = match self.loaded_fan_out {
+            Some(cap) if waiter == Waiter::Queue => {
+                // Those in flight before this one.
+                let before = self.queued_requests.load(Ordering::Relaxed).saturating_sub(1);
+                fan_out_under_load(parallel, before, self.executors.len(), cap)
+            }
+            _ => parallel,
+        };
         let granule = part_granule(self.chunk_bytes as u64);
-        split_into_parts(file_offset_bytes, len_bytes, granule, parallel)
+        // Whether the cap split the request into fewer parts than it would be otherwise
+        // (not a request of fewer chunks than the cap).
+        let chunks = chunks_touched(file_offset_bytes, len_bytes, granule);
+        let capped = (under_load as u64) < chunks.min(parallel as u64);
+        if capped {
+            EngineStats::add(&self.stats.requests_split_under_load, 1);
+        }
+        let list = split_into_parts(file_offset_bytes, len_bytes, granule, under_load);
+        Parts::new(list, capped, in_flight)
     }
 
-    /// The executors (indices for [`Engine::post`]) of a request's `parts` parts, `hint`
-    /// being its stream's executor: one part stays there; several go to consecutive
-    /// executors from it, or, with `HIPFILE_BUSY_FAN_OUT`, to the idle executors first and
-    /// then the least loaded ([`place_parts`]).
-    pub(crate) fn executors_for(&self, hint: usize, parts: usize) -> PartPlacement {
-        if self.busy_fan_out.is_none() || parts <= 1 {
+    /// The executors (indices for [`Engine::post`]) of a request's `parts`, `hint` being
+    /// its stream's executor: one part stays there; several go to consecutive executors
+    /// from it, or, with `HIPFILE_BUSY_FAN_OUT` or when the load capped them
+    /// (`HIPFILE_LOADED_FAN_OUT`), to the idle executors first and then the least loaded
+    /// ([`place_parts`]): a few parts from consecutive executors would leave the
+    /// executors past them idle while the requests of a few streams wait on the rest.
+    pub(crate) fn executors_for(&self, hint: usize, parts: &Parts) -> PartPlacement {
+        let by_load = self.busy_fan_out.is_some() || parts.placed_by_load();
+        let parts = parts.len();
+        if !by_load || parts <= 1 {
             return PartPlacement::FromHint(hint);
         }
         let loads = self.jobs_in_flight_by_executor();

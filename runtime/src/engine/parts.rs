@@ -1,6 +1,9 @@
 //! Splitting a request into chunk-aligned parts over several executors, and joining
 //! the parts' results into the request's.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use hipfile_core::{Direction, OpError, Outcome};
 
 use super::part_results;
@@ -37,6 +40,99 @@ pub(super) fn fan_out_for_load(idle: usize, least: usize, most: usize) -> usize 
     idle.clamp(least.clamp(1, most), most)
 }
 
+/// How many parts a queued request (an async op's, a batch entry's: no thread waits on
+/// it alone) goes as under `HIPFILE_LOADED_FAN_OUT=cap`, of `parallel`, when `queued`
+/// queued requests (this one not counted) are split and not finished on `executors`
+/// executors: `parallel` while fewer than half as many as executors are, at most `cap`
+/// from then on.
+///
+/// Why: every part costs the executors the same work (a job, its chunks' reads, copies,
+/// events and polls) whatever its length, and with that many requests queued every
+/// executor has work anyway, so a wide split only adds that work. On an H100
+/// (`benches/results/h100-2026-12-07-b/`), 16 MiB hot reads from 8 async streams as 2
+/// parts instead of 14 cost 0.22 instead of 0.36 CPU-s/GiB at the same speed. The same
+/// split for every request lost half the speed of a lone stream (its few read-ahead ops
+/// need every executor), and sync threads lose with it too (8 threads read 0.85x as 2
+/// parts: 16 parts do not spread evenly over 14 executors, and each thread waits for
+/// its request's slowest part), so sync requests neither count nor are capped.
+pub(super) fn fan_out_under_load(
+    parallel: usize,
+    queued: usize,
+    executors: usize,
+    cap: usize,
+) -> usize {
+    if queued * 2 >= executors.max(1) { parallel.min(cap.max(1)) } else { parallel }
+}
+
+/// Who waits for a request: the thread that made it (a sync call), or nobody in
+/// particular (it is queued: an async op's, a batch entry's; see [`fan_out_under_load`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Waiter {
+    /// A sync call's thread waits for it.
+    Caller,
+    /// Queued: an async op, a batch entry.
+    Queue,
+}
+
+/// A queued request counted in flight (for [`fan_out_under_load`]) from its split until
+/// every holder of it is gone: its parts are over (their joiner dropped it).
+#[derive(Debug)]
+pub(crate) struct InFlight(Option<Arc<AtomicUsize>>);
+
+impl InFlight {
+    /// Counts one more request in `count`.
+    pub(super) fn count(count: &Arc<AtomicUsize>) -> InFlight {
+        count.fetch_add(1, Ordering::Relaxed);
+        InFlight(Some(Arc::clone(count)))
+    }
+
+    /// Counted nowhere (a sync call's request).
+    pub(super) fn uncounted() -> InFlight {
+        InFlight(None)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if let Some(count) = &self.0 {
+            count.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// A request's parts (`(offset in the request, length)` in order, from
+/// [`Engine::parts`](crate::engine::Engine::parts)); a queued request counts in flight as
+/// long as they are held.
+#[derive(Debug)]
+pub(crate) struct Parts {
+    list: Vec<(u64, u64)>,
+    /// Fewer parts than the executors could take, for the load: they go to the least
+    /// loaded executors ([`place_parts`]), not to consecutive ones from the request's.
+    placed_by_load: bool,
+    _in_flight: InFlight,
+}
+
+impl Parts {
+    pub(super) fn new(list: Vec<(u64, u64)>, placed_by_load: bool, in_flight: InFlight) -> Parts {
+        Parts { list, placed_by_load, _in_flight: in_flight }
+    }
+
+    /// Whether the parts go to the least loaded executors.
+    pub(super) fn placed_by_load(&self) -> bool {
+        self.placed_by_load
+    }
+
+    /// The parts in order.
+    pub(crate) fn list(&self) -> &[(u64, u64)] {
+        &self.list
+    }
+
+    /// How many parts.
+    pub(crate) fn len(&self) -> usize {
+        self.list.len()
+    }
+}
+
 /// The executors `parts` parts of a request go to under `HIPFILE_BUSY_FAN_OUT`, given each
 /// executor's `jobs_in_flight` and the request's `hint` (its stream's executor): the idle
 /// executors first, then the least loaded, ties broken in ring order from the hint. Every
@@ -68,6 +164,12 @@ pub(super) fn part_granule(chunk_bytes: u64) -> u64 {
     chunk_bytes.clamp(1, PART_GRANULE_BYTES)
 }
 
+/// How many `chunk_bytes`-aligned chunks of the file `len_bytes` at `file_offset_bytes`
+/// touch (the most parts it splits into).
+pub(super) fn chunks_touched(file_offset_bytes: u64, len_bytes: u64, chunk_bytes: u64) -> u64 {
+    (file_offset_bytes + len_bytes).div_ceil(chunk_bytes) - file_offset_bytes / chunk_bytes
+}
+
 /// Splits `len_bytes` at `file_offset_bytes` into at most `parallel` parts of whole
 /// chunks (`chunk_bytes`-aligned in the file), as even as chunks allow: the first parts
 /// get one chunk more than the rest. Returns `(offset in the request, length)` pairs in
@@ -87,7 +189,7 @@ pub(super) fn split_into_parts(
     }
     let file_end = file_offset_bytes + len_bytes;
     let first_chunk = file_offset_bytes / chunk_bytes;
-    let chunks = file_end.div_ceil(chunk_bytes) - first_chunk;
+    let chunks = chunks_touched(file_offset_bytes, len_bytes, chunk_bytes);
     let parts = chunks.min(parallel.max(1) as u64);
     let (base, extra) = (chunks / parts, chunks % parts);
     // Offset in the request of the boundary after `index` chunks.
@@ -140,15 +242,21 @@ pub(crate) type PartResult = (Outcome, Option<DeviceError>);
 /// Joins the results of a request split over several executors ([`Engine::parts`](crate::engine::Engine::parts)).
 pub(crate) struct PartJoiner {
     direction: Direction,
-    parts: Vec<(u64, u64)>,
+    /// Held until the joiner goes: the request counts in flight until then.
+    parts: Parts,
     results: part_results::PartResults<PartResult>,
 }
 
 impl PartJoiner {
     /// A joiner for a request split into `parts`.
-    pub(crate) fn new(direction: Direction, parts: Vec<(u64, u64)>) -> PartJoiner {
+    pub(crate) fn new(direction: Direction, parts: Parts) -> PartJoiner {
         let results = part_results::PartResults::new(parts.len());
         PartJoiner { direction, parts, results }
+    }
+
+    /// The parts joined, in order.
+    pub(crate) fn parts(&self) -> &[(u64, u64)] {
+        self.parts.list()
     }
 
     /// Records part `index`; returns the combined result ([`combine`]) to the part that
@@ -162,7 +270,7 @@ impl PartJoiner {
         let all = self.results.record(index, (outcome, device_error))?;
         let in_order: Vec<(usize, Outcome, Option<DeviceError>)> =
             all.into_iter().enumerate().map(|(index, (o, e))| (index, o, e)).collect();
-        Some(combine(self.direction, &self.parts, &in_order))
+        Some(combine(self.direction, self.parts.list(), &in_order))
     }
 }
 
@@ -223,6 +331,58 @@ mod tests {
                 prop_assert_eq!(parallel, idle);
             }
         }
+    }
+
+    #[test]
+    fn queued_requests_keep_every_part_until_half_the_executors_are_queued() {
+        // 14 executors: 0..=6 queued before keep 14 parts, 7 and more go as the cap.
+        for queued in 0..7 {
+            assert_eq!(fan_out_under_load(14, queued, 14, 2), 14, "{queued} queued");
+        }
+        for queued in [7, 8, 30, 1000] {
+            assert_eq!(fan_out_under_load(14, queued, 14, 2), 2, "{queued} queued");
+        }
+        // The cap never widens a request, and a cap of 0 still leaves one part.
+        assert_eq!(fan_out_under_load(1, 50, 14, 4), 1);
+        assert_eq!(fan_out_under_load(14, 50, 14, 0), 1);
+        // One executor: any queued request is past half of it.
+        assert_eq!(fan_out_under_load(1, 1, 1, 1), 1);
+        assert_eq!(fan_out_under_load(1, 0, 1, 1), 1);
+    }
+
+    #[test]
+    fn a_request_counts_in_flight_while_its_parts_are_held() {
+        let count = Arc::new(AtomicUsize::new(0));
+        let first = Parts::new(vec![(0, 1)], false, InFlight::count(&count));
+        let joiner = Arc::new(PartJoiner::new(
+            Direction::Read,
+            Parts::new(vec![(0, 1), (1, 1)], true, InFlight::count(&count)),
+        ));
+        let uncounted = Parts::new(vec![(0, 1)], false, InFlight::uncounted());
+        assert_eq!(count.load(Ordering::Relaxed), 2);
+        assert_eq!(joiner.parts(), &[(0, 1), (1, 1)]);
+        drop(first);
+        drop(uncounted);
+        assert_eq!(count.load(Ordering::Relaxed), 1);
+        let held = Arc::clone(&joiner);
+        assert!(joiner.part_done(0, Outcome::Bytes(1), None).is_none());
+        drop(joiner);
+        assert_eq!(count.load(Ordering::Relaxed), 1, "a part's holder still has it");
+        assert_eq!(
+            held.part_done(1, Outcome::Bytes(1), None).map(|r| r.0),
+            Some(Outcome::Bytes(2))
+        );
+        drop(held);
+        assert_eq!(count.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn chunks_touched_counts_partial_chunks_at_both_ends() {
+        assert_eq!(chunks_touched(0, 16 * MIB, MIB), 16);
+        assert_eq!(chunks_touched(MIB / 2, MIB, MIB), 2);
+        assert_eq!(chunks_touched(MIB - 1, 2, MIB), 2);
+        assert_eq!(chunks_touched(3 * MIB, 1, MIB), 1);
+        assert_eq!(chunks_touched(3 * MIB, 0, MIB), 0);
     }
 
     #[test]

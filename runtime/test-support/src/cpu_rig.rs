@@ -34,6 +34,7 @@ pub fn config(cpus: &[usize]) -> Config {
         executor_cpus: cpus.to_vec(),
         request_parallelism: cpus.len(),
         busy_fan_out: None,
+        loaded_fan_out: None,
         staging_chunk_bytes: CHUNK,
         staging_per_executor_bytes: 8 * MIB,
         pinned_fallback_cap_bytes: 4 * MIB,

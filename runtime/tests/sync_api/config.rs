@@ -318,6 +318,26 @@ fn busy_fan_out_is_off_unless_set_and_within_the_executors() {
 }
 
 #[test]
+fn loaded_fan_out_is_two_parts_unless_off_and_within_the_executors() {
+    let threads = |n: &'static str| ("HIPFILE_THREADS", n);
+    assert_eq!(parse_ok(&[threads("4")]).loaded_fan_out, Some(2));
+    // The default is capped by the executors.
+    assert_eq!(parse_ok(&[threads("1")]).loaded_fan_out, Some(1));
+    assert_eq!(parse_ok(&[threads("4"), ("HIPFILE_LOADED_FAN_OUT", "off")]).loaded_fan_out, None);
+    assert_eq!(parse_ok(&[threads("4"), ("HIPFILE_LOADED_FAN_OUT", " OFF ")]).loaded_fan_out, None);
+    assert_eq!(parse_ok(&[threads("4"), ("HIPFILE_LOADED_FAN_OUT", "4")]).loaded_fan_out, Some(4));
+    assert_eq!(parse_ok(&[threads("4"), ("HIPFILE_LOADED_FAN_OUT", "1")]).loaded_fan_out, Some(1));
+    for bad in ["0", "5", "-1", "x", "on"] {
+        let pairs = [threads("4"), ("HIPFILE_LOADED_FAN_OUT", bad)];
+        rejected(&pairs, &cpus(4), "HIPFILE_LOADED_FAN_OUT");
+    }
+    let mut hand_built = parse_ok(&[threads("4")]);
+    hand_built.loaded_fan_out = Some(0);
+    let variable = hand_built.validate().map_err(|error| error.variable);
+    assert_eq!(variable, Err("HIPFILE_LOADED_FAN_OUT"));
+}
+
+#[test]
 fn request_parallelism_follows_the_executor_count() {
     assert_eq!(parse_ok(&[("HIPFILE_THREADS", "3")]).request_parallelism, 3);
     let pairs = [("HIPFILE_THREADS", "3"), ("HIPFILE_REQUEST_PARALLELISM", "4")];

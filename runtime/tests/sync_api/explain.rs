@@ -56,6 +56,9 @@ fn a_file_with_o_direct_says_which_requests_use_it_and_logs_the_first_unaligned_
     let handle = driver.handle_register(fd.as_raw_fd()).unwrap();
     let buffer = device.malloc_device(0, MIB).unwrap();
     let explanation = driver.explain_path(Some(handle), Some(buffer)).unwrap();
+    // The rig's configuration turns the fan-out under load off.
+    let queued = item(&explanation, "queued requests");
+    assert!(queued.text.contains("HIPFILE_LOADED_FAN_OUT=off"), "{explanation}");
     let direct = item(&explanation, "O_DIRECT");
     if !direct.text.starts_with("yes") {
         println!("skipped: {} has no O_DIRECT here: {}", ext4_dir().display(), direct.text);
