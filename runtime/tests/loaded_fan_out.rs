@@ -11,15 +11,20 @@
 //! other tests' copies too.
 
 use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread;
 
 use hipfile_core::{BatchStatus, Direction};
+use hipfile_runtime::AsyncParams;
 use hipfile_runtime::batch::{Batch, BatchEntry};
+use hipfile_runtime::config::StreamCopies;
+use hipfile_runtime::device::StreamMemoryOps;
 use hipfile_test_support::cpu_rig::{
     CHUNK, MIB, TempFile, config, device_bytes, driver_with, eventually, gate_streams, pattern,
     tmpfs_dir,
 };
-use hipfile_test_support::raw;
+use hipfile_test_support::{let_file_changes_settle, raw};
 
 const EXECUTORS: usize = 4;
 /// Each entry spans four chunks: four parts when not capped, two when capped.
@@ -28,8 +33,15 @@ const ENTRIES: usize = 6;
 /// The parts of an entry split under load (`HIPFILE_LOADED_FAN_OUT=2`).
 const CAP: usize = 2;
 
+/// One test at a time: each gates every internal stream of the process.
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 #[test]
 fn queued_requests_past_half_the_executors_go_as_the_capped_parts() {
+    let _serial = serial();
     let data = pattern(8 * MIB, 31);
     let file = TempFile::new(&tmpfs_dir(), &data);
     let client = file.open_rw();
@@ -103,5 +115,69 @@ fn queued_requests_past_half_the_executors_go_as_the_capped_parts() {
     assert_eq!((events[0].status, events[0].result), (BatchStatus::Complete, ENTRY_BYTES as i64));
     eventually("the lone entry's jobs counted", || engine.stats().jobs - jobs_before == 4);
     assert_eq!(engine.stats().requests_split_under_load, ENTRIES as u64 - 2);
+    driver.handle_deregister(handle);
+}
+
+/// Async ops are queued requests too: six fully FIXED reads on six held streams prefetch
+/// at submission, the first two as four parts, the other four as two.
+#[test]
+fn async_reads_count_as_queued_requests() {
+    let _serial = serial();
+    let data = pattern(8 * MIB, 37);
+    let file = TempFile::new(&tmpfs_dir(), &data);
+    let client = file.open_rw();
+    let mut config = config(&[0, 1, 0, 1]);
+    config.request_parallelism = EXECUTORS;
+    config.loaded_fan_out = Some(CAP);
+    // The engine's path: a FIXED read prefetches through its own jobs at submission.
+    config.stream_copies = StreamCopies::Off;
+    config.validate().unwrap();
+    let (driver, device) = driver_with(config);
+    driver.open();
+    let handle = driver.handle_register(client.as_raw_fd()).unwrap();
+    let engine = driver.engine().unwrap();
+    let target = device.malloc_device(0, 8 * MIB).unwrap();
+    assert_eq!(driver.io_sync(Direction::Read, handle, target, raw(8 * MIB, 0, 0)), Ok(8 * MIB));
+    eventually("the first read's jobs ended", || engine.jobs_in_flight() == 0);
+    let gates = gate_streams(&device);
+    assert!(gates.len() >= EXECUTORS, "one internal stream per executor: {}", gates.len());
+    // Made after the gates (`gate_streams` holds every stream that exists); held, so
+    // that every read is posted by its prefetch, not at its arm.
+    let streams: Vec<_> = (0..ENTRIES)
+        .map(|_| {
+            let stream = device.create_stream(0).unwrap();
+            driver.stream_register(stream, 7).unwrap();
+            let held = device.pause_stream(stream).unwrap();
+            (stream, held)
+        })
+        .collect();
+    // Else a prefetch may be read again in stream order, as parts of its own.
+    let_file_changes_settle();
+    let params: Vec<Arc<AsyncParams>> = (0..ENTRIES)
+        .map(|index| {
+            let params = AsyncParams::new(ENTRY_BYTES, (index * ENTRY_BYTES) as i64);
+            params.buffer_offset_bytes.store((index * ENTRY_BYTES) as i64, Ordering::SeqCst);
+            params
+        })
+        .collect();
+    let split_before = engine.stats().requests_split_under_load;
+    for ((stream, _), params) in streams.iter().zip(&params) {
+        driver.submit_async(Direction::Read, handle, target, params, *stream).unwrap();
+    }
+    let expected_jobs = 2 * EXECUTORS as u64 + (ENTRIES as u64 - 2) * CAP as u64;
+    eventually("every read's prefetch posted", || engine.jobs_in_flight() == expected_jobs);
+    let split = engine.stats().requests_split_under_load - split_before;
+    assert_eq!(split, ENTRIES as u64 - 2);
+    drop(gates);
+    for (stream, held) in streams {
+        held.release();
+        device.synchronize_stream(stream).unwrap();
+    }
+    for params in &params {
+        assert_eq!(params.bytes_done.load(Ordering::SeqCst), ENTRY_BYTES as isize);
+    }
+    assert!(device_bytes(target, ENTRIES * ENTRY_BYTES) == data[..ENTRIES * ENTRY_BYTES]);
+    let redone = driver.async_stats().prefetches_redone.load(Ordering::SeqCst);
+    assert_eq!(redone, 0, "every prefetch used, none read again in stream order");
     driver.handle_deregister(handle);
 }
