@@ -68,7 +68,8 @@ const MIN_DEFAULT_STREAM_COPY_MB: usize = 64;
 /// The most default of `HIPFILE_STREAM_COPY_MB`: 64 ops of 16 MiB (or 16 long ops) in
 /// flight per size; slots are pinned only as ops use them, and never shrink.
 const MAX_DEFAULT_STREAM_COPY_MB: usize = 1024;
-/// Default of `HIPFILE_LOADED_FAN_OUT` (capped by the executor count): on an H100, 16 MiB
+/// Default of `HIPFILE_LOADED_FAN_OUT` (a request never has more parts than executors,
+/// so on one executor it changes nothing): on an H100, 16 MiB
 /// hot reads from 8 / 16 async streams read 1.11 / 1.19x as fast as with every request
 /// over 14 executors, at 8-10 % less CPU per GiB (README, Measured, twenty-eighth
 /// session).
@@ -162,7 +163,7 @@ const REASON_FALLBACK_CHUNK: &str =
     "must hold at least one chunk of HIPFILE_CHUNK_KB (the engine's backpressure needs one)";
 const REASON_PARALLELISM: &str = "must be an integer between 1 and the executor count";
 const REASON_BUSY_FAN_OUT: &str = "must be an integer between 1 and the executor count";
-const REASON_LOADED_FAN_OUT: &str = "must be off or an integer between 1 and the executor count";
+const REASON_LOADED_FAN_OUT: &str = "must be off or an integer between 1 and 256";
 const REASON_QUEUE_DEPTH: &str = "must be an integer between 1 and 64";
 const REASON_COPY_SPIN: &str = "must be an integer between 0 and 10000";
 const REASON_PARK_SPIN: &str = "must be an integer between 0 and 1000";
@@ -199,8 +200,8 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     (
         LOADED_FAN_OUT,
         "parts per request while at least as many requests as executors are in flight \
-         (fewer, longer parts when the executors have queues anyway); off or \
-         1..=executor count (default 2)",
+         (fewer, longer parts when the executors have queues anyway); off or 1..=256 \
+         (default 2)",
     ),
     (QUEUE_DEPTH, "chunks in flight per op, 1..=64 (default 4)"),
     (
@@ -449,9 +450,10 @@ pub struct Config {
     /// that find every executor busy go as `n` longer parts; `None`: always
     /// `request_parallelism`.
     pub busy_fan_out: Option<usize>,
-    /// The fan-out under load (`HIPFILE_LOADED_FAN_OUT`): `Some(n)`, a request split
-    /// while at least as many requests as executors are in flight goes as at most `n`
-    /// parts; `None`: the fan-out does not look at the requests in flight.
+    /// The fan-out under load (`HIPFILE_LOADED_FAN_OUT`), 1..=256: `Some(n)`, a queued
+    /// request (an async op's, a batch entry's) split while at least half as many queued
+    /// requests as executors are in flight goes as at most `n` parts; `None`: the fan-out
+    /// does not look at the requests in flight.
     pub loaded_fan_out: Option<usize>,
     /// Chunks in flight per op, 1..=64 (`HIPFILE_QUEUE_DEPTH`).
     pub chunks_in_flight: usize,
@@ -629,9 +631,12 @@ impl Config {
             raw => Some(parse_count(BUSY_FAN_OUT, raw, 1..=executors, 1, REASON_BUSY_FAN_OUT)?),
         };
         config.loaded_fan_out = match get(LOADED_FAN_OUT) {
-            None => config.loaded_fan_out.map(|parts| parts.min(executors)),
+            None => config.loaded_fan_out,
             Some(raw) if raw.trim().eq_ignore_ascii_case("off") => None,
-            raw => Some(parse_count(LOADED_FAN_OUT, raw, 1..=executors, 1, REASON_LOADED_FAN_OUT)?),
+            raw => {
+                let range = 1..=MAX_EXECUTORS;
+                Some(parse_count(LOADED_FAN_OUT, raw, range, 1, REASON_LOADED_FAN_OUT)?)
+            }
         };
         config.chunks_in_flight = parse_count(
             QUEUE_DEPTH,
@@ -798,7 +803,7 @@ impl Config {
         }
         if let Some(parts) = self.loaded_fan_out {
             check(LOADED_FAN_OUT, parts.to_string(), REASON_LOADED_FAN_OUT, || {
-                (1..=executors).contains(&parts)
+                (1..=MAX_EXECUTORS).contains(&parts)
             })?;
         }
         let depth = self.chunks_in_flight;
@@ -825,7 +830,7 @@ impl Config {
             device: DeviceSelection::Auto,
             request_parallelism: executor_cpus.len(),
             busy_fan_out: None,
-            loaded_fan_out: DEFAULT_LOADED_FAN_OUT.map(|parts| parts.min(executor_cpus.len())),
+            loaded_fan_out: DEFAULT_LOADED_FAN_OUT,
             prefetch_budget_bytes: None,
             executor_cpus,
             staging_chunk_bytes: DEFAULT_CHUNK_KB * KIB,

@@ -321,13 +321,19 @@ fn busy_fan_out_is_off_unless_set_and_within_the_executors() {
 fn loaded_fan_out_is_two_parts_unless_off_and_within_the_executors() {
     let threads = |n: &'static str| ("HIPFILE_THREADS", n);
     assert_eq!(parse_ok(&[threads("4")]).loaded_fan_out, Some(2));
-    // The default is capped by the executors.
-    assert_eq!(parse_ok(&[threads("1")]).loaded_fan_out, Some(1));
+    // Not tied to the executor count (a request never has more parts than executors):
+    // one executor keeps the default, and a cap past the executors is valid.
+    assert_eq!(parse_ok(&[threads("1")]).loaded_fan_out, Some(2));
+    assert_eq!(parse_ok(&[threads("1"), ("HIPFILE_LOADED_FAN_OUT", "8")]).loaded_fan_out, Some(8));
+    assert_eq!(
+        parse_ok(&[threads("4"), ("HIPFILE_LOADED_FAN_OUT", "256")]).loaded_fan_out,
+        Some(256)
+    );
     assert_eq!(parse_ok(&[threads("4"), ("HIPFILE_LOADED_FAN_OUT", "off")]).loaded_fan_out, None);
     assert_eq!(parse_ok(&[threads("4"), ("HIPFILE_LOADED_FAN_OUT", " OFF ")]).loaded_fan_out, None);
     assert_eq!(parse_ok(&[threads("4"), ("HIPFILE_LOADED_FAN_OUT", "4")]).loaded_fan_out, Some(4));
     assert_eq!(parse_ok(&[threads("4"), ("HIPFILE_LOADED_FAN_OUT", "1")]).loaded_fan_out, Some(1));
-    for bad in ["0", "5", "-1", "x", "on"] {
+    for bad in ["0", "257", "-1", "x", "on"] {
         let pairs = [threads("4"), ("HIPFILE_LOADED_FAN_OUT", bad)];
         rejected(&pairs, &cpus(4), "HIPFILE_LOADED_FAN_OUT");
     }
