@@ -4,23 +4,26 @@
 # cut short keeps what its earlier steps wrote, and the next call names the rest in STEPS.
 #
 #   TOTAL=560 OUT=$OUT benches/scripts/owed-gpu.sh            # every step that fits
-#   TOTAL=560 STEPS="caller lead" OUT=$OUT benches/scripts/owed-gpu.sh
+#   TOTAL=560 STEPS="lead hot" OUT=$OUT benches/scripts/owed-gpu.sh
 #
 # Steps (STEPS, default all, in this order):
-#   isolation  #14 item 4 (any GPU, named in steps.txt): the default data path against the one before #14
-#              (scripts/isolation-ab.sh, two rounds of reads and writes, latency).
+#   isolation  #14 item 4 (any GPU, named in steps.txt; the issue asks for an H200, where
+#              it last ran on the twenty-third session's binary): the default data path
+#              against the one before #14 (scripts/isolation-ab.sh, two rounds of reads
+#              and writes, latency).
 #   contract   the device-contract suite on CUDA (the caller-thread round trip included).
-#   caller     #16: HIPFILE_CALLER_THREAD default / busy / always, 16 MiB hot reads at
-#              1, 8 and 16 streams, two interleaved rounds (scripts/variants-ab.sh).
-#   lead       #16: the same reads against CUFILE_SYNC and every baseline in one run, under
-#              the default and then under HIPFILE_CALLER_THREAD=busy.
-#   spin       #16: HIPFILE_PARK_SPIN_US default (50 µs) against 0: cold O_DIRECT reads
-#              at 1 and 8 streams (GiB/s and CPU-s/GiB, two interleaved rounds), then the
-#              4 KiB round trip under each.
+#   lead       #16: 16 MiB hot reads and writes at 1, 8 and 16 streams against CUFILE_SYNC
+#              and every baseline in one run, under the default and then under
+#              HIPFILE_LOADED_FAN_OUT=off, with `hipfile-bench targets` of each.
+#   hot        #16: where the CPU of 16 MiB hot reads at 8 async streams goes under the
+#              default (HIPFILE_BENCH_CPU_SAMPLES; count with scripts/cpu-samples.py here):
+#              0.34 CPU-s/GiB against cuFile's 0.32 on an H100, twenty-eighth session.
 #   latency    #16: where the CPU of 4 KiB round trips goes (HIPFILE_BENCH_CPU_SAMPLES,
-#              100000 of them; count with scripts/cpu-samples.py here).
+#              100000 of them).
 #   cold       #16: where the CPU of cold O_DIRECT reads at 8 streams goes
-#              (HIPFILE_BENCH_CPU_SAMPLES; count with scripts/cpu-samples.py here).
+#              (HIPFILE_BENCH_CPU_SAMPLES).
+# Done, results in benches/results/h100-2026-12-07-b/ (twenty-eighth session): the
+# HIPFILE_CALLER_THREAD and HIPFILE_PARK_SPIN_US A/Bs.
 #
 # Needs target/gpu-bundle/bin/hipfile-bench-sym (the bench, debug info stripped, symbols
 # kept) and, for `contract`, target/gpu-bundle/bin/device_contract, both built here by
@@ -78,23 +81,18 @@ contract() {
   tail -3 "$out/device_contract.txt"
   return $rc
 }
-caller() {
-  BENCH=$bench OUT=$out/caller-thread STREAMS=1,8,16 ROUNDS=2 MODES=read \
-    VARIANTS='-; HIPFILE_CALLER_THREAD=busy; HIPFILE_CALLER_THREAD=always' \
-    benches/scripts/variants-ab.sh
-}
 lead() {
   local variant rc=0
-  for variant in default busy; do
+  for variant in default off; do
     local settings=""
-    [ "$variant" = busy ] && settings="HIPFILE_CALLER_THREAD=busy"
+    [ "$variant" = off ] && settings="HIPFILE_LOADED_FAN_OUT=off"
     # shellcheck disable=SC2086 # settings is a word list on purpose
-    env HIPFILE_DEVICE=cuda $settings timeout -s KILL 150 "$bench" --mode read \
+    env HIPFILE_DEVICE=cuda $settings timeout -s KILL 150 "$bench" --mode read,write \
       --streams 1,8,16 --io-size 16M --reps 3 --file /tmp/hf-owed.dat --file-size 2G \
       --json "$out/lead-$variant.json" > "$out/lead-$variant.txt" 2>&1 || rc=$?
     # The rows to compare: ours (ASYNC, SYNC) against cuFile's sync path, per stream count.
     echo "lead, $variant:"
-    grep -E "^READ +(ASYNC|SYNC|CUFILE_SYNC) " "$out/lead-$variant.txt"
+    grep -E "^(READ|WRITE) +(ASYNC|SYNC|CUFILE_SYNC) " "$out/lead-$variant.txt"
     # #16's goals on this report (ratios within it): met, missed by how much.
     "$bench" targets "$out/lead-$variant.json" > "$out/lead-$variant-targets.txt" 2>&1
     grep -E "MET|MISSED" "$out/lead-$variant-targets.txt" | grep "vs CUFILE_SYNC:"
@@ -102,21 +100,14 @@ lead() {
   rm -f /tmp/hf-owed.dat
   return $rc
 }
-spin() {
-  BENCH=$bench OUT=$out/park-spin STREAMS=1,8 ROUNDS=2 MODES=read REPS=2 \
-    EXTRA="--cold --direct on" VARIANTS='-; HIPFILE_PARK_SPIN_US=0' \
-    benches/scripts/variants-ab.sh || return $?
-  local us
-  for us in default 0; do
-    local settings=""
-    [ "$us" = 0 ] && settings="HIPFILE_PARK_SPIN_US=0"
-    # shellcheck disable=SC2086 # settings is a word list on purpose
-    env HIPFILE_DEVICE=cuda $settings timeout -s KILL 60 "$bench" --latency --no-baselines \
-      --iterations 3000 --file /tmp/hf-owed-lat.dat --file-size 256M \
-      > "$out/park-spin/latency-$us.txt" 2>&1
-    grep -E "ASYNC|SYNC" "$out/park-spin/latency-$us.txt" | head -3
-  done
-  rm -f /tmp/hf-owed-lat.dat
+hot() {
+  HIPFILE_DEVICE=cuda HIPFILE_BENCH_CPU_SAMPLES=$out/hot-cpu-samples.txt \
+    "$bench" --mode read --streams 8 --io-size 16M --reps 5 --no-baselines --profile \
+    --file /tmp/hf-owed-hot.dat --file-size 2G > "$out/hot.txt" 2>&1
+  local rc=$?
+  rm -f /tmp/hf-owed-hot.dat
+  grep -E "^READ|cpu-s/GiB by|engine:" "$out/hot.txt"
+  return $rc
 }
 latency() {
   # Where a 4 KiB round trip's CPU goes (the submit call on the bench's thread, the arm
@@ -141,7 +132,7 @@ cold() {
 
 # `timeout` runs each step in a shell of its own.
 export out bin bench
-export -f isolation contract caller lead spin latency cold
+export -f isolation contract lead hot latency cold
 
 # Before and after on one machine in one run: the card is named in steps.txt (the issue
 # asks for an H200; an H100 of the same run is as good a same-machine comparison).
@@ -151,9 +142,8 @@ else
   wanted isolation && echo "isolation: skipped (no GPU)" | tee -a "$out/steps.txt"
 fi
 [ -x "$bin/device_contract" ] && step contract 60 contract
-step caller 150 caller
-step lead 180 lead
-step spin 150 spin
+step lead 200 lead
+step hot 40 hot
 step latency 40 latency
 step cold 60 cold
 echo "done after $(($(date +%s) - start)) s" | tee -a "$out/steps.txt"
