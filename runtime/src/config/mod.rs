@@ -69,10 +69,10 @@ const MIN_DEFAULT_STREAM_COPY_MB: usize = 64;
 /// flight per size; slots are pinned only as ops use them, and never shrink.
 const MAX_DEFAULT_STREAM_COPY_MB: usize = 1024;
 /// Default of `HIPFILE_LOADED_FAN_OUT` (a request never has more parts than executors,
-/// so on one executor it changes nothing): on an H100, 16 MiB
-/// hot reads from 8 / 16 async streams read 1.11 / 1.19x as fast as with every request
-/// over 14 executors, at 8-10 % less CPU per GiB (README, Measured, twenty-eighth
-/// session).
+/// so on one or two executors it changes nothing): on two H100 machines, 16 MiB hot reads
+/// from 8 / 16 async streams read 1.11 / 1.19x and 1.02 / 1.15x as fast as with every
+/// request over 14 executors, at 8-16 % less CPU per GiB (README, Measured,
+/// twenty-eighth session).
 const DEFAULT_LOADED_FAN_OUT: Option<usize> = Some(2);
 const CPUS: &str = "HIPFILE_CPUS";
 const CHUNK_KB: &str = "HIPFILE_CHUNK_KB";
@@ -199,9 +199,9 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ),
     (
         LOADED_FAN_OUT,
-        "parts per request while at least as many requests as executors are in flight \
-         (fewer, longer parts when the executors have queues anyway); off or 1..=256 \
-         (default 2)",
+        "parts per queued request (async op, batch entry) once at least half as many queued \
+         requests as executors are in flight, on the least loaded executors (fewer, longer \
+         parts when every executor has work anyway); off or 1..=256 (default 2)",
     ),
     (QUEUE_DEPTH, "chunks in flight per op, 1..=64 (default 4)"),
     (

@@ -23,8 +23,8 @@ pub(crate) struct EngineStats {
     /// Of those, the ones moved while async ops were alive (their copies take the path no
     /// held application stream can stall).
     pub(crate) caller_thread_requests_beside_ops: AtomicU64,
-    /// Requests split into fewer parts because at least as many requests as executors
-    /// were in flight (`HIPFILE_LOADED_FAN_OUT`).
+    /// Queued requests split into fewer parts because at least half as many queued
+    /// requests as executors were in flight (`HIPFILE_LOADED_FAN_OUT`).
     pub(crate) requests_split_under_load: AtomicU64,
     /// Jobs moved by a blocking executor (its glommio executor could not start).
     pub(crate) blocking_jobs: AtomicU64,

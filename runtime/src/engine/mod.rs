@@ -555,7 +555,6 @@ impl Engine {
         if let Some(result) = self.run_on_caller_thread(&request) {
             return result;
         }
-        // Held until the parts are over: the request counts in flight until then.
         let parts = self.parts(
             Waiter::Caller,
             request.direction,
