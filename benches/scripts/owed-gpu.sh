@@ -18,6 +18,10 @@
 #   hot        #16: where the CPU of 16 MiB hot reads at 8 async streams goes under the
 #              default (HIPFILE_BENCH_CPU_SAMPLES; count with scripts/cpu-samples.py here):
 #              0.34 CPU-s/GiB against cuFile's 0.32 on an H100, twenty-eighth session.
+#   levers     #16: under the new default, what else moves 8- and 16-stream hot reads,
+#              where the executors wait on their copies for half to two thirds of job time
+#              (twenty-eighth session): fewer copies in flight per executor
+#              (HIPFILE_QUEUE_DEPTH=2), 2 MiB chunks, 4 parts under load; two rounds.
 #   latency    #16: where the CPU of 4 KiB round trips goes (HIPFILE_BENCH_CPU_SAMPLES,
 #              100000 of them).
 #   cold       #16: where the CPU of cold O_DIRECT reads at 8 streams goes
@@ -109,6 +113,11 @@ hot() {
   grep -E "^READ|cpu-s/GiB by|engine:" "$out/hot.txt"
   return $rc
 }
+levers() {
+  BENCH=$bench OUT=$out/levers STREAMS=8,16 ROUNDS=2 MODES=read \
+    VARIANTS='-; HIPFILE_QUEUE_DEPTH=2; HIPFILE_CHUNK_KB=2048; HIPFILE_LOADED_FAN_OUT=4' \
+    benches/scripts/variants-ab.sh
+}
 latency() {
   # Where a 4 KiB round trip's CPU goes (the submit call on the bench's thread, the arm
   # poller, the executors): many iterations, for enough 10 ms samples.
@@ -132,7 +141,7 @@ cold() {
 
 # `timeout` runs each step in a shell of its own.
 export out bin bench
-export -f isolation contract lead hot latency cold
+export -f isolation contract lead hot levers latency cold
 
 # Before and after on one machine in one run: the card is named in steps.txt (the issue
 # asks for an H200; an H100 of the same run is as good a same-machine comparison).
@@ -144,6 +153,7 @@ fi
 [ -x "$bin/device_contract" ] && step contract 60 contract
 step lead 200 lead
 step hot 40 hot
+step levers 100 levers
 step latency 40 latency
 step cold 60 cold
 echo "done after $(($(date +%s) - start)) s" | tee -a "$out/steps.txt"
