@@ -16,10 +16,11 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread;
 
 use hipfile_core::{BatchStatus, Direction};
-use hipfile_runtime::AsyncParams;
 use hipfile_runtime::batch::{Batch, BatchEntry};
 use hipfile_runtime::config::StreamCopies;
 use hipfile_runtime::device::StreamMemoryOps;
+use hipfile_runtime::device::cpu::CpuDevice;
+use hipfile_runtime::{AsyncParams, Driver, HandleId};
 use hipfile_test_support::cpu_rig::{
     CHUNK, MIB, TempFile, config, device_bytes, driver_with, eventually, gate_streams, pattern,
     tmpfs_dir,
@@ -39,31 +40,55 @@ fn serial() -> MutexGuard<'static, ()> {
     LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// An 8 MiB file of `seed`'s pattern read once through a driver of four executors with
+/// the cap on (`stream_copies` as given), so that every executor's internal stream exists
+/// to gate; the read's jobs ended.
+struct Rig {
+    data: Vec<u8>,
+    _file: TempFile,
+    _client: std::fs::File,
+    driver: Arc<Driver>,
+    device: Arc<CpuDevice>,
+    handle: HandleId,
+    /// 8 MiB of device memory.
+    target: u64,
+}
+
+impl Rig {
+    fn new(seed: u64, stream_copies: StreamCopies) -> Rig {
+        let data = pattern(8 * MIB, seed);
+        let file = TempFile::new(&tmpfs_dir(), &data);
+        let client = file.open_rw();
+        let mut config = config(&[0, 1, 0, 1]);
+        config.request_parallelism = EXECUTORS;
+        config.loaded_fan_out = Some(CAP);
+        config.stream_copies = stream_copies;
+        config.validate().unwrap();
+        let (driver, device) = driver_with(config);
+        driver.open();
+        let handle = driver.handle_register(client.as_raw_fd()).unwrap();
+        let target = device.malloc_device(0, 8 * MIB).unwrap();
+        let read = driver.io_sync(Direction::Read, handle, target, raw(8 * MIB, 0, 0));
+        assert_eq!(read, Ok(8 * MIB));
+        let engine = driver.engine().unwrap();
+        eventually("the first read's jobs ended", || engine.jobs_in_flight() == 0);
+        Rig { data, _file: file, _client: client, driver, device, handle, target }
+    }
+}
+
 #[test]
 fn queued_requests_past_half_the_executors_go_as_the_capped_parts() {
     let _serial = serial();
-    let data = pattern(8 * MIB, 31);
-    let file = TempFile::new(&tmpfs_dir(), &data);
-    let client = file.open_rw();
-    let mut config = config(&[0, 1, 0, 1]);
-    config.request_parallelism = EXECUTORS;
-    config.loaded_fan_out = Some(CAP);
-    config.validate().unwrap();
-    let (driver, device) = driver_with(config);
-    driver.open();
-    let handle = driver.handle_register(client.as_raw_fd()).unwrap();
+    let Rig { data, driver, device, handle, target, .. } = &Rig::new(31, StreamCopies::Off);
+    let (driver, device, handle, target) = (driver, device, *handle, *target);
     let engine = driver.engine().unwrap();
-    let target = device.malloc_device(0, 8 * MIB).unwrap();
     let sync_target = device.malloc_device(0, ENTRY_BYTES).unwrap();
-    // A first read over every executor makes their internal streams, to gate.
-    assert_eq!(driver.io_sync(Direction::Read, handle, target, raw(8 * MIB, 0, 0)), Ok(8 * MIB));
-    eventually("the first read's jobs ended", || engine.jobs_in_flight() == 0);
     let split_before = engine.stats().requests_split_under_load;
     assert_eq!(split_before, 0, "one sync request is never capped");
     // Made before the gates, so that a failing assertion drops the gates first (the
     // batch's drop waits for its entries, whose copies the gates hold).
-    let batch = Batch::new(driver.clone(), ENTRIES as u32).unwrap();
-    let gates = gate_streams(&device);
+    let batch = Batch::new(Arc::clone(driver), ENTRIES as u32).unwrap();
+    let gates = gate_streams(device);
     assert!(gates.len() >= EXECUTORS, "one internal stream per executor: {}", gates.len());
 
     let entry = |index: usize| BatchEntry {
@@ -87,7 +112,6 @@ fn queued_requests_past_half_the_executors_go_as_the_capped_parts() {
     assert!(loads.iter().all(|&jobs| jobs == expected_jobs / EXECUTORS as u64), "{loads:?}");
 
     thread::scope(|scope| {
-        let driver = &driver;
         // A sync request beside them: a thread waits on it alone, so it keeps every part.
         let sync = scope.spawn(move || {
             driver.io_sync(Direction::Read, handle, sync_target, raw(ENTRY_BYTES, 0, 0))
@@ -123,23 +147,11 @@ fn queued_requests_past_half_the_executors_go_as_the_capped_parts() {
 #[test]
 fn async_reads_count_as_queued_requests() {
     let _serial = serial();
-    let data = pattern(8 * MIB, 37);
-    let file = TempFile::new(&tmpfs_dir(), &data);
-    let client = file.open_rw();
-    let mut config = config(&[0, 1, 0, 1]);
-    config.request_parallelism = EXECUTORS;
-    config.loaded_fan_out = Some(CAP);
     // The engine's path: a FIXED read prefetches through its own jobs at submission.
-    config.stream_copies = StreamCopies::Off;
-    config.validate().unwrap();
-    let (driver, device) = driver_with(config);
-    driver.open();
-    let handle = driver.handle_register(client.as_raw_fd()).unwrap();
+    let Rig { data, driver, device, handle, target, .. } = &Rig::new(37, StreamCopies::Off);
+    let (driver, device, handle, target) = (driver, device, *handle, *target);
     let engine = driver.engine().unwrap();
-    let target = device.malloc_device(0, 8 * MIB).unwrap();
-    assert_eq!(driver.io_sync(Direction::Read, handle, target, raw(8 * MIB, 0, 0)), Ok(8 * MIB));
-    eventually("the first read's jobs ended", || engine.jobs_in_flight() == 0);
-    let gates = gate_streams(&device);
+    let gates = gate_streams(device);
     assert!(gates.len() >= EXECUTORS, "one internal stream per executor: {}", gates.len());
     // Made after the gates (`gate_streams` holds every stream that exists); held, so
     // that every read is posted by its prefetch, not at its arm.
