@@ -242,7 +242,6 @@ impl Batch {
         if direction == Direction::Write {
             crate::async_op::prefetch::note_write(&file);
         }
-        let list = parts.list().to_vec();
         let executors = engine.executors_for(self.driver.next_executor(), &parts);
         let run = Arc::new(EntryRun {
             slot,
@@ -254,7 +253,7 @@ impl Batch {
             buffer_use: Mutex::new(Some(buffer.begin_use())),
             shared: Arc::clone(&self.shared),
         });
-        for (index, (&(offset, len), guard)) in list.iter().zip(guards).enumerate() {
+        for (index, (&(offset, len), guard)) in run.joiner.parts().iter().zip(guards).enumerate() {
             let starting = Arc::clone(&run);
             let ending = Arc::clone(&run);
             let job = IoJob {
