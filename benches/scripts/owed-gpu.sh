@@ -14,7 +14,8 @@
 #   contract   the device-contract suite on CUDA (the caller-thread round trip included).
 #   lead       #16: 16 MiB hot reads and writes at 1, 8 and 16 streams against CUFILE_SYNC
 #              and every baseline in one run, under the default and then under
-#              HIPFILE_LOADED_FAN_OUT=off, with `hipfile-bench targets` of each.
+#              HIPFILE_LOADED_FAN_OUT=off (LEAD_VARIANTS, default "default off"), with
+#              `hipfile-bench targets` of each.
 #   hot        #16: where the CPU of 16 MiB hot reads at 8 async streams goes under the
 #              default (HIPFILE_BENCH_CPU_SAMPLES; count with scripts/cpu-samples.py here):
 #              0.34 CPU-s/GiB against cuFile's 0.32 on an H100, twenty-eighth session.
@@ -87,7 +88,7 @@ contract() {
 }
 lead() {
   local variant rc=0
-  for variant in default off; do
+  for variant in ${LEAD_VARIANTS:-default off}; do
     local settings=""
     [ "$variant" = off ] && settings="HIPFILE_LOADED_FAN_OUT=off"
     # shellcheck disable=SC2086 # settings is a word list on purpose
@@ -140,7 +141,7 @@ cold() {
 }
 
 # `timeout` runs each step in a shell of its own.
-export out bin bench
+export out bin bench LEAD_VARIANTS
 export -f isolation contract lead hot levers latency cold
 
 # Before and after on one machine in one run: the card is named in steps.txt (the issue
