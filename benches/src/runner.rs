@@ -95,6 +95,8 @@ struct StatsInfo {
     stream_copies: u64,
     /// Ops that went through their stream's spare slot (`HIPFILE_STREAM_COPIES=all`).
     spare_ops: u64,
+    /// Reads done inside the submit call (`HIPFILE_INLINE_READ_KB`).
+    read_at_submission: u64,
     host_releases: u64,
     direct_read_bytes: u64,
     buffered_read_bytes: u64,
@@ -402,6 +404,7 @@ fn stats(b: &Bench) -> Option<StatsInfo> {
         device_releases: load(&a.device_releases),
         stream_copies: load(&a.stream_copies),
         spare_ops: load(&a.spare_ops),
+        read_at_submission: load(&a.read_at_submission),
         host_releases: load(&a.host_releases),
         direct_read_bytes: file.direct_read_bytes,
         buffered_read_bytes: file.buffered_read_bytes,
@@ -415,7 +418,7 @@ fn stats(b: &Bench) -> Option<StatsInfo> {
 
 fn print_stats(s: &StatsInfo) {
     println!(
-        "hipfile-rs counters: {} engine jobs ({} arena chunks, {} fallback, {} waits for a fallback chunk, {} sync retries; {} on blocking executors; slot jobs moved by one pread / pwrite: {} / {}; {} requests split in fewer parts under load), {} requests on the caller's thread ({} of more than one chunk, {} while async ops were alive); async {} submitted, {} prefetched, {} copied on the user's stream ({} ops through their stream's spare slot), {} device / {} host releases; file {} MiB O_DIRECT + {} MiB buffered read, {} MiB O_DIRECT + {} MiB buffered written; device slots hold {} MiB ({} reads found none free, {} of them shared their stream's)",
+        "hipfile-rs counters: {} engine jobs ({} arena chunks, {} fallback, {} waits for a fallback chunk, {} sync retries; {} on blocking executors; slot jobs moved by one pread / pwrite: {} / {}; {} requests split in fewer parts under load), {} requests on the caller's thread ({} of more than one chunk, {} while async ops were alive); async {} submitted ({} read inside the submit call), {} prefetched, {} copied on the user's stream ({} ops through their stream's spare slot), {} device / {} host releases; file {} MiB O_DIRECT + {} MiB buffered read, {} MiB O_DIRECT + {} MiB buffered written; device slots hold {} MiB ({} reads found none free, {} of them shared their stream's)",
         s.engine_jobs,
         s.arena_chunks,
         s.fallback_chunks,
@@ -429,6 +432,7 @@ fn print_stats(s: &StatsInfo) {
         s.caller_thread_large_requests,
         s.caller_thread_requests_beside_ops,
         s.async_submitted,
+        s.read_at_submission,
         s.async_prefetched,
         s.stream_copies,
         s.spare_ops,

@@ -753,6 +753,8 @@ impl SlowCopyEnqueue {
         let config = Config {
             stream_copies: hipfile_runtime::config::StreamCopies::All,
             stream_copy_slots: hipfile_runtime::config::StreamCopySlots::Pinned,
+            // The stream copies' path: reads inside the submit call would take these.
+            inline_read_bytes: 0,
             ..small_config()
         };
         let rig = Arc::new(Rig::with(1, config));
@@ -881,6 +883,8 @@ fn a_read_whose_copy_cannot_be_enqueued_ends_with_a_driver_error() {
     let config = Config {
         stream_copies: hipfile_runtime::config::StreamCopies::All,
         stream_copy_slots: hipfile_runtime::config::StreamCopySlots::Pinned,
+        // The stream copies' path: reads inside the submit call would take these.
+        inline_read_bytes: 0,
         ..small_config()
     };
     let rig = Rig::with(1, config);
@@ -1072,4 +1076,47 @@ fn staged_slot_reads_past_the_budget_are_read_when_their_stream_reaches_them() {
     t.rig.sync(holder);
     drop(guard);
     t.check(OPS..OPS + 1, &[held], "the holder's read");
+}
+
+/// A read inside the submit call (`HIPFILE_INLINE_READ_KB`) that meets a byte the page
+/// cache does not hold (the kernel's `EAGAIN` under `RWF_NOWAIT`, injected), a failing
+/// read, or a copy the device refuses goes the ordinary way: the same bytes, nothing
+/// counted inside the call; the stream's next read goes inside the call again.
+#[test]
+fn a_read_inside_the_submit_call_that_cannot_finish_goes_the_ordinary_way() {
+    let _serial = serial();
+    let rig = Rig::with(1, Config { inline_read_bytes: 64 * KIB, ..small_config() });
+    let data = pattern(26, MIB);
+    let file = TempFile::new("inline-fallback", &data);
+    let fd = file.open_rw();
+    let handle = rig.register(&fd);
+    let buffer = rig.alloc(MIB);
+    let stream = rig.registered_stream(7);
+    let inline =
+        || rig.driver.async_stats().read_at_submission.load(std::sync::atomic::Ordering::SeqCst);
+    let faults = [
+        (Site::FileRead, Fault::Errno(libc::EAGAIN)),
+        (Site::FileRead, Fault::Errno(libc::EIO)),
+        (Site::DeviceCopy, Fault::Errno(0)),
+    ];
+    for (i, (site, fault)) in faults.into_iter().enumerate() {
+        let what = format!("{site:?} {fault:?}");
+        let before = inline();
+        let offset = (i + 1) * 64 * KIB;
+        let p = params(16 * KIB, offset as i64, 0);
+        let guard = fault::install(Plan { seed: 0x520 + i as u64, rules: vec![once(site, fault)] });
+        rig.read(handle, buffer, &p, stream);
+        assert_eq!(guard.injected(), vec![1], "{what}");
+        drop(guard);
+        rig.sync(stream);
+        assert_eq!(inline(), before, "{what}: the ordinary way");
+        assert_eq!(bytes(&p), (16 * KIB) as isize, "{what}");
+        let got = rig.dev_bytes(buffer, 16 * KIB);
+        assert_bytes(&got, &data[offset..offset + 16 * KIB], &what);
+        let next = params(16 * KIB, 0, 0);
+        rig.read(handle, buffer, &next, stream);
+        rig.sync(stream);
+        assert_eq!(inline(), before + 1, "{what}: the next read goes inside the call");
+        assert_bytes(&rig.dev_bytes(buffer, 16 * KIB), &data[..16 * KIB], &what);
+    }
 }

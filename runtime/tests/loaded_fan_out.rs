@@ -132,7 +132,9 @@ fn queued_requests_past_half_the_executors_go_as_the_capped_parts() {
     eventually("every job ended", || engine.jobs_in_flight() == 0);
     assert_eq!(engine.stats().requests_split_under_load, ENTRIES as u64 - 2, "sync not capped");
 
-    // Their parts over, the entries no longer count: a lone entry spreads again.
+    // Their parts over, the entries no longer count: a lone entry spreads again. (An
+    // entry counts until its joiner drops, a moment after its last job reported.)
+    eventually("no queued request counted", || engine.queued_requests_in_flight() == 0);
     let jobs_before = engine.stats().jobs;
     batch.submit(&[entry(0)]).unwrap();
     let events = batch.status(1, 1, None);

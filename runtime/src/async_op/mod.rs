@@ -41,6 +41,7 @@
 
 mod host_fn;
 mod idle_slots;
+mod inline_read;
 mod params;
 mod pieces;
 pub(crate) mod prefetch;
@@ -63,6 +64,7 @@ use crate::file::{ChangeStamp, FileHandle, OpGuard};
 use crate::stream::StreamState;
 
 pub(crate) use idle_slots::IdleSlotGiver;
+pub(crate) use inline_read::InlineReads;
 pub use params::{AsyncParams, ParamSource};
 pub(crate) use pieces::{PieceSlot, Submission};
 pub(crate) use prefetch::{Hazard, WriteHazardTable};
@@ -154,6 +156,9 @@ pub struct AsyncStats {
     /// Ops that found no slot of their own and went through their stream's spare slot in
     /// pieces (`HIPFILE_STREAM_COPIES=all`; each piece counts in `stream_copies` too).
     pub spare_ops: AtomicU64,
+    /// Reads done inside the submit call on an idle stream, only their copy enqueued
+    /// (`HIPFILE_INLINE_READ_KB`; each counts in `submitted` too).
+    pub read_at_submission: AtomicU64,
 }
 
 /// Nanoseconds since the first call in this process (the async path's round-trip

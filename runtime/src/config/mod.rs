@@ -74,6 +74,14 @@ const MAX_DEFAULT_STREAM_COPY_MB: usize = 1024;
 /// request over 14 executors, at 8-16 % less CPU per GiB (README, Measured,
 /// twenty-eighth session).
 const DEFAULT_LOADED_FAN_OUT: Option<usize> = Some(2);
+/// Default of `HIPFILE_INLINE_READ_KB`: a read of at most this, all FIXED, submitted to an
+/// idle stream, is read inside the submit call when the page cache holds it
+/// (`async_op::inline_read`).
+const DEFAULT_INLINE_READ_KB: usize = 64;
+/// Most of `HIPFILE_INLINE_READ_KB`: the largest pinned slot.
+const MAX_INLINE_READ_KB: usize = 16 * 1024;
+const INLINE_READ_KB: &str = "HIPFILE_INLINE_READ_KB";
+const REASON_INLINE_READ: &str = "must be an integer between 0 and 16384 (KiB)";
 const CPUS: &str = "HIPFILE_CPUS";
 const CHUNK_KB: &str = "HIPFILE_CHUNK_KB";
 const STAGING_MB: &str = "HIPFILE_STAGING_MB";
@@ -234,6 +242,12 @@ pub const ENV_VARS: &[(&str, &str)] = &[
          offset and size stay as submitted, on any stream: up to 16 MiB in a slot, longer \
          ones in pieces, ops past the slots' cap through their stream's spare slots) or \
          off; also 1/true, 0/false (default: all on cuda, off on the cpu and rocm devices)",
+    ),
+    (
+        INLINE_READ_KB,
+        "async reads of at most this many KiB with every parameter FIXED, submitted to an \
+         idle stream, are read inside the submit call when the page cache holds them, and \
+         only their copy is enqueued on the stream; 0..=16384, 0 turns it off (default 64)",
     ),
     (
         STREAM_COPY_MB,
@@ -483,6 +497,11 @@ pub struct Config {
     /// Which fully FIXED async reads stage ahead into a slot and copy on the user's own
     /// stream (`HIPFILE_STREAM_COPIES`, default the backend's choice; [`StreamCopies`]).
     pub stream_copies: StreamCopies,
+    /// Async reads of at most this many bytes, every parameter FIXED, submitted to a stream
+    /// with nothing left to run, are read inside the submit call when the page cache holds
+    /// every byte, and only their copy (and its slot's done write) is enqueued on the stream
+    /// (`HIPFILE_INLINE_READ_KB`, default 64 KiB; 0: off). See `async_op::inline_read`.
+    pub inline_read_bytes: usize,
     /// With [`StreamCopies::All`]: the most pinned bytes of slots of each size above
     /// 64 KiB (`HIPFILE_STREAM_COPY_MB`); an op that finds no free slot goes through its
     /// stream's spare slot (buffer offset and size FIXED; spares may take their size to
@@ -638,6 +657,13 @@ impl Config {
                 Some(parse_count(LOADED_FAN_OUT, raw, range, 1, REASON_LOADED_FAN_OUT)?)
             }
         };
+        config.inline_read_bytes = parse_count(
+            INLINE_READ_KB,
+            get(INLINE_READ_KB),
+            0..=MAX_INLINE_READ_KB,
+            DEFAULT_INLINE_READ_KB,
+            REASON_INLINE_READ,
+        )? * KIB;
         config.chunks_in_flight = parse_count(
             QUEUE_DEPTH,
             get(QUEUE_DEPTH),
@@ -806,6 +832,10 @@ impl Config {
                 (1..=MAX_EXECUTORS).contains(&parts)
             })?;
         }
+        let inline = self.inline_read_bytes;
+        check(INLINE_READ_KB, in_unit(inline, KIB), REASON_INLINE_READ, || {
+            inline <= MAX_INLINE_READ_KB * KIB
+        })?;
         let depth = self.chunks_in_flight;
         check(QUEUE_DEPTH, depth.to_string(), REASON_QUEUE_DEPTH, || {
             (1..=MAX_CHUNKS_IN_FLIGHT).contains(&depth)
@@ -846,6 +876,7 @@ impl Config {
             buffered_writes: BufferedWrites::Thread,
             caller_thread: CallerThread::Small,
             stream_copies: StreamCopies::Auto,
+            inline_read_bytes: DEFAULT_INLINE_READ_KB * KIB,
             stream_copy_cap_bytes: default_stream_copy_mib(crate::sys::physical_memory_bytes())
                 * MIB,
             stream_copy_piece_bytes: DEFAULT_STREAM_COPY_PIECE_MB * MIB,

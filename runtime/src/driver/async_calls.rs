@@ -6,7 +6,9 @@ use std::sync::Arc;
 use hipfile_core::{Direction, OpError, ValidIo, validate};
 
 use super::{Driver, HandleId};
-use crate::async_op::{AsyncOp, AsyncParams, EnqueueError, OpHost, ParamSource, Submission};
+use crate::async_op::{
+    AsyncOp, AsyncParams, EnqueueError, InlineReads, OpHost, ParamSource, Submission,
+};
 use crate::buffer::ResolvedBuffer;
 use crate::device::StreamHandle;
 use crate::error::Error;
@@ -99,6 +101,14 @@ impl Driver {
         let bytes_before = params.published();
         // Before the enqueue: once enqueued, the op may publish at any time.
         params.publish(0);
+        let inline = InlineReads {
+            host: &**self,
+            pool: self.inline_slots.as_deref(),
+            cap_bytes: self.inline_read_bytes,
+        };
+        if inline.try_read(&state, &submit_lock, &buffer, (direction, &io, &file, &*params)) {
+            return Ok(());
+        }
         let host: Arc<dyn OpHost> = Arc::clone(self) as Arc<dyn OpHost>;
         let submit = Submission { host, engine, state: &state, buffer: &buffer };
         let submitted =

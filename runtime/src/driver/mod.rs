@@ -71,6 +71,12 @@ pub struct Driver {
     /// Staging slots of reads copied on the user's stream (`None`: off, or the device
     /// cannot copy on user streams).
     slots: Option<Arc<SlotPool>>,
+    /// Pinned slots of reads done inside the submit call (`async_op::inline_read`): the
+    /// stream copies' pool where there is one, else one of their own (`None`: off, or the
+    /// device cannot copy on user streams).
+    inline_slots: Option<Arc<SlotPool>>,
+    /// `HIPFILE_INLINE_READ_KB` in bytes (0: off).
+    inline_read_bytes: usize,
 }
 
 impl std::fmt::Debug for Driver {
@@ -124,11 +130,27 @@ impl Driver {
                     config.stream_copy_device_full == DeviceSlotsFull::Share,
                 ))
             });
+        let inline_read_bytes = config.inline_read_bytes;
+        let inline_slots = slots.clone().or_else(|| {
+            (inline_read_bytes > 0 && device.copies_on_user_streams()).then(|| {
+                // Pinned slots only, for inline reads (of at most the largest slot).
+                Arc::new(SlotPool::with_memory(
+                    Arc::clone(&device),
+                    false,
+                    config.stream_copy_cap_bytes,
+                    config.stream_copy_piece_bytes,
+                    None,
+                    false,
+                ))
+            })
+        });
         let idle = Duration::from_millis(config.stream_copy_device_idle_ms);
         let idle_slots = slots.as_ref().and_then(|pool| IdleSlotGiver::start(pool, idle));
         Arc::new(Driver {
             _idle_slots: idle_slots,
             slots,
+            inline_slots,
+            inline_read_bytes,
             compat_mode_allowed: AtomicBool::new(config.allow_compat_mode),
             config: RwLock::new(Arc::new(config)),
             page_size_bytes: crate::sys::page_size_bytes(),
@@ -227,10 +249,12 @@ impl Driver {
         let stats = &self.async_stats;
         let _ = writeln!(
             report,
-            "  async: {} submitted, {} prefetched, {} released device-side, {} host-side; {} \
+            "  async: {} submitted ({} read inside the submit call), {} prefetched, {} released \
+             device-side, {} host-side; {} \
              copied on their stream ({} through spare slots), device slots hold {} MiB ({} \
              reads found none free, {} of them shared their stream's)",
             stats.submitted.load(Ordering::Relaxed),
+            stats.read_at_submission.load(Ordering::Relaxed),
             stats.prefetched.load(Ordering::Relaxed),
             stats.device_releases.load(Ordering::Relaxed),
             stats.host_releases.load(Ordering::Relaxed),

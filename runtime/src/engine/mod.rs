@@ -481,6 +481,14 @@ impl Engine {
         self.watches.iter().map(|watch| watch.jobs_in_flight()).sum()
     }
 
+    /// Queued requests (async ops, prefetches, slot reads, batch entries) counted for the
+    /// fan-out under load (`HIPFILE_LOADED_FAN_OUT`): those whose parts are not all over.
+    /// A request counts until its joiner is dropped, which may be a moment after its last
+    /// job reported.
+    pub fn queued_requests_in_flight(&self) -> usize {
+        self.queued_requests.load(Ordering::Relaxed)
+    }
+
     /// Jobs posted to each executor that have not reported yet, in executor order.
     pub fn jobs_in_flight_by_executor(&self) -> Vec<u64> {
         self.watches.iter().map(|watch| watch.jobs_in_flight()).collect()

@@ -1,5 +1,6 @@
 //! Blocking whole transfers on a descriptor: [`pread_full`] and [`pwrite_full`], which
-//! retry `EINTR` and short transfers and take the faults an installed plan injects.
+//! retry `EINTR` and short transfers and take the faults an installed plan injects; and
+//! [`pread_cached`], a read that never waits for the disk.
 
 use std::io;
 use std::os::fd::RawFd;
@@ -30,6 +31,38 @@ pub fn pread_full(fd: RawFd, buf: &mut [u8], offset_bytes: u64) -> io::Result<us
         }
     }
     Ok(done_bytes)
+}
+
+/// Reads into all of `buf` from `offset_bytes` only as far as the page cache holds it:
+/// `preadv2(RWF_NOWAIT)`, which returns `EAGAIN` (or stops short) instead of waiting for
+/// the disk. `Some(bytes)` when the whole range was read, or the file ended first (`bytes`
+/// short only then); `None` when some byte would have needed the disk, the kernel or
+/// file system cannot read without waiting (`EOPNOTSUPP`), or a read failed: the caller
+/// then reads the ordinary way, which reports real errors.
+pub fn pread_cached(fd: RawFd, buf: &mut [u8], offset_bytes: u64) -> Option<usize> {
+    let mut done_bytes = 0;
+    // Short reads with no error are the kernel's "the next page is not cached" (or the end
+    // of the file): asked again from there, it answers EAGAIN or 0.
+    while done_bytes < buf.len() {
+        let offset = file_offset(offset_bytes, done_bytes).ok()?;
+        let len = match injected_len(Site::FileRead, buf.len() - done_bytes) {
+            Ok(Some(len)) => len,
+            Ok(None) => continue,
+            Err(_) => return None,
+        };
+        let rest = &mut buf[done_bytes..done_bytes + len];
+        let iov = libc::iovec { iov_base: rest.as_mut_ptr().cast(), iov_len: rest.len() };
+        // SAFETY: the one iovec describes `rest`, a live, exclusively borrowed buffer of
+        // `rest.len()` bytes for the whole call; the kernel writes at most that many.
+        let result = unsafe { libc::preadv2(fd, &iov, 1, offset, libc::RWF_NOWAIT) };
+        match usize::try_from(result) {
+            Ok(0) => break,
+            Ok(n_bytes) => done_bytes += n_bytes,
+            Err(_) if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => return None,
+        }
+    }
+    Some(done_bytes)
 }
 
 /// Writes all of `buf` at `offset_bytes`, retrying `EINTR` and short writes. Returns

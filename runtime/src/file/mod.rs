@@ -35,7 +35,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use hipfile_core::{ChunkMode, DioAlignment, Direction, OpError};
 
-pub use blocking::{pread_full, pwrite_full};
+pub use blocking::{pread_cached, pread_full, pwrite_full};
 pub(crate) use change::ChangeStamp;
 pub use direct::DirectPolicy;
 pub(crate) use direct::NoDirectReason;

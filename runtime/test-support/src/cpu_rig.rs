@@ -49,6 +49,8 @@ pub fn config(cpus: &[usize]) -> Config {
         buffered_writes: BufferedWrites::Thread,
         caller_thread: hipfile_runtime::config::CallerThread::Small,
         stream_copies: hipfile_runtime::config::StreamCopies::Off,
+        // The engine's path: the inline reads' own tests turn them on.
+        inline_read_bytes: 0,
         stream_copy_cap_bytes: 64 << 20,
         stream_copy_piece_bytes: 16 << 20,
         stream_copy_slots: hipfile_runtime::config::StreamCopySlots::Pinned,

@@ -10,6 +10,7 @@ mod data_path_safety;
 mod direct;
 mod durability;
 mod errors;
+mod inline_reads;
 mod lifetime;
 mod multi_device;
 mod no_memops;

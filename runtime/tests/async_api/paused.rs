@@ -517,7 +517,9 @@ fn reads_with_unfixed_parameters_do_not_prefetch() {
 #[test]
 fn fixed_all_read_on_an_idle_stream_runs_exactly_once() {
     const N: usize = 500;
-    let t = Paused::new("prefetch-idle", 64 * KIB, 64 * KIB);
+    // Reads inside the submit call would take every one of them (`inline_reads.rs`).
+    let config = hipfile_runtime::config::Config { inline_read_bytes: 0, ..small_config() };
+    let t = Paused::with(Rig::with(1, config), "prefetch-idle", 64 * KIB, 64 * KIB);
     let stream = t.rig.registered_stream(7);
     let before = read_bytes(&t);
     for i in 0..N {

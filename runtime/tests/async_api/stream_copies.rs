@@ -16,9 +16,15 @@ use hipfile_runtime::file::DirectPolicy;
 use super::paused::Paused;
 use hipfile_test_support::rig::*;
 
-/// A rig with stream copies on (`HIPFILE_STREAM_COPIES=on`; off by default).
+/// A rig with stream copies on (`HIPFILE_STREAM_COPIES=on`; off by default), and reads
+/// inside the submit call off (they would take these reads first: `inline_reads.rs`).
 fn on() -> Rig {
-    Rig::with(1, Config { stream_copies: StreamCopies::Idle, ..small_config() })
+    Rig::with(1, Config { stream_copies: StreamCopies::Idle, ..no_inline_reads() })
+}
+
+/// [`small_config`] with reads inside the submit call off.
+fn no_inline_reads() -> Config {
+    Config { inline_read_bytes: 0, ..small_config() }
 }
 
 fn read(t: &Paused, p: &Arc<AsyncParams>, stream: hipfile_runtime::device::StreamHandle) {
@@ -236,7 +242,7 @@ fn many_small_reads_on_several_streams_and_slots_come_back() {
 #[test]
 fn blocking_executors_read_straight_into_the_slot() {
     let config =
-        Config { stream_copies: StreamCopies::Idle, use_io_uring: false, ..small_config() };
+        Config { stream_copies: StreamCopies::Idle, use_io_uring: false, ..no_inline_reads() };
     let file_len = 100_000;
     let t = Paused::with(Rig::with(1, config), "stream-copies-blocking", file_len, MIB);
     let stream = t.rig.registered_stream(7);
