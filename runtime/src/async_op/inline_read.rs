@@ -58,7 +58,6 @@ impl InlineReads<'_> {
         buffer: &ResolvedBuffer,
         (direction, io, file, params): InlineRequest<'_>,
     ) -> bool {
-        let started = Instant::now();
         let size_bytes = io.size_bytes();
         if direction != Direction::Read
             || size_bytes > self.cap_bytes as u64
@@ -77,6 +76,8 @@ impl InlineReads<'_> {
         {
             return false;
         }
+        // (Timed from here: a submission the call may not take pays no clock read.)
+        let started = Instant::now();
         let len = size_bytes as usize;
         let Some(slot) = pool.try_take(len) else { return false };
         // SAFETY: the slot is pinned memory of the pool of at least `len` bytes, ours alone
