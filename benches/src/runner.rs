@@ -170,7 +170,7 @@ pub fn describe_env(env: &Env, path: &Path, size: u64, args: &RunArgs) {
         c.executor_cpus
     );
     println!(
-        "config: chunk {} KiB, staging {} MiB/executor, queue depth {}, request parallelism {}{}, prefetch {} MiB, pinned cap {} MiB, O_DIRECT policy {:?}, park spin {} us",
+        "config: chunk {} KiB, staging {} MiB/executor, queue depth {}, request parallelism {}{}, prefetch {} MiB, pinned cap {} MiB, O_DIRECT policy {:?}, park spin {} us, reads inside the submit call {}",
         c.staging_chunk_bytes >> 10,
         c.staging_per_executor_bytes >> 20,
         c.chunks_in_flight,
@@ -178,12 +178,16 @@ pub fn describe_env(env: &Env, path: &Path, size: u64, args: &RunArgs) {
         c.busy_fan_out
             .map_or(String::new(), |least| format!(" (idle executors, at least {least})"))
             + &c.loaded_fan_out.map_or(String::new(), |parts| format!(
-                ", {parts} while as many requests as executors are in flight"
+                ", {parts} once half as many queued requests as executors are in flight"
             )),
         c.prefetch_cap_bytes() >> 20,
         c.pinned_cap_bytes() >> 20,
         c.direct,
-        c.park_spin_us()
+        c.park_spin_us(),
+        match c.inline_read_bytes {
+            0 => "off".to_owned(),
+            bytes => format!("up to {} KiB", bytes >> 10),
+        }
     );
     if c.stream_copies != hipfile_runtime::config::StreamCopies::Off {
         println!(

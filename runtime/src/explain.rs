@@ -212,7 +212,39 @@ impl Driver {
                 out.push("O_DIRECT", false, "no: every byte goes through the page cache".into())
             }
         }
+        out.push("small async reads", true, self.explain_inline_reads(&file));
         Ok(())
+    }
+
+    /// Whether small fully FIXED async reads of `file` on an idle stream are read inside
+    /// the submit call (`async_op::inline_read`): the setting, the device, and a one-byte
+    /// `RWF_NOWAIT` read of the file's first byte.
+    fn explain_inline_reads(&self, file: &crate::file::FileHandle) -> String {
+        let inline = self.inline_reads();
+        let kib = inline.cap_bytes >> 10;
+        if inline.cap_bytes == 0 {
+            return "read by the engine when their stream reaches them \
+                    (HIPFILE_INLINE_READ_KB=0)"
+                .into();
+        }
+        if inline.pool.is_none() {
+            return "read by the engine when their stream reaches them (this device copies \
+                    on no user stream)"
+                .into();
+        }
+        let mut byte = [0u8; 1];
+        let cached = file.can_read()
+            && crate::file::pread_cached(file.buffered_fd(), &mut byte, 0).is_some();
+        format!(
+            "fully FIXED reads of at most {kib} KiB on an idle stream are read inside the \
+             submit call when the page cache holds every byte (HIPFILE_INLINE_READ_KB){}",
+            if cached {
+                ""
+            } else {
+                "; this file's first byte is not cached now, or its file system cannot read \
+                 without waiting: such reads take the engine"
+            }
+        )
     }
 
     /// Explains the buffer; returns its device when I/O would accept it.

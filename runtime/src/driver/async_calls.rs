@@ -55,6 +55,16 @@ impl Driver {
         self.submit_async_from(direction, handle, buffer_base, params, stream)
     }
 
+    /// Where reads inside the submit call happen (`async_op::inline_read`): the driver,
+    /// its inline slots and `HIPFILE_INLINE_READ_KB`.
+    pub(crate) fn inline_reads(&self) -> InlineReads<'_> {
+        InlineReads {
+            host: self,
+            pool: self.inline_slots.as_deref(),
+            cap_bytes: self.inline_read_bytes,
+        }
+    }
+
     /// [`Driver::submit_async`] over any [`ParamSource`] (the C API's pointers): the
     /// parameters not fixed by the stream's flags are read again when the stream
     /// reaches the op; the result is published through `params` once.
@@ -101,12 +111,12 @@ impl Driver {
         let bytes_before = params.published();
         // Before the enqueue: once enqueued, the op may publish at any time.
         params.publish(0);
-        let inline = InlineReads {
-            host: &**self,
-            pool: self.inline_slots.as_deref(),
-            cap_bytes: self.inline_read_bytes,
-        };
-        if inline.try_read(&state, &submit_lock, &buffer, (direction, &io, &file, &*params)) {
+        if self.inline_reads().try_read(
+            &state,
+            &submit_lock,
+            &buffer,
+            (direction, &io, &file, &*params),
+        ) {
             return Ok(());
         }
         let host: Arc<dyn OpHost> = Arc::clone(self) as Arc<dyn OpHost>;

@@ -219,3 +219,25 @@ fn reads_of_cached_ranges_take_the_page_cache_unless_o_direct_is_forced() {
     unsafe { device.free_device(buffer) }.unwrap();
     driver.close().unwrap();
 }
+
+/// The "small async reads" line says whether small FIXED reads on an idle stream are read
+/// inside the submit call: off with `HIPFILE_INLINE_READ_KB=0`, with the cap otherwise, and
+/// whether the file's first byte could be read without waiting (a file just written is in
+/// the page cache).
+#[test]
+fn small_async_reads_say_whether_they_are_read_inside_the_submit_call() {
+    for (cap, expected) in [(0, "HIPFILE_INLINE_READ_KB=0"), (64 << 10, "at most 64 KiB")] {
+        let (driver, _device) = driver_with(Config { inline_read_bytes: cap, ..config(&[0]) });
+        driver.open();
+        let file = TempFile::new(&ext4_dir(), &pattern(MIB, 2));
+        let fd = file.open_rw();
+        let handle = driver.handle_register(fd.as_raw_fd()).unwrap();
+        let explanation = driver.explain_path(Some(handle), None).unwrap();
+        let line = item(&explanation, "small async reads");
+        assert!(line.fast && line.text.contains(expected), "{explanation}");
+        if cap > 0 {
+            assert!(!line.text.contains("not cached"), "a file just written: {explanation}");
+        }
+        driver.handle_deregister(handle);
+    }
+}
