@@ -49,36 +49,14 @@ fn small_fixed_reads_on_idle_streams_are_read_inside_the_submit_call() {
             &[1, 4095, 4096, 5000, 16 * KIB + 1, 64 * KIB, 64 * KIB + 1]
         };
         let (inline_before, jobs_before) = (inline_reads(&t.rig), engine_jobs(&t.rig));
-        let mut placed = Vec::new();
-        let mut buffer_offset = 0usize;
-        for (i, &size) in sizes.iter().enumerate() {
-            let file_offset = if flags & 8 != 0 { (i + 3) * 4096 * 5 } else { 4096 * 7 * i + 13 };
-            let p = params(size, file_offset as i64, buffer_offset as i64);
-            let stream = t.rig.registered_stream(flags);
-            read(&t, &p, stream);
+        let placed = t.place_reads(flags, sizes, |i, read| {
             if i + 1 < sizes.len() {
-                assert_eq!(bytes(&p), size as isize, "flags {flags}: published by the call");
+                let what = format!("flags {flags}: published by the call");
+                assert_eq!(bytes(&read.params), read.size as isize, "{what}");
             }
-            placed.push((p, size, file_offset, buffer_offset, stream));
-            buffer_offset += size.next_multiple_of(4096) + 4096;
-        }
+        });
         assert_eq!(inline_reads(&t.rig) - inline_before, sizes.len() as u64 - 1, "flags {flags}");
-        for placed in &placed {
-            t.rig.sync(placed.4);
-        }
-        let got = t.rig.dev_bytes(t.buffer, 2 * MIB);
-        let mut end_of_last = 0;
-        for (p, size, file_offset, buffer_offset, _) in &placed {
-            assert_eq!(bytes(p), *size as isize, "flags {flags}: {size} bytes");
-            let what = format!("flags {flags}: {size} bytes at file offset {file_offset}");
-            assert_bytes(
-                &got[*buffer_offset..buffer_offset + size],
-                &t.data[*file_offset..file_offset + size],
-                &what,
-            );
-            assert_all(&got[end_of_last..*buffer_offset], 0, "between the reads");
-            end_of_last = buffer_offset + size;
-        }
+        t.check_placed_reads(&placed, &format!("flags {flags}"));
         // Only the read past the cap went through the engine (its parts: at least one job).
         let jobs = engine_jobs(&t.rig) - jobs_before;
         assert!((1..=4).contains(&jobs), "flags {flags}: {jobs} engine jobs");

@@ -64,6 +64,62 @@ impl Paused {
     pub(crate) fn reset_file(&self) {
         std::fs::write(&self.file.path, &self.data).expect("reset file");
     }
+
+    /// Reads of `sizes` at odd file offsets (page multiples with flag 8) into one buffer,
+    /// each on its own new stream registered with `flags`, all submitted before any stream
+    /// is synchronized; `after_submit` sees each read (and its index) once submitted.
+    pub(crate) fn place_reads(
+        &self,
+        flags: u32,
+        sizes: &[usize],
+        after_submit: impl Fn(usize, &PlacedRead),
+    ) -> Vec<PlacedRead> {
+        let mut placed = Vec::new();
+        let mut buffer_offset = 0usize;
+        for (i, &size) in sizes.iter().enumerate() {
+            let file_offset = if flags & 8 != 0 { (i + 3) * 4096 * 5 } else { 4096 * 7 * i + 13 };
+            let params = params(size, file_offset as i64, buffer_offset as i64);
+            let stream = self.rig.registered_stream(flags);
+            self.rig.read(self.handle, self.buffer, &params, stream);
+            let read = PlacedRead { params, size, file_offset, buffer_offset, stream };
+            after_submit(i, &read);
+            placed.push(read);
+            buffer_offset += size.next_multiple_of(4096) + 4096;
+        }
+        placed
+    }
+
+    /// Synchronizes the streams of `placed` (from [`Paused::place_reads`]) and checks that
+    /// each read published its size and landed where it should, and that nothing between
+    /// the reads was written.
+    pub(crate) fn check_placed_reads(&self, placed: &[PlacedRead], what: &str) {
+        for read in placed {
+            self.rig.sync(read.stream);
+        }
+        let end = placed.last().map_or(0, |read| read.buffer_offset + read.size);
+        let got = self.rig.dev_bytes(self.buffer, end);
+        let mut end_of_last = 0;
+        for PlacedRead { params, size, file_offset, buffer_offset, .. } in placed {
+            let what = format!("{what}: {size} bytes at file offset {file_offset}");
+            assert_eq!(bytes(params), *size as isize, "{what}");
+            assert_bytes(
+                &got[*buffer_offset..buffer_offset + size],
+                &self.data[*file_offset..file_offset + size],
+                &what,
+            );
+            assert_all(&got[end_of_last..*buffer_offset], 0, "between the reads");
+            end_of_last = buffer_offset + size;
+        }
+    }
+}
+
+/// One read of [`Paused::place_reads`].
+pub(crate) struct PlacedRead {
+    pub(crate) params: Arc<AsyncParams>,
+    pub(crate) size: usize,
+    pub(crate) file_offset: usize,
+    pub(crate) buffer_offset: usize,
+    pub(crate) stream: StreamHandle,
 }
 
 fn set(p: &AsyncParams, size: usize, file_offset: i64, buffer_offset: i64) {

@@ -55,32 +55,8 @@ fn small_fixed_reads_are_copied_on_their_own_stream() {
             &[1, 4095, 4096, 5000, 16 * KIB, 16 * KIB + 1, 64 * KIB, 64 * KIB + 1]
         };
         let before = stream_copies(&t.rig);
-        let mut placed = Vec::new();
-        let mut buffer_offset = 0usize;
-        for (i, &size) in sizes.iter().enumerate() {
-            let file_offset = if flags & 8 != 0 { (i + 3) * 4096 * 5 } else { 4096 * 7 * i + 13 };
-            let p = params(size, file_offset as i64, buffer_offset as i64);
-            let stream = t.rig.registered_stream(flags);
-            read(&t, &p, stream);
-            placed.push((p, size, file_offset, buffer_offset, stream));
-            buffer_offset += size.next_multiple_of(4096) + 4096;
-        }
-        for placed in &placed {
-            t.rig.sync(placed.4);
-        }
-        let got = t.rig.dev_bytes(t.buffer, 2 * MIB);
-        let mut end_of_last = 0;
-        for (p, size, file_offset, buffer_offset, _) in &placed {
-            assert_eq!(bytes(p), *size as isize, "flags {flags}: {size} bytes");
-            let what = format!("flags {flags}: {size} bytes at file offset {file_offset}");
-            assert_bytes(
-                &got[*buffer_offset..buffer_offset + size],
-                &t.data[*file_offset..file_offset + size],
-                &what,
-            );
-            assert_all(&got[end_of_last..*buffer_offset], 0, "between the reads");
-            end_of_last = buffer_offset + size;
-        }
+        let placed = t.place_reads(flags, sizes, |_, _| {});
+        t.check_placed_reads(&placed, &format!("flags {flags}"));
         let copied = stream_copies(&t.rig) - before;
         assert_eq!(copied, sizes.len() as u64 - 1, "flags {flags}: all but the last read");
     }
