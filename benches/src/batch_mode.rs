@@ -26,7 +26,7 @@ const PARALLEL: usize = 8;
 /// One path at one entry count and op size.
 #[derive(Clone, Debug, Serialize)]
 pub struct BatchRow {
-    /// `BATCH`, `ASYNC`, `SYNC`, `CUFILE_BATCH`, `CUFILE_SYNC`.
+    /// `BATCH`, `ASYNC`, `ASYNC_T`, `SYNC`, `CUFILE_BATCH`, `CUFILE_SYNC`.
     pub path: &'static str,
     /// Entries per batch (async: ops in flight per round; sync: threads).
     pub in_flight: usize,
@@ -194,21 +194,69 @@ fn ours_async(b: &Bench, shape: &Shape) -> Result<(), RunError> {
     for round in (0..shape.ops).step_by(shape.in_flight) {
         params.clear();
         for (k, i) in (round..(round + shape.in_flight).min(shape.ops)).enumerate() {
-            let off = offset(i, shape.io_size, b.file.size);
-            let p = crate::workload::op_params(shape.io_size, off, off);
-            let stream = streams.handles[k % PARALLEL];
-            b.env
-                .driver
-                .submit_async(Direction::Read, b.handle, b.dev.addr, &p, stream)
-                .map_err(|e| RunError::Failed(format!("submit_async: {e}")))?;
-            params.push(p);
+            params.push(submit_read(b, shape, i, streams.handles[k % PARALLEL])?);
         }
         streams.sync_all().map_err(failed("sync"))?;
-        for p in &params {
-            let done = p.bytes_done.load(std::sync::atomic::Ordering::Acquire);
-            if done != shape.io_size as isize {
-                return Err(RunError::Failed(format!("bytes_done = {done}")));
-            }
+        check_reads(&params, shape)?;
+    }
+    Ok(())
+}
+
+/// ASYNC with a submitting thread per stream (`ASYNC_T`): `PARALLEL` threads, each with a
+/// stream of its own, deal the ops round-robin; every round each submits its share of the
+/// ops in flight on its stream, then synchronizes it. What the async path does when the
+/// application submits from several threads, as the sync rows' threads do.
+fn ours_async_threads(b: &Bench, shape: &Shape) -> Result<(), RunError> {
+    let device = b.device();
+    let per_round = shape.in_flight.div_ceil(PARALLEL);
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..PARALLEL)
+            .map(|t| {
+                scope.spawn(move || {
+                    let mut stream = StreamSet::create(device, 1).map_err(failed("stream"))?;
+                    stream.register(&b.env.driver, b.flags).map_err(failed("register"))?;
+                    let mine: Vec<usize> = (t..shape.ops).step_by(PARALLEL).collect();
+                    for round in mine.chunks(per_round) {
+                        let params = round
+                            .iter()
+                            .map(|&i| submit_read(b, shape, i, stream.handles[0]))
+                            .collect::<Result<Vec<_>, _>>()?;
+                        stream.sync_all().map_err(failed("sync"))?;
+                        check_reads(&params, shape)?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        workers.into_iter().try_for_each(|w| w.join().expect("worker panicked"))
+    })
+}
+
+/// Submits the async read of op `i` on `stream`.
+fn submit_read(
+    b: &Bench,
+    shape: &Shape,
+    i: usize,
+    stream: hipfile_runtime::device::StreamHandle,
+) -> Result<Arc<hipfile_runtime::AsyncParams>, RunError> {
+    let off = offset(i, shape.io_size, b.file.size);
+    let p = crate::workload::op_params(shape.io_size, off, off);
+    b.env
+        .driver
+        .submit_async(Direction::Read, b.handle, b.dev.addr, &p, stream)
+        .map_err(|e| RunError::Failed(format!("submit_async: {e}")))?;
+    Ok(p)
+}
+
+/// Every read of a synchronized round moved its whole size.
+fn check_reads(
+    params: &[Arc<hipfile_runtime::AsyncParams>],
+    shape: &Shape,
+) -> Result<(), RunError> {
+    for p in params {
+        let done = p.bytes_done.load(std::sync::atomic::Ordering::Acquire);
+        if done != shape.io_size as isize {
+            return Err(RunError::Failed(format!("bytes_done = {done}")));
         }
     }
     Ok(())
@@ -300,8 +348,13 @@ pub fn run(
             let warm = Shape { ops: in_flight, ..shape };
             let _ = ours_batch(b, &warm);
             let _ = ours_async(b, &warm);
-            let mut paths: Vec<(&'static str, usize)> =
-                vec![("BATCH", in_flight), ("ASYNC", in_flight), ("SYNC", PARALLEL)];
+            let _ = ours_async_threads(b, &warm);
+            let mut paths: Vec<(&'static str, usize)> = vec![
+                ("BATCH", in_flight),
+                ("ASYNC", in_flight),
+                ("ASYNC_T", in_flight),
+                ("SYNC", PARALLEL),
+            ];
             if let Some(cf) = cf {
                 if !cf.batch_hung() {
                     paths.push(("CUFILE_BATCH", in_flight));
@@ -319,6 +372,7 @@ pub fn run(
                 let row = timed(b, path, &shape, |b| match (path, cf) {
                     ("BATCH", _) => ours_batch(b, &shape),
                     ("ASYNC", _) => ours_async(b, &shape),
+                    ("ASYNC_T", _) => ours_async_threads(b, &shape),
                     ("SYNC", _) => ours_sync(b, &shape),
                     ("CUFILE_BATCH", Some(cf)) => cufile_batch(cf, b, &shape),
                     ("CUFILE_SYNC", Some(cf)) => cufile_sync(cf, b, &shape),

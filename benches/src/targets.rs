@@ -231,7 +231,9 @@ fn checks(report: &Value) -> Vec<Check> {
 fn batch_checks(report: &Value, out: &mut Vec<Check>) {
     let Some(rows) = report["rows"].as_array() else { return };
     let rows: Vec<ResultRow<'_>> = rows.iter().map(ResultRow).filter(ResultRow::ran).collect();
-    for ours in rows.iter().filter(|r| matches!(r.text("path"), "ASYNC" | "SYNC" | "BATCH")) {
+    for ours in
+        rows.iter().filter(|r| matches!(r.text("path"), "ASYNC" | "ASYNC_T" | "SYNC" | "BATCH"))
+    {
         let (io_size, ops) = (ours.count("io_size"), ours.count("ops"));
         let peer = rows.iter().find(|r| {
             r.text("path") == "CUFILE_SYNC"
