@@ -62,6 +62,7 @@ impl InlineReads<'_> {
         if direction != Direction::Read
             || size_bytes > self.cap_bytes as u64
             || !state.flags.all_fixed()
+            || !file.can_read()
         {
             return false;
         }
