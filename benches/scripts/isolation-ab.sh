@@ -7,7 +7,8 @@
 # pre-isolation data path (HIPFILE_CUDA_ENGINE_CONTEXT=shared, no bounce); latency
 # interleaved, two rounds. ROUNDS / READS=0 / WRITES=0 shorten it; VARIANTS picks the
 # latency variants (also iso-nobounce: HIPFILE_CUDA_MIN_COPY_BYTES=0; iso-engine-staging:
-# HIPFILE_CUDA_STAGING_CONTEXT=engine; off: HIPFILE_STREAM_COPIES=off, the engine's own
+# HIPFILE_CUDA_STAGING_CONTEXT=engine; off: HIPFILE_STREAM_COPIES=off and no reads inside the
+# submit call, the engine's own
 # copies; pre-isolation: shared-nobounce with stream copies and reads inside the submit
 # call off, the data path before #14),
 # READ_VARIANTS the read runs, WRITE_VARIANTS the write runs.
@@ -24,7 +25,7 @@ v() { case $1 in
   iso-nobounce) echo "HIPFILE_CUDA_MIN_COPY_BYTES=0";;
   iso-engine-staging) echo "HIPFILE_CUDA_STAGING_CONTEXT=engine";;
   shared-nobounce) echo "HIPFILE_CUDA_ENGINE_CONTEXT=shared HIPFILE_CUDA_MIN_COPY_BYTES=0";;
-  off) echo "HIPFILE_STREAM_COPIES=off";;
+  off) echo "HIPFILE_STREAM_COPIES=off HIPFILE_INLINE_READ_KB=0";;
   pre-isolation) echo "HIPFILE_CUDA_ENGINE_CONTEXT=shared HIPFILE_CUDA_MIN_COPY_BYTES=0 HIPFILE_STREAM_COPIES=off HIPFILE_INLINE_READ_KB=0";; esac; }
 for round in $(seq 1 ${ROUNDS:-2}); do for var in ${VARIANTS:-iso iso-engine shared-nobounce}; do
   echo "=== latency round=$round variant=$var" >> $log
