@@ -233,6 +233,11 @@ pub(crate) struct StreamState {
     pub(crate) executor: usize,
     /// Whether the user registered it.
     pub(crate) registered: bool,
+    /// Whether work on the stream also waits for the NULL stream's earlier work (a blocking
+    /// stream), as the device said at registration
+    /// ([`crate::device::StreamMemoryOps::stream_follows_null_stream`]); assumed for
+    /// unregistered streams and when the device cannot tell.
+    pub(crate) follows_null_stream: bool,
     word: ReleaseWord,
     arms: ArmQueue,
     /// When the last op released device-side (`async_op::clock_ns`; 0: none since the
@@ -317,6 +322,7 @@ impl StreamState {
             device_ordinal: 0,
             executor: 0,
             registered: false,
+            follows_null_stream: true,
             word: ReleaseWord { host_ptr: std::ptr::null_mut(), device_addr: 0 },
             arms,
             released_at_ns: std::sync::atomic::AtomicU64::new(0),
@@ -499,7 +505,9 @@ impl StreamTable {
         }
         let flags = StreamFlags::parse(bits)?;
         let device_ordinal = device.stream_device(handle).map_err(Error::device)?;
-        let state = self.new_state(handle, flags, device_ordinal, true)?;
+        let follows_null_stream = device.stream_follows_null_stream(handle).unwrap_or(true);
+        let mut state = self.new_state(handle, flags, device_ordinal, true)?;
+        state.follows_null_stream = follows_null_stream;
         let mut registered = write(&self.registered);
         if registered.contains_key(&handle) {
             return Err(Error::new(OpError::InvalidValue));
@@ -561,6 +569,7 @@ impl StreamTable {
             device_ordinal,
             executor,
             registered,
+            follows_null_stream: true,
             word: pair.release,
             arms: ArmQueue::new(pair.doorbell),
             released_at_ns: std::sync::atomic::AtomicU64::new(0),

@@ -15,7 +15,7 @@ use hipfile_core::{Direction, OpError};
 use hipfile_runtime::config::{CallerThread, Config, DeviceSelection};
 use hipfile_runtime::device::user::{StreamGate, UserDevice};
 use hipfile_runtime::device::{
-    Device, DeviceError, DeviceKind, EventHandle, InternalStream, MemoryType,
+    Device, DeviceError, DeviceKind, EventHandle, InternalStream, MemoryType, StreamHandle,
 };
 use hipfile_runtime::driver::process::open_device;
 use hipfile_runtime::{AsyncParams, Driver, HandleId};
@@ -385,6 +385,19 @@ fn contract_wait_value_blocks_until_released_and_host_functions_run_in_order() {
     device.destroy_internal_stream(internal);
     // SAFETY: both streams synchronized.
     unsafe { device.free_pinned(word) };
+}
+
+/// The streams the device makes for the application (`create_user_stream`: non-blocking on
+/// CUDA and HIP) do not wait for the NULL stream's work, and neither does the NULL stream
+/// itself (reads inside the submit call on a stream that follows the NULL stream also need
+/// the NULL stream idle: `async_op::inline_read`).
+#[test]
+fn contract_user_streams_do_not_follow_the_null_stream() {
+    let Some(device) = device() else { return };
+    let stream = device.create_user_stream(0).unwrap();
+    assert!(!device.stream_follows_null_stream(stream).unwrap(), "a user stream");
+    assert!(!device.stream_follows_null_stream(StreamHandle::NULL).unwrap(), "the NULL stream");
+    device.destroy_user_stream(stream).unwrap();
 }
 
 #[test]

@@ -10,8 +10,9 @@
 //! the bytes in its order, depending on nothing but its own earlier (finished) work.
 //!
 //! Why that keeps stream order (DESIGN.md: "a read returns the file's bytes as they are
-//! when the stream reaches it"): the stream is idle, so it reaches the op as soon as it is
-//! enqueued; the bytes are read during the call that enqueues it. A change the
+//! when the stream reaches it"): the stream is idle (and, for a blocking stream, which also
+//! waits for the NULL stream's earlier work under the legacy default stream's rules, so is
+//! the NULL stream), so it reaches the op as soon as it is enqueued; the bytes are read during the call that enqueues it. A change the
 //! application orders before the read (a write whose stream it waits for, a sync write
 //! that returned) is done before the call; any later one it cannot order before an op
 //! that its stream runs at once. A write of ours still unfinished on any stream is
@@ -74,6 +75,8 @@ impl InlineReads<'_> {
             || state.word().load() != submit_lock.peek_next().wrapping_sub(1)
             || !self.host.write_hazards().may_prefetch(file, prefetch::file_range(io))
             || !matches!(device.stream_done(state.handle), Ok(true))
+            || (state.follows_null_stream
+                && !matches!(device.stream_done(crate::device::StreamHandle::NULL), Ok(true)))
         {
             return false;
         }

@@ -692,4 +692,15 @@ pub trait StreamMemoryOps {
     /// # Errors
     /// Unknown stream, or an asynchronous error.
     fn stream_done(&self, stream: StreamHandle) -> Result<bool, DeviceError>;
+
+    /// Whether work enqueued on a user stream also waits for the NULL stream's earlier
+    /// work: a *blocking* stream under the legacy default stream's rules (CUDA's and HIP's
+    /// streams made without the non-blocking flag). The default: no such rule (the cpu
+    /// device's NULL stream is a stream like any other).
+    ///
+    /// # Errors
+    /// Unknown stream (callers then assume it does).
+    fn stream_follows_null_stream(&self, _stream: StreamHandle) -> Result<bool, DeviceError> {
+        Ok(false)
+    }
 }

@@ -378,6 +378,17 @@ pub(super) unsafe fn stream_query(api: &Api, stream: CUstream) -> Result<bool, D
     query_status(api, unsafe { (api.cuStreamQuery)(stream) }, "cuStreamQuery")
 }
 
+/// `cuStreamGetFlags`: the flags a stream was made with (`CU_STREAM_NON_BLOCKING` or not).
+///
+/// # Safety
+/// `stream` is a stream handle (an invalid one yields an error code).
+pub(super) unsafe fn stream_get_flags(api: &Api, stream: CUstream) -> Result<c_uint, DeviceError> {
+    let mut flags: c_uint = 0;
+    // SAFETY: valid out-pointer; the caller's contract.
+    status(api, unsafe { (api.cuStreamGetFlags)(stream, &mut flags) }, "cuStreamGetFlags")?;
+    Ok(flags)
+}
+
 /// `cuStreamGetCtx`: the context a stream belongs to.
 ///
 /// # Safety

@@ -178,6 +178,17 @@ impl StreamMemoryOps for CudaDevice {
         // SAFETY: a user stream handle; invalid ones yield an error code.
         unsafe { result::stream_query(&self.api, stream.0 as CUstream) }
     }
+
+    /// A stream made without `CU_STREAM_NON_BLOCKING` waits for the legacy NULL stream.
+    fn stream_follows_null_stream(&self, stream: StreamHandle) -> Result<bool, DeviceError> {
+        if stream == StreamHandle::NULL {
+            return Ok(false);
+        }
+        self.ensure_any_current()?;
+        // SAFETY: a user stream handle; invalid ones yield an error code.
+        let flags = unsafe { result::stream_get_flags(&self.api, stream.0 as CUstream) }?;
+        Ok(flags & CU_STREAM_NON_BLOCKING == 0)
+    }
 }
 
 impl CudaDevice {

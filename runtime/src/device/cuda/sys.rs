@@ -183,6 +183,7 @@ driver_api! {
     cuStreamSynchronize: fn(CUstream) = ["cuStreamSynchronize"];
     cuStreamQuery: fn(CUstream) = ["cuStreamQuery"];
     cuStreamGetCtx: fn(CUstream, *mut CUcontext) = ["cuStreamGetCtx"];
+    cuStreamGetFlags: fn(CUstream, *mut c_uint) = ["cuStreamGetFlags"];
     cuEventCreate: fn(*mut CUevent, c_uint) = ["cuEventCreate"];
     cuEventRecord: fn(CUevent, CUstream) = ["cuEventRecord"];
     cuEventQuery: fn(CUevent) = ["cuEventQuery"];

@@ -504,6 +504,16 @@ impl StreamMemoryOps for RocmDevice {
         // SAFETY: a user stream handle; invalid ones yield an error code.
         unsafe { result::stream_query(stream_of(stream)) }
     }
+
+    /// A stream made without `hipStreamNonBlocking` waits for the NULL stream.
+    fn stream_follows_null_stream(&self, stream: StreamHandle) -> Result<bool, DeviceError> {
+        if stream == StreamHandle::NULL {
+            return Ok(false);
+        }
+        // SAFETY: a user stream handle; invalid ones yield an error code.
+        let flags = unsafe { result::stream_get_flags(stream_of(stream)) }?;
+        Ok(flags & hipStreamNonBlocking == 0)
+    }
 }
 
 impl UserDevice for RocmDevice {

@@ -259,6 +259,20 @@ pub(super) unsafe fn stream_synchronize(stream: hipStream_t) -> Result<(), Devic
     status(unsafe { hipStreamSynchronize(stream) }, "hipStreamSynchronize")
 }
 
+/// `hipStreamGetFlags`: the flags a stream was made with (`hipStreamNonBlocking` or not).
+///
+/// # Safety
+/// `stream` is a stream handle (an invalid one yields an error code).
+pub(super) unsafe fn stream_get_flags(stream: hipStream_t) -> Result<c_uint, DeviceError> {
+    let mut flags: c_uint = 0;
+    // SAFETY: valid out-pointer; the caller's contract.
+    let code = unsafe { hipStreamGetFlags(stream, &mut flags) };
+    if code != 0 {
+        return Err(DeviceError::new(code, "hipStreamGetFlags"));
+    }
+    Ok(flags)
+}
+
 /// `hipStreamQuery`: `Ok(true)` once the stream's work is complete.
 ///
 /// # Safety

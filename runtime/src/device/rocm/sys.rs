@@ -26,6 +26,8 @@ unsafe extern "C" {
         size: *mut usize,
         ptr: *mut c_void,
     ) -> c_int;
+    /// `hipError_t hipStreamGetFlags(hipStream_t, unsigned int*)`.
+    pub(super) fn hipStreamGetFlags(stream: hipStream_t, flags: *mut c_uint) -> c_int;
     /// `int hipGetStreamDeviceId(hipStream_t)`: the stream's device, or -1.
     pub(super) fn hipGetStreamDeviceId(stream: hipStream_t) -> c_int;
 }
