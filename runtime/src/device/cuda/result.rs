@@ -383,9 +383,13 @@ pub(super) unsafe fn stream_query(api: &Api, stream: CUstream) -> Result<bool, D
 /// # Safety
 /// `stream` is a stream handle (an invalid one yields an error code).
 pub(super) unsafe fn stream_get_flags(api: &Api, stream: CUstream) -> Result<c_uint, DeviceError> {
+    let Some(get_flags) = api.cuStreamGetFlags else {
+        let what = "the driver lacks cuStreamGetFlags";
+        return Err(DeviceError::new(DeviceError::HIP_ERROR_NOT_SUPPORTED, what));
+    };
     let mut flags: c_uint = 0;
     // SAFETY: valid out-pointer; the caller's contract.
-    status(api, unsafe { (api.cuStreamGetFlags)(stream, &mut flags) }, "cuStreamGetFlags")?;
+    status(api, unsafe { get_flags(stream, &mut flags) }, "cuStreamGetFlags")?;
     Ok(flags)
 }
 

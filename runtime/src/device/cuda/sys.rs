@@ -183,7 +183,6 @@ driver_api! {
     cuStreamSynchronize: fn(CUstream) = ["cuStreamSynchronize"];
     cuStreamQuery: fn(CUstream) = ["cuStreamQuery"];
     cuStreamGetCtx: fn(CUstream, *mut CUcontext) = ["cuStreamGetCtx"];
-    cuStreamGetFlags: fn(CUstream, *mut c_uint) = ["cuStreamGetFlags"];
     cuEventCreate: fn(*mut CUevent, c_uint) = ["cuEventCreate"];
     cuEventRecord: fn(CUevent, CUstream) = ["cuEventRecord"];
     cuEventQuery: fn(CUevent) = ["cuEventQuery"];
@@ -198,6 +197,9 @@ driver_api! {
     optional {
         // The CUDA 11/12 ABI of `cuCtxCreate` (flags, device); CUDA 13 drivers keep it.
         cuCtxCreate_v2: fn(*mut CUcontext, c_uint, CUdevice) = ["cuCtxCreate_v2"];
+        // Whether a stream is non-blocking (reads inside the submit call on a blocking
+        // stream also need the NULL stream idle; without it every stream counts as one).
+        cuStreamGetFlags: fn(CUstream, *mut c_uint) = ["cuStreamGetFlags"];
         // Virtual memory management (CUDA 10.2+): the engine's device memory is mapped
         // through these where the driver has them (`device_memory.rs`).
         cuMemCreate: fn(*mut CUmemGenericAllocationHandle, usize, *const CUmemAllocationProp, u64) = ["cuMemCreate"];
