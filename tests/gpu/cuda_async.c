@@ -17,6 +17,10 @@
  * 4. Several streams into one buffer, disjoint ranges, every byte checked.
  * 5. Errors: unregistered handle 5027, host memory 5013, PAGE_ALIGNED violated 5022,
  *    size 0 (bytes 0 at once), NULL stream (synchronous).
+ * 6. A small FIXED read on an idle *blocking* stream (made without the non-blocking flag)
+ *    waits for the legacy NULL stream's earlier work: a host function there rewrites the
+ *    file's first 4 KiB after 50 ms, and the read submitted meanwhile returns the new
+ *    bytes (it may not be read inside the submit call while the NULL stream is busy).
  */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -48,6 +52,17 @@ static volatile ssize_t seen_bytes = -12345;
 static void observe(void *p) { seen_bytes = *(volatile ssize_t *)p; }
 
 static hipStream_t hs(cudaStream_t s) { return (hipStream_t)(void *)s; }
+
+/* Case 6: what a host function on the NULL stream writes into the file, and where. */
+struct rewrite {
+    int fd;
+    unsigned char bytes[4096];
+};
+static void rewrite_first_page(void *p) {
+    struct rewrite *rw = p;
+    sleep_ms(50);
+    if (pwrite(rw->fd, rw->bytes, sizeof rw->bytes, 0) != (ssize_t)sizeof rw->bytes) abort();
+}
 
 static void check_device(const unsigned char *dev, size_t len, const unsigned char *want, const char *what) {
     unsigned char *host = malloc(len);
@@ -184,6 +199,23 @@ int main(void) {
     HF(hipFileReadAsync(fh, dev, &nsize, &noff, &nbuf, &nbytes, NULL));
     EXPECT(nbytes == 65536); /* NULL stream: synchronous */
     check_device(dev, 65536, data + 12345, "NULL stream read");
+
+    /* 6. a blocking stream waits for the NULL stream's rewrite of the first page. */
+    cudaStream_t sb;
+    CU(cudaStreamCreate(&sb)); /* blocking: follows the legacy NULL stream */
+    HF(hipFileStreamRegister(hs(sb), 15));
+    static struct rewrite rw;
+    rw.fd = fd;
+    for (size_t i = 0; i < sizeof rw.bytes; i++) rw.bytes[i] = pattern(i, 201);
+    CU(cudaLaunchHostFunc(cudaStreamLegacy, rewrite_first_page, &rw));
+    size_t bsize = 4096;
+    hoff_t bfile = 0, bbuf = 0;
+    ssize_t bbytes = -1;
+    HF(hipFileReadAsync(fh, dev, &bsize, &bfile, &bbuf, &bbytes, hs(sb)));
+    CU(cudaStreamSynchronize(sb));
+    EXPECT(bbytes == 4096);
+    check_device(dev, 4096, rw.bytes, "blocking stream, after the NULL stream's rewrite");
+    HF(hipFileStreamDeregister(hs(sb)));
 
     HF(hipFileStreamDeregister(hs(s1)));
     HF(hipFileStreamDeregister(hs(s4)));

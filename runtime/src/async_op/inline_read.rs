@@ -76,7 +76,7 @@ impl InlineReads<'_> {
             || !self.host.write_hazards().may_prefetch(file, prefetch::file_range(io))
             || !matches!(device.stream_done(state.handle), Ok(true))
             || (state.follows_null_stream
-                && !matches!(device.stream_done(crate::device::StreamHandle::NULL), Ok(true)))
+                && !matches!(device.null_stream_done_for(state.handle), Ok(true)))
         {
             return false;
         }

@@ -703,4 +703,15 @@ pub trait StreamMemoryOps {
     fn stream_follows_null_stream(&self, _stream: StreamHandle) -> Result<bool, DeviceError> {
         Ok(false)
     }
+
+    /// Non-blocking: `Ok(true)` once the NULL stream that work enqueued on `stream` would
+    /// wait for (the legacy NULL stream of `stream`'s own context, on CUDA) has completed
+    /// its work. Asked only for streams that follow the NULL stream. Default: the NULL
+    /// stream as [`StreamMemoryOps::stream_done`] sees it.
+    ///
+    /// # Errors
+    /// Unknown stream, or an asynchronous error.
+    fn null_stream_done_for(&self, _stream: StreamHandle) -> Result<bool, DeviceError> {
+        self.stream_done(StreamHandle::NULL)
+    }
 }

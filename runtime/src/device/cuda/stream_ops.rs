@@ -189,6 +189,26 @@ impl StreamMemoryOps for CudaDevice {
         let flags = unsafe { result::stream_get_flags(&self.api, stream.0 as CUstream) }?;
         Ok(flags & CU_STREAM_NON_BLOCKING == 0)
     }
+
+    /// The legacy NULL stream of the stream's own context (the calling thread may have
+    /// another one current: it is pushed for the query and popped again).
+    fn null_stream_done_for(&self, stream: StreamHandle) -> Result<bool, DeviceError> {
+        self.ensure_any_current()?;
+        // SAFETY: a user stream handle; an invalid one yields an error code.
+        let context = unsafe { result::stream_get_ctx(&self.api, stream.0 as CUstream) }?;
+        if context == result::ctx_get_current(&self.api)? {
+            // SAFETY: the legacy NULL stream handle of the current context.
+            return unsafe { result::stream_query(&self.api, CU_STREAM_LEGACY) };
+        }
+        // SAFETY: the stream's own context, popped below.
+        unsafe { result::ctx_push_current(&self.api, context) }?;
+        // SAFETY: the legacy NULL stream handle of the context just pushed.
+        let done = unsafe { result::stream_query(&self.api, CU_STREAM_LEGACY) };
+        // SAFETY: pops what we pushed.
+        let _ = unsafe { result::ctx_pop_current_status(&self.api) };
+        super::contexts::forget_current_context();
+        done
+    }
 }
 
 impl CudaDevice {

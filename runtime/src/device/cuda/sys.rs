@@ -30,6 +30,8 @@ pub(crate) const CU_MEMHOSTALLOC_DEVICEMAP: c_uint = 0x2;
 pub(crate) const CU_MEMHOSTREGISTER_PORTABLE: c_uint = 0x1;
 pub(crate) const CU_MEMHOSTREGISTER_DEVICEMAP: c_uint = 0x2;
 pub(crate) const CU_STREAM_NON_BLOCKING: c_uint = 0x1;
+/// `CU_STREAM_LEGACY`: the NULL stream with legacy synchronization, of the current context.
+pub(crate) const CU_STREAM_LEGACY: CUstream = 0x1 as CUstream;
 pub(crate) const CU_EVENT_DISABLE_TIMING: c_uint = 0x2;
 pub(crate) const CU_STREAM_WAIT_VALUE_GEQ: c_uint = 0x0;
 pub(crate) const CU_STREAM_WRITE_VALUE_DEFAULT: c_uint = 0x0;
