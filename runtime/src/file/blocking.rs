@@ -125,3 +125,69 @@ fn file_offset(offset_bytes: u64, done_bytes: usize) -> io::Result<libc::off_t> 
         .and_then(|offset| libc::off_t::try_from(offset).ok())
         .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+
+    use super::pread_cached;
+
+    /// A file of `len` pattern bytes in the temporary directory, written and flushed.
+    fn file_of(tag: &str, len: usize) -> (std::path::PathBuf, Vec<u8>) {
+        let path =
+            std::env::temp_dir().join(format!("hipfile-pread-cached-{tag}-{}", std::process::id()));
+        let data: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
+        let mut file = std::fs::File::create(&path).expect("create");
+        file.write_all(&data).expect("write");
+        file.sync_all().expect("sync");
+        (path, data)
+    }
+
+    /// A file just written is in the page cache: the whole range, a range cut short by the
+    /// end of the file, and a range past it (0 bytes) read without waiting.
+    #[test]
+    fn cached_bytes_read_whole_or_up_to_the_end_of_the_file() {
+        let (path, data) = file_of("whole", 64 << 10);
+        let file = std::fs::File::open(&path).expect("open");
+        let mut buf = vec![0u8; 16 << 10];
+        assert_eq!(pread_cached(file.as_raw_fd(), &mut buf, 4096), Some(16 << 10));
+        assert!(buf[..] == data[4096..4096 + (16 << 10)]);
+        let tail = data.len() - 1000;
+        assert_eq!(pread_cached(file.as_raw_fd(), &mut buf, tail as u64), Some(1000));
+        assert!(buf[..1000] == data[tail..]);
+        assert_eq!(pread_cached(file.as_raw_fd(), &mut buf, data.len() as u64), Some(0));
+        std::fs::remove_file(&path).expect("remove");
+    }
+
+    /// Bytes the page cache does not hold are not read (the kernel's EAGAIN under
+    /// RWF_NOWAIT), and are once an ordinary read brought them in; a descriptor that cannot
+    /// read gives `None` too. Skipped where the file system keeps pages it is told to drop
+    /// (tmpfs).
+    #[test]
+    fn bytes_outside_the_page_cache_are_not_read() {
+        let (path, data) = file_of("evicted", 256 << 10);
+        let file = std::fs::File::open(&path).expect("open");
+        let fd = file.as_raw_fd();
+        // SAFETY: a valid descriptor; advice only.
+        let advised = unsafe { libc::posix_fadvise(fd, 0, 0, libc::POSIX_FADV_DONTNEED) };
+        assert_eq!(advised, 0, "posix_fadvise");
+        let mut buf = vec![0u8; 64 << 10];
+        match pread_cached(fd, &mut buf, 128 << 10) {
+            None => {}
+            Some(_) => {
+                println!("skipped: {} kept the dropped pages (tmpfs?)", path.display());
+                std::fs::remove_file(&path).expect("remove");
+                return;
+            }
+        }
+        let got = super::pread_full(fd, &mut buf, 128 << 10).expect("ordinary read");
+        assert_eq!(got, 64 << 10);
+        buf.fill(0);
+        assert_eq!(pread_cached(fd, &mut buf, 128 << 10), Some(64 << 10), "cached now");
+        assert!(buf[..] == data[(128 << 10)..(192 << 10)]);
+        let write_only = std::fs::OpenOptions::new().write(true).open(&path).expect("open wo");
+        assert_eq!(pread_cached(write_only.as_raw_fd(), &mut buf, 0), None, "EBADF");
+        std::fs::remove_file(&path).expect("remove");
+    }
+}
