@@ -12,6 +12,11 @@
 #              against the one before #14 (scripts/isolation-ab.sh, two rounds of reads
 #              and writes, latency).
 #   contract   the device-contract suite on CUDA (the caller-thread round trip included).
+#   c-async    tests/gpu/cuda_async.c against our libhipfile (needs the bundle built with
+#              CAPI=1): case 6 is the twenty-ninth session's check that a small read on a
+#              blocking stream waits for the legacy NULL stream (not yet run on a GPU).
+#   batch      #16: `--mode batch` with every baseline, the ASYNC_T row (a submitting
+#              thread per stream; not yet run on a GPU) among them, and its targets.
 #   lead       #16: 16 MiB hot reads and writes at 1, 8 and 16 streams against CUFILE_SYNC
 #              and every baseline in one run, under the default and then under
 #              HIPFILE_LOADED_FAN_OUT=off (LEAD_VARIANTS, default "default off"), with
@@ -28,7 +33,8 @@
 #   cold       #16: where the CPU of cold O_DIRECT reads at 8 streams goes
 #              (HIPFILE_BENCH_CPU_SAMPLES).
 # Done, results in benches/results/h100-2026-12-07-b/ (twenty-eighth session): the
-# HIPFILE_CALLER_THREAD and HIPFILE_PARK_SPIN_US A/Bs.
+# HIPFILE_CALLER_THREAD and HIPFILE_PARK_SPIN_US A/Bs; in h100-2026-12-07-c/ (twenty-ninth):
+# lead (default), hot, levers, latency, cold, isolation.
 #
 # Needs target/gpu-bundle/bin/hipfile-bench-sym (the bench, debug info stripped, symbols
 # kept) and, for `contract`, target/gpu-bundle/bin/device_contract, both built here by
@@ -84,6 +90,25 @@ contract() {
   HIPFILE_DEVICE=cuda "$bin/device_contract" --test-threads 1 > "$out/device_contract.txt" 2>&1
   local rc=$?
   tail -3 "$out/device_contract.txt"
+  return $rc
+}
+c_async() {
+  local bundle=$PWD/target/gpu-bundle cuda=${CUDA_HOME:-/usr/local/cuda}
+  gcc -std=c11 -Wall -Wextra -I"$bundle/include" -I"$cuda/include" "$bundle/c/cuda_async.c" \
+    -L"$bundle/lib" -lhipfile -L"$cuda/lib64" -lcudart -lcuda -o /tmp/hf-cuda-async \
+    && HIPFILE_DEVICE=cuda LD_LIBRARY_PATH="$bundle/lib:$cuda/lib64" timeout -s KILL 60 \
+      /tmp/hf-cuda-async > "$out/cuda_async.txt" 2>&1
+  local rc=$?
+  tail -3 "$out/cuda_async.txt"
+  return $rc
+}
+batch() {
+  HIPFILE_DEVICE=cuda timeout -s KILL 150 "$bench" --mode batch --io-size 4K,64K \
+    --file /tmp/hf-owed-batch.dat --file-size 1G --json "$out/batch.json" > "$out/batch.txt" 2>&1
+  local rc=$?
+  rm -f /tmp/hf-owed-batch.dat
+  grep -E "^(Path|BATCH|ASYNC|SYNC|CUFILE)" "$out/batch.txt"
+  "$bench" targets "$out/batch.json" > "$out/batch-targets.txt" 2>&1
   return $rc
 }
 lead() {
@@ -142,7 +167,7 @@ cold() {
 
 # `timeout` runs each step in a shell of its own.
 export out bin bench LEAD_VARIANTS
-export -f isolation contract lead hot levers latency cold
+export -f isolation contract c_async batch lead hot levers latency cold
 
 # Before and after on one machine in one run: the card is named in steps.txt (the issue
 # asks for an H200; an H100 of the same run is as good a same-machine comparison).
@@ -152,6 +177,8 @@ else
   wanted isolation && echo "isolation: skipped (no GPU)" | tee -a "$out/steps.txt"
 fi
 [ -x "$bin/device_contract" ] && step contract 60 contract
+[ -f target/gpu-bundle/c/cuda_async.c ] && step c-async 70 c_async
+step batch 150 batch
 step lead 200 lead
 step hot 40 hot
 step levers 100 levers
