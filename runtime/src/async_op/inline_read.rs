@@ -12,11 +12,12 @@
 //! Why that keeps stream order (DESIGN.md: "a read returns the file's bytes as they are
 //! when the stream reaches it"): the stream is idle (and, for a blocking stream, which also
 //! waits for the NULL stream's earlier work under the legacy default stream's rules, so is
-//! the NULL stream), so it reaches the op as soon as it is enqueued; the bytes are read during the call that enqueues it. A change the
-//! application orders before the read (a write whose stream it waits for, a sync write
-//! that returned) is done before the call; any later one it cannot order before an op
-//! that its stream runs at once. A write of ours still unfinished on any stream is
-//! checked for (the prefetch hazard table), as for prefetch.
+//! that NULL stream), so it reaches the op as soon as it is enqueued; the bytes are read
+//! during the call that enqueues it. A change the application orders before the read (a
+//! write whose stream it waits for, a sync write that returned) is done before the call;
+//! any later one it cannot order before an op that its stream runs at once. A write of
+//! ours still unfinished on any stream is checked for (the prefetch hazard table), as for
+//! prefetch.
 //!
 //! Everything else takes the ordinary path (`submit`): a byte outside the page cache, a
 //! read error (reported there), a busy stream, no free slot, a copy that cannot be
