@@ -468,9 +468,10 @@ HIPFILE_API void hipFileBatchIODestroy(hipFileBatchHandle_t batch_idp);
  * 5027; not device memory: 5013 (hipFile: 5030); stream device error: 5011; invalid
  * arguments or buffer device != stream device: 5022.
  *
- * A read of at most HIPFILE_INLINE_READ_KB (64 KiB) with every parameter fixed, on a
- * stream with nothing left to run, is read inside the call when the page cache holds it:
- * *bytes_p holds the byte count when the call returns and only the copy is enqueued.
+ * A read of at most HIPFILE_INLINE_READ_KB (64 KiB) on a stream with nothing left to run
+ * is read inside the call when the page cache holds it (the stream reaches it at once, so
+ * parameters not fixed bind then): *bytes_p holds the byte count when the call returns and
+ * only the copy is enqueued.
  *
  * Size 0: success and *bytes_p = 0 at once, nothing enqueued. A NULL stream: the I/O
  * is complete when the call returns (differs from hipFile, which enqueues on the NULL

@@ -216,7 +216,7 @@ impl Driver {
         Ok(())
     }
 
-    /// Whether small fully FIXED async reads of `file` on an idle stream are read inside
+    /// Whether small async reads of `file` on an idle stream are read inside
     /// the submit call (`async_op::inline_read`): the setting, the device, and a one-byte
     /// `RWF_NOWAIT` read of the file's first byte.
     fn explain_inline_reads(&self, file: &crate::file::FileHandle) -> String {
@@ -236,7 +236,7 @@ impl Driver {
         let cached = file.can_read()
             && crate::file::pread_cached(file.buffered_fd(), &mut byte, 0).is_some();
         format!(
-            "fully FIXED reads of at most {kib} KiB on an idle stream are read inside the \
+            "reads of at most {kib} KiB on an idle stream are read inside the \
              submit call when the page cache holds every byte (HIPFILE_INLINE_READ_KB){}",
             if cached {
                 ""

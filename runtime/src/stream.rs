@@ -234,9 +234,9 @@ pub(crate) struct StreamState {
     /// Whether the user registered it.
     pub(crate) registered: bool,
     /// Whether work on the stream also waits for the NULL stream's earlier work (a blocking
-    /// stream), as the device said at registration
-    /// ([`crate::device::StreamMemoryOps::stream_follows_null_stream`]); assumed for
-    /// unregistered streams and when the device cannot tell.
+    /// stream), as the device said when the state was made
+    /// ([`crate::device::StreamMemoryOps::stream_follows_null_stream`]); assumed when the
+    /// device cannot tell.
     pub(crate) follows_null_stream: bool,
     word: ReleaseWord,
     arms: ArmQueue,
@@ -537,8 +537,9 @@ impl StreamTable {
         {
             return Ok(Arc::clone(state));
         }
-        let state =
-            Arc::new(self.new_state(handle, StreamFlags::empty(), device_ordinal, false)?);
+        let mut state = self.new_state(handle, StreamFlags::empty(), device_ordinal, false)?;
+        state.follows_null_stream = device.stream_follows_null_stream(handle).unwrap_or(true);
+        let state = Arc::new(state);
         let mut seen = write(&self.seen);
         if seen.len() >= SEEN_STREAMS_KEPT {
             // Forget idle streams nothing else holds (likely destroyed by the

@@ -1,8 +1,8 @@
 //! Reads done inside the submit call (`HIPFILE_INLINE_READ_KB`, default 64 KiB).
 //!
-//! A read of at most that many bytes, with every parameter FIXED, submitted to a stream
-//! with nothing left to run (no op of ours unreleased on it, and the device says its work
-//! is complete), whose range no unfinished write of ours overlaps, is read into a pinned
+//! A read of at most that many bytes submitted to a stream with nothing left to run (no
+//! op of ours unreleased on it, and the device says its work is complete), whose range no
+//! unfinished write of ours overlaps, is read into a pinned
 //! slot with `preadv2(RWF_NOWAIT)` — the page cache's bytes or nothing, never a wait for
 //! the disk — and only the copy slot → destination and the slot's done write are
 //! enqueued on the stream. No doorbell, no wait-value, no arm, no release: the op is over
@@ -17,7 +17,10 @@
 //! write whose stream it waits for, a sync write that returned) is done before the call;
 //! any later one it cannot order before an op that its stream runs at once. A write of
 //! ours still unfinished on any stream is checked for (the prefetch hazard table), as for
-//! prefetch.
+//! prefetch. The same holds for parameters the stream's flags do not fix: they bind when
+//! the stream reaches the op, which an idle stream does at once, so their values in the
+//! call are theirs then (an application that changes them after the call without
+//! ordering the change before the op races with its own stream).
 //!
 //! Everything else takes the ordinary path (`submit`): a byte outside the page cache, a
 //! read error (reported there), a busy stream, no free slot, a copy that cannot be
@@ -61,11 +64,7 @@ impl InlineReads<'_> {
         (direction, io, file, params): InlineRequest<'_>,
     ) -> bool {
         let size_bytes = io.size_bytes();
-        if direction != Direction::Read
-            || size_bytes > self.cap_bytes as u64
-            || !state.flags.all_fixed()
-            || !file.can_read()
-        {
+        if direction != Direction::Read || size_bytes > self.cap_bytes as u64 || !file.can_read() {
             return false;
         }
         let Some(pool) = self.pool else { return false };

@@ -74,9 +74,8 @@ const MAX_DEFAULT_STREAM_COPY_MB: usize = 1024;
 /// request over 14 executors, at 8-16 % less CPU per GiB (README, Measured,
 /// twenty-eighth session).
 const DEFAULT_LOADED_FAN_OUT: Option<usize> = Some(2);
-/// Default of `HIPFILE_INLINE_READ_KB`: a read of at most this, all FIXED, submitted to an
-/// idle stream, is read inside the submit call when the page cache holds it
-/// (`async_op::inline_read`).
+/// Default of `HIPFILE_INLINE_READ_KB`: a read of at most this submitted to an idle stream
+/// is read inside the submit call when the page cache holds it (`async_op::inline_read`).
 const DEFAULT_INLINE_READ_KB: usize = 64;
 /// Most of `HIPFILE_INLINE_READ_KB`: the largest pinned slot.
 const MAX_INLINE_READ_KB: usize = 16 * 1024;
@@ -245,9 +244,9 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ),
     (
         INLINE_READ_KB,
-        "async reads of at most this many KiB with every parameter FIXED, submitted to an \
-         idle stream, are read inside the submit call when the page cache holds them, and \
-         only their copy is enqueued on the stream; 0..=16384, 0 turns it off (default 64)",
+        "async reads of at most this many KiB submitted to an idle stream are read inside \
+         the submit call when the page cache holds them, and only their copy is enqueued on \
+         the stream; 0..=16384, 0 turns it off (default 64)",
     ),
     (
         STREAM_COPY_MB,
@@ -497,9 +496,9 @@ pub struct Config {
     /// Which fully FIXED async reads stage ahead into a slot and copy on the user's own
     /// stream (`HIPFILE_STREAM_COPIES`, default the backend's choice; [`StreamCopies`]).
     pub stream_copies: StreamCopies,
-    /// Async reads of at most this many bytes, every parameter FIXED, submitted to a stream
-    /// with nothing left to run, are read inside the submit call when the page cache holds
-    /// every byte, and only their copy (and its slot's done write) is enqueued on the stream
+    /// Async reads of at most this many bytes submitted to a stream with nothing left to
+    /// run are read inside the submit call when the page cache holds every byte, and only
+    /// their copy (and its slot's done write) is enqueued on the stream
     /// (`HIPFILE_INLINE_READ_KB`, default 64 KiB; 0: off). See `async_op::inline_read`.
     pub inline_read_bytes: usize,
     /// With [`StreamCopies::All`]: the most pinned bytes of slots of each size above

@@ -324,6 +324,8 @@ fn an_executor_that_cannot_start_is_replaced_by_a_blocking_one() {
     let mut config = small_config();
     config.executor_cpus = vec![usize::from(u16::MAX)];
     config.request_parallelism = 1;
+    // The executors' path: a read inside the submit call would take the async read.
+    config.inline_read_bytes = 0;
     let rig = Rig::with(1, config);
     let data = pattern(73, 64 * KIB);
     let file = TempFile::new("no-engine", &data);

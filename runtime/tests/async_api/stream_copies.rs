@@ -291,7 +291,7 @@ fn with_all_every_fixed_read_is_copied_on_its_stream() {
         Config {
             stream_copies: StreamCopies::All,
             stream_copy_slots: StreamCopySlots::Pinned,
-            ..small_config()
+            ..no_inline_reads()
         },
     );
     let file_len = 40 * MIB;
