@@ -505,9 +505,7 @@ impl StreamTable {
         }
         let flags = StreamFlags::parse(bits)?;
         let device_ordinal = device.stream_device(handle).map_err(Error::device)?;
-        let follows_null_stream = device.stream_follows_null_stream(handle).unwrap_or(true);
-        let mut state = self.new_state(handle, flags, device_ordinal, true)?;
-        state.follows_null_stream = follows_null_stream;
+        let state = self.new_state(device, handle, flags, device_ordinal, true)?;
         let mut registered = write(&self.registered);
         if registered.contains_key(&handle) {
             return Err(Error::new(OpError::InvalidValue));
@@ -537,9 +535,13 @@ impl StreamTable {
         {
             return Ok(Arc::clone(state));
         }
-        let mut state = self.new_state(handle, StreamFlags::empty(), device_ordinal, false)?;
-        state.follows_null_stream = device.stream_follows_null_stream(handle).unwrap_or(true);
-        let state = Arc::new(state);
+        let state = Arc::new(self.new_state(
+            device,
+            handle,
+            StreamFlags::empty(),
+            device_ordinal,
+            false,
+        )?);
         let mut seen = write(&self.seen);
         if seen.len() >= SEEN_STREAMS_KEPT {
             // Forget idle streams nothing else holds (likely destroyed by the
@@ -553,6 +555,7 @@ impl StreamTable {
 
     fn new_state(
         &self,
+        device: &dyn Device,
         handle: StreamHandle,
         flags: StreamFlags,
         device_ordinal: u32,
@@ -570,7 +573,7 @@ impl StreamTable {
             device_ordinal,
             executor,
             registered,
-            follows_null_stream: true,
+            follows_null_stream: device.stream_follows_null_stream(handle).unwrap_or(true),
             word: pair.release,
             arms: ArmQueue::new(pair.doorbell),
             released_at_ns: std::sync::atomic::AtomicU64::new(0),
