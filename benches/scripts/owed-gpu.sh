@@ -15,6 +15,11 @@
 #   c-async    tests/gpu/cuda_async.c against our libhipfile (needs the bundle built with
 #              CAPI=1): case 6 is the twenty-ninth session's check that a small read on a
 #              blocking stream waits for the legacy NULL stream (not yet run on a GPU).
+#   sweep      #14: the whole never-hang sweep (`--mode sweep --case-timeout 30`, 336 cases:
+#              1..256 streams x flags x 4 KiB..16 MiB x reads and writes), the first after
+#              the reads inside the submit call (twenty-ninth session) widened to every
+#              flag; about 380 s on the H200. The file is benches/results/h200-stream-sweep.txt
+#              when it ran on an H200.
 #   batch      #16: `--mode batch` with every baseline, the ASYNC_T row (a submitting
 #              thread per stream; not yet run on a GPU) among them, and its targets.
 #   lead       #16: 16 MiB hot reads and writes at 1, 8 and 16 streams against CUFILE_SYNC
@@ -102,6 +107,15 @@ c_async() {
   tail -3 "$out/cuda_async.txt"
   return $rc
 }
+sweep() {
+  HIPFILE_DEVICE=cuda timeout -s KILL 470 "$bench" --mode sweep --case-timeout 30 \
+    --file /tmp/hf-owed-sweep.dat > "$out/sweep.txt" 2>&1
+  local rc=$?
+  rm -f /tmp/hf-owed-sweep.dat
+  grep -E "HANG|FAIL|WRONG" "$out/sweep.txt" | grep -v "^sweep: " | head
+  tail -2 "$out/sweep.txt"
+  return $rc
+}
 batch() {
   HIPFILE_DEVICE=cuda timeout -s KILL 150 "$bench" --mode batch --io-size 4K,64K \
     --file /tmp/hf-owed-batch.dat --file-size 1G --json "$out/batch.json" > "$out/batch.txt" 2>&1
@@ -167,7 +181,7 @@ cold() {
 
 # `timeout` runs each step in a shell of its own.
 export out bin bench LEAD_VARIANTS
-export -f isolation contract c_async batch lead hot levers latency cold
+export -f isolation contract c_async sweep batch lead hot levers latency cold
 
 # Before and after on one machine in one run: the card is named in steps.txt (the issue
 # asks for an H200; an H100 of the same run is as good a same-machine comparison).
@@ -178,6 +192,7 @@ else
 fi
 [ -x "$bin/device_contract" ] && step contract 60 contract
 [ -f target/gpu-bundle/c/cuda_async.c ] && step c-async 70 c_async
+step sweep 400 sweep
 step batch 150 batch
 step lead 200 lead
 step hot 40 hot
