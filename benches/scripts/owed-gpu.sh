@@ -20,6 +20,14 @@
 #              the reads inside the submit call (twenty-ninth session) widened to every
 #              flag; about 380 s on the H200. The file is benches/results/h200-stream-sweep.txt
 #              when it ran on an H200.
+#   writes     #16: where 16 MiB async writes lose to cuFile's sync path (0.82x at 1 stream)
+#              and to the path before #14 (0.92x at 8): each op's stream copies the whole
+#              16 MiB into one pinned slot before the engine writes it with one pwrite,
+#              where the engine's own path and the sync path write 1 MiB staging chunks
+#              each right after its copy (still in the cache: SYNC 1.11x ASYNC at 1
+#              stream). Writes at 1 / 8 / 16 streams, two rounds: the default, 1 MiB and
+#              4 MiB pieces (HIPFILE_STREAM_COPY_PIECE_MB: each piece copied, written and
+#              released in turn), and the engine's path (HIPFILE_STREAM_COPIES=off).
 #   batch      #16: `--mode batch` with every baseline, the ASYNC_T row (a submitting
 #              thread per stream; not yet run on a GPU) among them, and its targets.
 #   lead       #16: 16 MiB hot reads and writes at 1, 8 and 16 streams against CUFILE_SYNC
@@ -116,6 +124,11 @@ sweep() {
   tail -2 "$out/sweep.txt"
   return $rc
 }
+writes() {
+  BENCH=$bench OUT=$out/writes STREAMS=1,8,16 ROUNDS=2 MODES=write \
+    VARIANTS='-; HIPFILE_STREAM_COPY_PIECE_MB=1; HIPFILE_STREAM_COPY_PIECE_MB=4; HIPFILE_STREAM_COPIES=off' \
+    benches/scripts/variants-ab.sh | tail -8
+}
 batch() {
   HIPFILE_DEVICE=cuda timeout -s KILL 150 "$bench" --mode batch --io-size 4K,64K \
     --file /tmp/hf-owed-batch.dat --file-size 1G --json "$out/batch.json" > "$out/batch.txt" 2>&1
@@ -181,7 +194,7 @@ cold() {
 
 # `timeout` runs each step in a shell of its own.
 export out bin bench LEAD_VARIANTS
-export -f isolation contract c_async sweep batch lead hot levers latency cold
+export -f isolation contract c_async sweep writes batch lead hot levers latency cold
 
 # Before and after on one machine in one run: the card is named in steps.txt (the issue
 # asks for an H200; an H100 of the same run is as good a same-machine comparison).
@@ -192,6 +205,7 @@ else
 fi
 [ -x "$bin/device_contract" ] && step contract 60 contract
 [ -f target/gpu-bundle/c/cuda_async.c ] && step c-async 70 c_async
+step writes 200 writes
 step sweep 400 sweep
 step batch 150 batch
 step lead 200 lead
