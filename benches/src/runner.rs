@@ -97,6 +97,8 @@ struct StatsInfo {
     spare_ops: u64,
     /// Reads done inside the submit call (`HIPFILE_INLINE_READ_KB`).
     read_at_submission: u64,
+    /// Writes copied on their stream in pieces (`HIPFILE_STREAM_WRITE_PIECE_KB`).
+    writes_in_pieces: u64,
     host_releases: u64,
     direct_read_bytes: u64,
     buffered_read_bytes: u64,
@@ -409,6 +411,7 @@ fn stats(b: &Bench) -> Option<StatsInfo> {
         stream_copies: load(&a.stream_copies),
         spare_ops: load(&a.spare_ops),
         read_at_submission: load(&a.read_at_submission),
+        writes_in_pieces: load(&a.writes_in_pieces),
         host_releases: load(&a.host_releases),
         direct_read_bytes: file.direct_read_bytes,
         buffered_read_bytes: file.buffered_read_bytes,
@@ -422,7 +425,7 @@ fn stats(b: &Bench) -> Option<StatsInfo> {
 
 fn print_stats(s: &StatsInfo) {
     println!(
-        "hipfile-rs counters: {} engine jobs ({} arena chunks, {} fallback, {} waits for a fallback chunk, {} sync retries; {} on blocking executors; slot jobs moved by one pread / pwrite: {} / {}; {} requests split in fewer parts under load), {} requests on the caller's thread ({} of more than one chunk, {} while async ops were alive); async {} submitted ({} read inside the submit call), {} prefetched, {} copied on the user's stream ({} ops through their stream's spare slot), {} device / {} host releases; file {} MiB O_DIRECT + {} MiB buffered read, {} MiB O_DIRECT + {} MiB buffered written; device slots hold {} MiB ({} reads found none free, {} of them shared their stream's)",
+        "hipfile-rs counters: {} engine jobs ({} arena chunks, {} fallback, {} waits for a fallback chunk, {} sync retries; {} on blocking executors; slot jobs moved by one pread / pwrite: {} / {}; {} requests split in fewer parts under load), {} requests on the caller's thread ({} of more than one chunk, {} while async ops were alive); async {} submitted ({} read inside the submit call), {} prefetched, {} copied on the user's stream ({} ops through their stream's spare slot, {} writes in pieces), {} device / {} host releases; file {} MiB O_DIRECT + {} MiB buffered read, {} MiB O_DIRECT + {} MiB buffered written; device slots hold {} MiB ({} reads found none free, {} of them shared their stream's)",
         s.engine_jobs,
         s.arena_chunks,
         s.fallback_chunks,
@@ -440,6 +443,7 @@ fn print_stats(s: &StatsInfo) {
         s.async_prefetched,
         s.stream_copies,
         s.spare_ops,
+        s.writes_in_pieces,
         s.device_releases,
         s.host_releases,
         s.direct_read_bytes >> 20,

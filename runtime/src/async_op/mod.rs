@@ -49,6 +49,7 @@ mod run;
 mod slots;
 mod stream_copy;
 mod submit;
+mod write_pieces;
 
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64};
 use std::sync::{Arc, Mutex};
@@ -105,6 +106,8 @@ pub(crate) trait OpHost: Send + Sync + 'static {
     fn write_hazards(&self) -> &WriteHazardTable;
     /// Staging slots of reads copied on the user's stream (`None`: not used).
     fn slots(&self) -> Option<&SlotPool>;
+    /// `HIPFILE_STREAM_WRITE_PIECE_KB` in bytes (0: off; [`write_pieces`]).
+    fn stream_write_piece_bytes(&self) -> u64;
 }
 
 /// The slot an op of its own takes at submission, and what for ([`AsyncOp::single_slot`]).
@@ -159,6 +162,10 @@ pub struct AsyncStats {
     /// Reads done inside the submit call on an idle stream, only their copy enqueued
     /// (`HIPFILE_INLINE_READ_KB`; each counts in `submitted` too).
     pub read_at_submission: AtomicU64,
+    /// Writes copied on their stream in pieces, each piece written to the file once the
+    /// stream copied it (`HIPFILE_STREAM_WRITE_PIECE_KB`; each counts in `stream_copies`
+    /// too).
+    pub writes_in_pieces: AtomicU64,
 }
 
 /// Nanoseconds since the first call in this process (the async path's round-trip
@@ -235,6 +242,9 @@ pub(crate) struct AsyncOp {
     slot_flow: AtomicU8,
     /// What the slot read's engine job ended with.
     slot_outcome: Mutex<Option<Outcome>>,
+    /// A write copied into its slot in pieces, each written once its copy ran
+    /// ([`write_pieces`]).
+    write_pieces: Option<write_pieces::WritePieces>,
     end: OpEnd,
     /// Counts the op among the engine's live async ops (caller-thread copies take the
     /// path no held stream can stall while any is alive).
@@ -331,6 +341,7 @@ impl AsyncOp {
             slot_phase: AtomicU8::new(stream_copy::SLOT_HELD),
             slot_flow: AtomicU8::new(0),
             slot_outcome: Mutex::new(None),
+            write_pieces: parts.write_pieces,
             end: OpEnd::default(),
             _alive: alive,
         })

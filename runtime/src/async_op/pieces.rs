@@ -483,6 +483,7 @@ impl AsyncOp {
                 sequence: submit_lock.next(),
                 piece: Some(PieceSlot { of, slot, slot_use }),
                 single: None,
+                write_pieces: None,
             };
             let op = AsyncOp::new(Arc::clone(&host), parts, state, buffer, engine.track_async_op());
             if slot_use == SlotUse::ReadAtArm {

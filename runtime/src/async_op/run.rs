@@ -125,6 +125,11 @@ impl AsyncOp {
         io: ValidIo,
         gate: Option<super::prefetch::PrefetchGate>,
     ) {
+        // A write in pieces: the earlier pieces' arms posted theirs, this one its last.
+        if let Some(pieces) = self.writes_in_pieces() {
+            self.post_write_piece(pieces - 1);
+            return;
+        }
         let (gate, parts) = match gate {
             Some(gate) => (Some(gate.receiver), gate.parts),
             None => (

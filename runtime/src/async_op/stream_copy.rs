@@ -236,7 +236,7 @@ impl AsyncOp {
     }
 
     /// A copy of the op's slot was enqueued but not its done write: never lent again.
-    fn slot_lost(&self) {
+    pub(super) fn slot_lost(&self) {
         match &self.piece {
             Some(piece) => piece.long.note_lost(piece.ring_index()),
             None => self.host.slots().expect("an op with a slot has a pool").lose(),

@@ -33,6 +33,9 @@ pub(crate) struct OpParts {
     /// ([`AsyncOp::single_slot`]: without one, an op with a FIXED device range may go
     /// through its stream's spare instead).
     pub(crate) single: Option<super::SingleSlot>,
+    /// For a write copied into its slot in pieces: how ([`super::write_pieces`]; the
+    /// op's sequence is then its last piece's).
+    pub(crate) write_pieces: Option<super::write_pieces::WritePieces>,
 }
 
 /// A failed enqueue; `nothing_queued` when the stream holds nothing of the op.
@@ -69,6 +72,19 @@ impl AsyncOp {
                 return submitted;
             }
         }
+        // A write in pieces takes a sequence number per piece, the op's own last.
+        let slot_use = single.as_ref().map(|single| single.1);
+        let write_pieces = super::write_pieces::WritePieces::plan(
+            &*host, state, file, &io, slot_use,
+        )
+        .map(|plan| {
+            let first = submit_lock.peek_next();
+            for _ in 1..plan.1 {
+                submit_lock.next();
+            }
+            super::write_pieces::WritePieces::new(first, plan)
+        });
+        let sequences = write_pieces.as_ref().map_or(1, |pieces| pieces.sequences());
         let sequence = submit_lock.next();
         let parts = OpParts {
             direction,
@@ -79,11 +95,14 @@ impl AsyncOp {
             sequence,
             piece: None,
             single,
+            write_pieces,
         };
         let op = AsyncOp::new(host, parts, state, buffer, engine.track_async_op());
         let submitted = op.enqueue(engine);
         if let Err(EnqueueError { nothing_queued: true, .. }) = &submitted {
-            submit_lock.undo();
+            for _ in 0..sequences {
+                submit_lock.undo();
+            }
         }
         submitted
     }
@@ -104,6 +123,8 @@ impl AsyncOp {
         }
         let queued = if self.blocking_fallback {
             self.enqueue_host_function_arm()
+        } else if self.write_pieces.is_some() {
+            self.enqueue_write_pieces(engine)
         } else {
             self.enqueue_copy_into_slot()
                 .map_err(|error| EnqueueError { error: Error::device(error), nothing_queued: true })
@@ -138,7 +159,10 @@ impl AsyncOp {
     /// Doorbell arm (see [`crate::arm`]): "write my sequence into the doorbell", then
     /// "wait until the release word reaches it"; the poller runs the arm when the
     /// doorbell rings.
-    fn enqueue_doorbell_arm(self: &Arc<Self>, engine: &Engine) -> Result<(), EnqueueError> {
+    pub(super) fn enqueue_doorbell_arm(
+        self: &Arc<Self>,
+        engine: &Engine,
+    ) -> Result<(), EnqueueError> {
         let nothing_queued = |error| EnqueueError { error, nothing_queued: true };
         let poller = self.host.arm_poller().map_err(nothing_queued)?;
         let device = self.host.device();
@@ -172,6 +196,8 @@ impl AsyncOp {
         if wait_failed.is_some() {
             self.abandon();
         }
+        // A write's pieces ring ahead of the op's own doorbell: their arms go first.
+        self.watch_write_pieces(poller);
         self.watch_arm(poller);
         // After the watch, and after a staged read is posted: should this enqueue wait for
         // a lock that a thread making streams holds while it waits for this very stream

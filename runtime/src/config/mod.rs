@@ -81,6 +81,13 @@ const DEFAULT_INLINE_READ_KB: usize = 64;
 const MAX_INLINE_READ_KB: usize = 16 * 1024;
 const INLINE_READ_KB: &str = "HIPFILE_INLINE_READ_KB";
 const REASON_INLINE_READ: &str = "must be an integer between 0 and 16384 (KiB)";
+/// Default of `HIPFILE_STREAM_WRITE_PIECE_KB`: a fully FIXED write copied into a slot on
+/// its stream, longer than this, is copied in pieces of this size, each written to the
+/// file as soon as the stream has copied it (`async_op::write_pieces`).
+const DEFAULT_STREAM_WRITE_PIECE_KB: usize = 1024;
+const STREAM_WRITE_PIECE_KB: &str = "HIPFILE_STREAM_WRITE_PIECE_KB";
+const REASON_STREAM_WRITE_PIECE_KB: &str =
+    "must be 0 (off) or a power of two between 64 and 8192 (KiB)";
 const CPUS: &str = "HIPFILE_CPUS";
 const CHUNK_KB: &str = "HIPFILE_CHUNK_KB";
 const STAGING_MB: &str = "HIPFILE_STAGING_MB";
@@ -511,6 +518,12 @@ pub struct Config {
     /// 16): an op longer than that goes as pieces sharing a ring of four slots of that
     /// size, and the stream copies each piece as soon as it is read.
     pub stream_copy_piece_bytes: usize,
+    /// With [`StreamCopies::All`]: a write whose size and offsets are all FIXED, copied
+    /// into a slot of its own on its stream and longer than this, is copied in pieces of
+    /// this many bytes, each written to the file as soon as the stream has copied it
+    /// (`HIPFILE_STREAM_WRITE_PIECE_KB`, default 1 MiB; 0: one copy, written after it).
+    /// See `async_op::write_pieces`.
+    pub stream_write_piece_bytes: usize,
     /// With [`StreamCopies::All`]: the memory of read slots over 64 KiB
     /// (`HIPFILE_STREAM_COPY_SLOTS`, default the backend's choice; [`StreamCopySlots`]).
     pub stream_copy_slots: StreamCopySlots,
@@ -722,6 +735,13 @@ impl Config {
                 reason: REASON_STREAM_COPY_PIECE_MB,
             });
         }
+        config.stream_write_piece_bytes = parse_count(
+            STREAM_WRITE_PIECE_KB,
+            get(STREAM_WRITE_PIECE_KB),
+            0..=8192,
+            DEFAULT_STREAM_WRITE_PIECE_KB,
+            REASON_STREAM_WRITE_PIECE_KB,
+        )? * KIB;
         config.stream_copy_slots = parse_choice(
             STREAM_COPY_SLOTS,
             get(STREAM_COPY_SLOTS),
@@ -835,6 +855,17 @@ impl Config {
         check(INLINE_READ_KB, in_unit(inline, KIB), REASON_INLINE_READ, || {
             inline <= MAX_INLINE_READ_KB * KIB
         })?;
+        let write_piece = self.stream_write_piece_bytes;
+        check(
+            STREAM_WRITE_PIECE_KB,
+            in_unit(write_piece, KIB),
+            REASON_STREAM_WRITE_PIECE_KB,
+            || {
+                write_piece == 0
+                    || (write_piece.is_power_of_two()
+                        && (64 * KIB..=8192 * KIB).contains(&write_piece))
+            },
+        )?;
         let depth = self.chunks_in_flight;
         check(QUEUE_DEPTH, depth.to_string(), REASON_QUEUE_DEPTH, || {
             (1..=MAX_CHUNKS_IN_FLIGHT).contains(&depth)
@@ -879,6 +910,7 @@ impl Config {
             stream_copy_cap_bytes: default_stream_copy_mib(crate::sys::physical_memory_bytes())
                 * MIB,
             stream_copy_piece_bytes: DEFAULT_STREAM_COPY_PIECE_MB * MIB,
+            stream_write_piece_bytes: DEFAULT_STREAM_WRITE_PIECE_KB * KIB,
             stream_copy_slots: StreamCopySlots::Auto,
             stream_copy_device_cap_bytes: DEFAULT_STREAM_COPY_DEVICE_MB * MIB,
             stream_copy_device_full: DeviceSlotsFull::Share,

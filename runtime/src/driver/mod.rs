@@ -77,6 +77,8 @@ pub struct Driver {
     inline_slots: Option<Arc<SlotPool>>,
     /// `HIPFILE_INLINE_READ_KB` in bytes (0: off).
     inline_read_bytes: usize,
+    /// `HIPFILE_STREAM_WRITE_PIECE_KB` in bytes (0: off; `async_op::write_pieces`).
+    stream_write_piece_bytes: u64,
 }
 
 impl std::fmt::Debug for Driver {
@@ -151,6 +153,7 @@ impl Driver {
             slots,
             inline_slots,
             inline_read_bytes,
+            stream_write_piece_bytes: config.stream_write_piece_bytes as u64,
             compat_mode_allowed: AtomicBool::new(config.allow_compat_mode),
             config: RwLock::new(Arc::new(config)),
             page_size_bytes: crate::sys::page_size_bytes(),
@@ -251,7 +254,7 @@ impl Driver {
             report,
             "  async: {} submitted ({} read inside the submit call), {} prefetched, {} released \
              device-side, {} host-side; {} \
-             copied on their stream ({} through spare slots), device slots hold {} MiB ({} \
+             copied on their stream ({} through spare slots, {} writes in pieces), device slots hold {} MiB ({} \
              reads found none free, {} of them shared their stream's)",
             stats.submitted.load(Ordering::Relaxed),
             stats.read_at_submission.load(Ordering::Relaxed),
@@ -260,6 +263,7 @@ impl Driver {
             stats.host_releases.load(Ordering::Relaxed),
             stats.stream_copies.load(Ordering::Relaxed),
             stats.spare_ops.load(Ordering::Relaxed),
+            stats.writes_in_pieces.load(Ordering::Relaxed),
             self.device_slot_bytes() >> 20,
             self.reads_past_device_slots(),
             self.reads_sharing_device_slots(),
@@ -454,5 +458,9 @@ impl OpHost for Driver {
 
     fn slots(&self) -> Option<&SlotPool> {
         self.slots.as_deref()
+    }
+
+    fn stream_write_piece_bytes(&self) -> u64 {
+        self.stream_write_piece_bytes
     }
 }

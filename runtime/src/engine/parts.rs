@@ -117,6 +117,20 @@ impl Parts {
         Parts { list, placed_by_load, _in_flight: in_flight }
     }
 
+    /// A range of `len_bytes` cut in consecutive pieces of `piece_bytes` (the last one
+    /// shorter), not counted among the queued requests: the pieces of a write copied on
+    /// its stream (`async_op::write_pieces`), each posted on its own.
+    pub(crate) fn in_pieces(len_bytes: u64, piece_bytes: u64) -> Parts {
+        let piece_bytes = piece_bytes.max(1);
+        let list = (0..len_bytes.div_ceil(piece_bytes))
+            .map(|index| {
+                let offset = index * piece_bytes;
+                (offset, piece_bytes.min(len_bytes - offset))
+            })
+            .collect();
+        Parts::new(list, false, InFlight::uncounted())
+    }
+
     /// Whether the parts go to the least loaded executors.
     pub(super) fn placed_by_load(&self) -> bool {
         self.placed_by_load
