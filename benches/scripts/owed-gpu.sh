@@ -20,14 +20,12 @@
 #              the reads inside the submit call (twenty-ninth session) widened to every
 #              flag; about 380 s on the H200. The file is benches/results/h200-stream-sweep.txt
 #              when it ran on an H200.
-#   writes     #16: where 16 MiB async writes lose to cuFile's sync path (0.82x at 1 stream)
-#              and to the path before #14 (0.92x at 8): each op's stream copies the whole
-#              16 MiB into one pinned slot before the engine writes it with one pwrite,
-#              where the engine's own path and the sync path write 1 MiB staging chunks
-#              each right after its copy (still in the cache: SYNC 1.11x ASYNC at 1
-#              stream). Writes at 1 / 8 / 16 streams, two rounds: the default, 1 MiB and
-#              4 MiB pieces (HIPFILE_STREAM_COPY_PIECE_MB: each piece copied, written and
-#              released in turn), and the engine's path (HIPFILE_STREAM_COPIES=off).
+#   writes     #16: 16 MiB async writes at 1 / 8 / 16 streams, two rounds: the default
+#              (thirtieth session: a fully FIXED write copied on its stream goes in 1 MiB
+#              pieces, each written while the stream copies the next,
+#              HIPFILE_STREAM_WRITE_PIECE_KB) against the op copied whole before its one
+#              pwrite (=0, the twenty-ninth session's default: 0.82x cuFile's sync path at
+#              1 stream), 4 MiB pieces, and the engine's path (HIPFILE_STREAM_COPIES=off).
 #   batch      #16: `--mode batch` with every baseline, the ASYNC_T row (a submitting
 #              thread per stream; not yet run on a GPU) among them, and its targets.
 #   lead       #16: 16 MiB hot reads and writes at 1, 8 and 16 streams against CUFILE_SYNC
@@ -126,7 +124,7 @@ sweep() {
 }
 writes() {
   BENCH=$bench OUT=$out/writes STREAMS=1,8,16 ROUNDS=2 MODES=write \
-    VARIANTS='-; HIPFILE_STREAM_COPY_PIECE_MB=1; HIPFILE_STREAM_COPY_PIECE_MB=4; HIPFILE_STREAM_COPIES=off' \
+    VARIANTS='-; HIPFILE_STREAM_WRITE_PIECE_KB=0; HIPFILE_STREAM_WRITE_PIECE_KB=4096; HIPFILE_STREAM_COPIES=off' \
     benches/scripts/variants-ab.sh | tail -8
 }
 batch() {
