@@ -1122,3 +1122,72 @@ fn a_read_inside_the_submit_call_that_cannot_finish_goes_the_ordinary_way() {
         assert_bytes(&rig.dev_bytes(buffer, 16 * KIB), &data[..16 * KIB], &what);
     }
 }
+
+/// A write copied on its stream in pieces (`HIPFILE_STREAM_WRITE_PIECE_KB`) whose third
+/// piece's copy cannot be enqueued, after the first two pieces' copies and doorbells were:
+/// the submission is refused (hipFileHipDriverError), nothing of the op is written, its
+/// stream is not held, and the stream's next ops run and land in order (the sequence
+/// numbers those doorbells rang are not given to them: one would be armed by the stale
+/// doorbell before its stream reached it). A refusal at the first piece gives every
+/// number back and changes nothing either.
+#[test]
+fn a_write_in_pieces_refused_midway_leaves_its_stream_working() {
+    let _serial = serial();
+    let config = Config {
+        stream_copies: hipfile_runtime::config::StreamCopies::All,
+        stream_copy_slots: hipfile_runtime::config::StreamCopySlots::Pinned,
+        direct: DirectPolicy::Off,
+        stream_write_piece_bytes: MIB,
+        ..small_config()
+    };
+    let rig = Arc::new(Rig::with(1, config));
+    let len = 16 * MIB;
+    let data = pattern(5, len);
+    let file = TempFile::new("write-pieces-refused", &data);
+    let fd = file.open_rw();
+    let handle = rig.register(&fd);
+    let buffer = rig.alloc(len);
+    rig.driver.buf_register(buffer, len as u64, 0).expect("buf_register");
+    let fresh = pattern(99, len);
+    rig.set_dev_bytes(buffer, &fresh);
+    let stream = rig.registered_stream(15);
+    for passed in [2u64, 0] {
+        let refused = params(4 * MIB, 0, 0);
+        let guard = fault::install(Plan {
+            seed: 3,
+            rules: vec![
+                Rule { site: Site::DeviceCopy, fault: Fault::Pass, one_in: 1, limit: passed },
+                Rule { site: Site::DeviceCopy, fault: Fault::Errno(0), one_in: 1, limit: 1 },
+            ],
+        });
+        let submitted = rig.driver.submit_async(Direction::Write, handle, buffer, &refused, stream);
+        assert_eq!(guard.injected(), vec![passed, 1], "{passed} pieces copied, then refused");
+        drop(guard);
+        assert_eq!(
+            submitted.map_err(|e| e.code),
+            Err(OpError::HipDriverError),
+            "refused after {passed} pieces"
+        );
+        // The stream goes on: later writes (in pieces and whole) land, in order.
+        let after = params(4 * MIB, (8 * MIB) as i64, (8 * MIB) as i64);
+        let small = params(64 * KIB, (4 * MIB) as i64, (4 * MIB) as i64);
+        rig.write(handle, buffer, &after, stream);
+        rig.write(handle, buffer, &small, stream);
+        let synced = Arc::clone(&rig);
+        run_watched(&rig.driver, "writes after a refused one", HANG_GUARD, move || {
+            synced.sync(stream)
+        });
+        assert_eq!(bytes(&after), (4 * MIB) as isize);
+        assert_eq!(bytes(&small), (64 * KIB) as isize);
+        assert_eq!(bytes(&refused), 0, "the refused write has no result");
+        let contents = file.contents();
+        assert_bytes(&contents[..4 * MIB], &data[..4 * MIB], "nothing of the refused write");
+        let next = 8 * MIB..12 * MIB;
+        assert_bytes(&contents[next.clone()], &fresh[next], "the next write");
+        let small_range = 4 * MIB..4 * MIB + 64 * KIB;
+        assert_bytes(&contents[small_range.clone()], &fresh[small_range], "the small one");
+    }
+    let pieces =
+        rig.driver.async_stats().writes_in_pieces.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(pieces, 2, "the writes after the refusals went in pieces");
+}

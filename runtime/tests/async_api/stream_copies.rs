@@ -1252,3 +1252,91 @@ fn with_all_an_unfixed_op_whose_range_moved_declines_its_slot() {
     // The write's source went into its slot at submission (counted); the reads declined.
     assert_eq!(stream_copies(&t.rig) - before, 1, "only the write's copy into its slot");
 }
+
+/// `all` through the page cache with writes in pieces of `piece_bytes`
+/// (`HIPFILE_STREAM_WRITE_PIECE_KB`; 0: whole).
+fn write_pieces_config(piece_bytes: usize) -> Config {
+    Config {
+        stream_copies: StreamCopies::All,
+        stream_copy_slots: StreamCopySlots::Pinned,
+        direct: DirectPolicy::Off,
+        stream_write_piece_bytes: piece_bytes,
+        ..small_config()
+    }
+}
+
+fn writes_in_pieces(rig: &Rig) -> u64 {
+    rig.driver.async_stats().writes_in_pieces.load(Ordering::SeqCst)
+}
+
+/// Writes of `sizes` on a stream registered with `flags`, held while they are submitted,
+/// each behind the application's own copy of new bytes into its source (a piece written
+/// before the stream reached it would write the old ones): nothing is written while the
+/// stream is held, then every byte lands and `*bytes_p` holds each whole op. Returns
+/// how many went in pieces.
+fn held_writes_land(config: Config, flags: u32, sizes: &[usize]) -> u64 {
+    let len = 48 * MIB;
+    let t = Paused::with(Rig::with(1, config), "write-pieces", len, len);
+    let stream = t.rig.registered_stream(flags);
+    let fresh = pattern(321, len);
+    let before = writes_in_pieces(&t.rig);
+    let gate = t.rig.pause(stream).expect("pause");
+    let mut placed = Vec::new();
+    let mut sources = Vec::new();
+    let (mut at, mut file_at) = (0usize, MIB / 2);
+    for &size in sizes {
+        let staged = t.rig.pinned(size);
+        staged.fill(&fresh[at..at + size]);
+        // SAFETY: `staged` lives until the stream has run the copy (synchronized below).
+        unsafe { t.rig.copy_to_device_on(stream, t.buffer + at as u64, &staged, size) }
+            .expect("copy");
+        sources.push(staged);
+        let p = params(size, file_at as i64, at as i64);
+        t.rig.write(t.handle, t.buffer, &p, stream);
+        placed.push((p, size, at, file_at));
+        at += size + 4096;
+        file_at += size + 8192;
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    assert_bytes(&t.file.contents(), &t.data, "nothing written while the stream is held");
+    assert!(placed.iter().all(|(p, ..)| bytes(p) == 0), "held: no result yet");
+    gate.release();
+    t.rig.sync(stream);
+    let contents = t.file.contents();
+    for (p, size, at, file_at) in &placed {
+        assert_eq!(bytes(p), *size as isize, "{size} bytes at file offset {file_at}");
+        let what = format!("{size} bytes written at file offset {file_at}");
+        assert_bytes(&contents[*file_at..file_at + size], &fresh[*at..at + size], &what);
+    }
+    let end = placed.last().map_or(0, |&(_, size, _, file_at)| file_at + size);
+    assert_bytes(&contents[end..], &t.data[end..], "the file past the writes as it was");
+    writes_in_pieces(&t.rig) - before
+}
+
+/// `HIPFILE_STREAM_WRITE_PIECE_KB` (default 1 MiB): a fully FIXED write longer than the
+/// piece size, copied into its slot on its stream, goes in pieces, each written to the
+/// file once the stream copied it: in stream order (after the application's copy queued
+/// before it on the held stream), every byte in place, one result for the whole op. A
+/// write of exactly one piece goes whole.
+#[test]
+fn with_all_long_fixed_writes_go_in_pieces_written_once_their_stream_copied_them() {
+    let sizes = [16 * MIB, 4 * MIB + 4096, MIB, 3 * MIB, 2 * MIB + 8192];
+    let pieces = held_writes_land(write_pieces_config(MIB), 15, &sizes);
+    assert_eq!(pieces, 4, "every write longer than a piece");
+    // Pieces of 64 KiB: 256 for the 16 MiB op (the doorbells of many pieces in flight). A
+    // write over 16 MiB (the largest slot) is a long op of 16 MiB pieces instead.
+    let sizes = [16 * MIB, MIB, 16 * MIB + 4096];
+    let pieces = held_writes_land(write_pieces_config(64 * KIB), 7, &sizes);
+    assert_eq!(pieces, 2);
+}
+
+/// Only writes whose size and both offsets are FIXED go in pieces (the file range must be
+/// known before the op's own arm binds it), and none with the setting at 0; they land
+/// the same.
+#[test]
+fn writes_with_a_late_file_offset_or_pieces_off_go_whole() {
+    let sizes = [16 * MIB, 3 * MIB];
+    // Buffer offset and size FIXED, file offset bound at arm: a slot, no pieces.
+    assert_eq!(held_writes_land(write_pieces_config(MIB), 5, &sizes), 0);
+    assert_eq!(held_writes_land(write_pieces_config(0), 15, &sizes), 0);
+}

@@ -628,6 +628,30 @@ fn streams_made_while_reads_share_their_streams_device_slots_hold_streams() {
     assert!(shared >= 24, "most second reads shared their stream's slot ({shared})");
 }
 
+/// The same with fully FIXED writes of 4 MiB copied on their stream in 1 MiB pieces
+/// (`HIPFILE_STREAM_WRITE_PIECE_KB`, the default), each piece written once its own
+/// doorbell rang: the op's release still waits only for host work (its pieces' writes)
+/// and its own doorbell, behind every copy of the op.
+#[test]
+fn streams_made_while_writes_in_pieces_hold_streams() {
+    let rig = Rig::with(
+        1,
+        Config {
+            stream_copies: StreamCopies::All,
+            stream_copy_slots: StreamCopySlots::Pinned,
+            direct: DirectPolicy::Off,
+            stream_write_piece_bytes: 1 << 20,
+            ..small_config()
+        },
+    );
+    let driver = Arc::clone(&rig.driver);
+    let flags = [Some(15), Some(7), Some(15), Some(7)];
+    let copies = streams_made_during(rig, Direction::Write, 2, 4 << 20, flags);
+    assert_eq!(copies, 8 * 2 * 6, "every write copied on its own stream");
+    let pieces = driver.async_stats().writes_in_pieces.load(Ordering::SeqCst);
+    assert_eq!(pieces, 8 * 2 * 6, "every write in pieces");
+}
+
 /// The same with writes whose bytes their stream copies into a slot ahead of their
 /// doorbell (`HIPFILE_STREAM_COPIES=all`, buffer offset and size FIXED).
 #[test]
