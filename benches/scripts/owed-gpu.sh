@@ -20,6 +20,9 @@
 #              the reads inside the submit call (twenty-ninth session) widened to every
 #              flag; about 380 s on the H200. The file is benches/results/h200-stream-sweep.txt
 #              when it ran on an H200.
+#   wtests     the write-pieces tests on CUDA (thirtieth session): held stream and stream
+#              order, refused midway (faults), the lock check with writes in pieces, and
+#              the earlier write-slot tests, each in a process of its own.
 #   writes     #16: 16 MiB async writes at 1 / 8 / 16 streams, two rounds: the default
 #              (thirtieth session: a fully FIXED write copied on its stream goes in 1 MiB
 #              pieces, each written while the stream copies the next,
@@ -122,6 +125,22 @@ sweep() {
   tail -2 "$out/sweep.txt"
   return $rc
 }
+wtests() {
+  local t rc=0 bin_dir=$PWD/target/gpu-bundle/bin
+  for t in async_api:stream_copies::with_all_long_fixed_writes_go_in_pieces_written_once_their_stream_copied_them \
+    async_api:stream_copies::writes_with_a_late_file_offset_or_pieces_off_go_whole \
+    async_api:stream_copies::with_all_page_cache_writes_go_straight_from_the_slot \
+    async_api:streams::streams_made_while_writes_in_pieces_hold_streams \
+    async_api:streams::streams_made_while_writes_copied_into_slots_hold_streams \
+    faults:a_write_in_pieces_refused_midway_leaves_its_stream_working; do
+    HIPFILE_DEVICE=cuda timeout -s KILL 60 "$bin_dir/${t%%:*}" --test-threads 1 --exact "${t#*:}" \
+      > "$out/wtest-${t##*::}.txt" 2>&1
+    local r=$?
+    echo "${t#*:}: $([ $r = 0 ] && echo PASS || echo "FAIL ($r)")"
+    [ $r = 0 ] || rc=1
+  done
+  return $rc
+}
 writes() {
   BENCH=$bench OUT=$out/writes STREAMS=1,8,16 ROUNDS=2 MODES=write \
     VARIANTS='-; HIPFILE_STREAM_WRITE_PIECE_KB=0; HIPFILE_STREAM_WRITE_PIECE_KB=4096; HIPFILE_STREAM_COPIES=off' \
@@ -192,7 +211,7 @@ cold() {
 
 # `timeout` runs each step in a shell of its own.
 export out bin bench LEAD_VARIANTS
-export -f isolation contract c_async sweep writes batch lead hot levers latency cold
+export -f isolation contract c_async sweep wtests writes batch lead hot levers latency cold
 
 # Before and after on one machine in one run: the card is named in steps.txt (the issue
 # asks for an H200; an H100 of the same run is as good a same-machine comparison).
@@ -203,6 +222,7 @@ else
 fi
 [ -x "$bin/device_contract" ] && step contract 60 contract
 [ -f target/gpu-bundle/c/cuda_async.c ] && step c-async 70 c_async
+step wtests 120 wtests
 step writes 200 writes
 step sweep 400 sweep
 step batch 150 batch
