@@ -267,6 +267,14 @@ pub const ENV_VARS: &[(&str, &str)] = &[
          whose buffer offset and size are FIXED, 1, 4 or 16 (default 16)",
     ),
     (
+        STREAM_WRITE_PIECE_KB,
+        "with HIPFILE_STREAM_COPIES=all: a write whose size and offsets are all FIXED, \
+         through the page cache, copied into a slot of its own on its stream and longer \
+         than this many KiB, goes in pieces of it, each written to the file while the \
+         stream copies the next; 0 or a power of two from 64 to 8192 (default 1024; 0: \
+         copied whole, then written)",
+    ),
+    (
         STREAM_COPY_SLOTS,
         "with HIPFILE_STREAM_COPIES=all: the memory of the slots of reads over 64 KiB, \
          pinned (the engine reads the file into them, the stream copies host -> device) or \

@@ -616,6 +616,21 @@ fn stream_copies_are_the_backends_choice_unless_asked_for() {
         );
         assert!(error.to_string().contains("1, 4 or 16"), "{bad:?}: {error}");
     }
+    // Writes copied on their stream in pieces: 1 MiB unless set; 0 (whole) or a power of
+    // two from 64 to 8192 KiB.
+    assert_eq!(parse_ok(&[]).stream_write_piece_bytes, 1 << 20);
+    for (raw, kib) in [("0", 0), ("64", 64), (" 256 ", 256), ("8192", 8192)] {
+        let got = parse_ok(&[("HIPFILE_STREAM_WRITE_PIECE_KB", raw)]).stream_write_piece_bytes;
+        assert_eq!(got, kib << 10, "{raw:?}");
+    }
+    for bad in ["32", "100", "16384", "-64", "1M"] {
+        let error = rejected(
+            &[("HIPFILE_STREAM_WRITE_PIECE_KB", bad)],
+            &cpus(4),
+            "HIPFILE_STREAM_WRITE_PIECE_KB",
+        );
+        assert!(error.to_string().contains("power of two"), "{bad:?}: {error}");
+    }
     // The memory of large read slots: the backend's choice unless set.
     use hipfile_runtime::config::StreamCopySlots;
     assert_eq!(parse_ok(&[]).stream_copy_slots, StreamCopySlots::Auto);
