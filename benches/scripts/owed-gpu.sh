@@ -23,6 +23,8 @@
 #   wtests     the write-pieces tests on CUDA (thirtieth session): held stream and stream
 #              order, refused midway (faults), the lock check with writes in pieces, and
 #              the earlier write-slot tests, each in a process of its own.
+#   wsweep     the never-hang sweep's part that writes in pieces reach (4 and 16 MiB, fixed
+#              and mixed flags, 1..256 streams, reads and writes: 126 cases).
 #   writes     #16: 16 MiB async writes at 1 / 8 / 16 streams, two rounds: the default
 #              (thirtieth session: a fully FIXED write copied on its stream goes in 1 MiB
 #              pieces, each written while the stream copies the next,
@@ -125,6 +127,16 @@ sweep() {
   tail -2 "$out/sweep.txt"
   return $rc
 }
+wsweep() {
+  HIPFILE_DEVICE=cuda timeout -s KILL 300 "$bench" --mode sweep --case-timeout 30 --io-size 4M,16M \
+    --sweep-flags fixed,mixed --streams 1,2,8,16,24,28,32,33,64,128,256 \
+    --file /tmp/hf-owed-wsweep.dat > "$out/wsweep.txt" 2>&1
+  local rc=$?
+  rm -f /tmp/hf-owed-wsweep.dat
+  grep -E "HANG|FAIL|WRONG" "$out/wsweep.txt" | grep -v "^sweep: " | head
+  tail -2 "$out/wsweep.txt"
+  return $rc
+}
 wtests() {
   local t rc=0 bin_dir=$PWD/target/gpu-bundle/bin
   for t in async_api:stream_copies::with_all_long_fixed_writes_go_in_pieces_written_once_their_stream_copied_them \
@@ -211,7 +223,7 @@ cold() {
 
 # `timeout` runs each step in a shell of its own.
 export out bin bench LEAD_VARIANTS
-export -f isolation contract c_async sweep wtests writes batch lead hot levers latency cold
+export -f isolation contract c_async sweep wsweep wtests writes batch lead hot levers latency cold
 
 # Before and after on one machine in one run: the card is named in steps.txt (the issue
 # asks for an H200; an H100 of the same run is as good a same-machine comparison).
@@ -223,6 +235,7 @@ fi
 [ -x "$bin/device_contract" ] && step contract 60 contract
 [ -f target/gpu-bundle/c/cuda_async.c ] && step c-async 70 c_async
 step wtests 120 wtests
+step wsweep 150 wsweep
 step writes 200 writes
 step sweep 400 sweep
 step batch 150 batch
