@@ -36,7 +36,10 @@
 //! Only writes whose size and offsets are all FIXED (the file range is known when the
 //! pieces are posted, before the op's own arm binds it) to files written through the
 //! page cache (one job per op there; with an O_DIRECT descriptor the engine splits the
-//! op over executors itself), on devices with stream memory operations.
+//! op over executors itself), on devices with stream memory operations, and while few
+//! arms wait on the stream ([`MAX_PIECE_ARMS_WAITING`]: a piece is two more commands on
+//! the stream, and the submit call must not block on a full command queue behind a held
+//! stream).
 
 use std::sync::{Arc, OnceLock};
 
@@ -47,6 +50,12 @@ use super::{AsyncOp, OpHost};
 use crate::engine::{Completion, IoJob, JobEnd, PartJoiner, Parts};
 use crate::file::FileHandle;
 use crate::stream::StreamState;
+
+/// Arms (ops and pieces) waiting on a stream past which a write goes whole: pieces add
+/// two stream commands each, and CUDA blocks an enqueue behind a held stream once a few
+/// hundred are queued (about 510 write-values on the H200,
+/// `benches/probes/doorbell_probe.c`); 64 keeps what pieces queue well below that.
+const MAX_PIECE_ARMS_WAITING: usize = 64;
 
 /// How an op's write goes in pieces.
 pub(crate) struct WritePieces {
@@ -78,7 +87,15 @@ impl WritePieces {
             && io.size_bytes() > piece_bytes
             && state.flags.contains(fixed)
             && file.direct_fd().is_none();
-        eligible.then(|| (piece_bytes, io.size_bytes().div_ceil(piece_bytes) as usize))
+        if !eligible {
+            return None;
+        }
+        let count = io.size_bytes().div_ceil(piece_bytes) as usize;
+        // Each piece is two more commands on the stream (its copy, its doorbell): behind a
+        // held stream, CUDA blocks an enqueue once a few hundred are queued, and a submit
+        // call must not wait. Past this many arms waiting on the stream, ops go whole.
+        let room = state.arm_queue().waiting() + count <= MAX_PIECE_ARMS_WAITING;
+        room.then_some((piece_bytes, count))
     }
 
     pub(super) fn new(first_sequence: u32, (piece_bytes, count): (u64, usize)) -> WritePieces {

@@ -1317,17 +1317,24 @@ fn held_writes_land(config: Config, flags: u32, sizes: &[usize]) -> u64 {
 /// piece size, copied into its slot on its stream, goes in pieces, each written to the
 /// file once the stream copied it: in stream order (after the application's copy queued
 /// before it on the held stream), every byte in place, one result for the whole op. A
-/// write of exactly one piece goes whole.
+/// write of exactly one piece goes whole, and so does one whose pieces would leave more
+/// than 64 arms waiting on its stream.
 #[test]
 fn with_all_long_fixed_writes_go_in_pieces_written_once_their_stream_copied_them() {
     let sizes = [16 * MIB, 4 * MIB + 4096, MIB, 3 * MIB, 2 * MIB + 8192];
     let pieces = held_writes_land(write_pieces_config(MIB), 15, &sizes);
     assert_eq!(pieces, 4, "every write longer than a piece");
-    // Pieces of 64 KiB: 256 for the 16 MiB op (the doorbells of many pieces in flight). A
-    // write over 16 MiB (the largest slot) is a long op of 16 MiB pieces instead.
-    let sizes = [16 * MIB, MIB, 16 * MIB + 4096];
+    // Pieces of 64 KiB: 32 and 16 doorbells for the first two ops; the 16 MiB op would
+    // take 256, more than may wait on a stream (its commands could fill CUDA's queue behind
+    // the held stream and block the submit call), so it goes whole; a write over 16 MiB
+    // (the largest slot) is a long op of 16 MiB pieces.
+    let sizes = [2 * MIB, MIB, 16 * MIB, 16 * MIB + 4096];
     let pieces = held_writes_land(write_pieces_config(64 * KIB), 7, &sizes);
     assert_eq!(pieces, 2);
+    // Six writes of 16 pieces each on the held stream: four in pieces (64 arms waiting),
+    // then whole.
+    let pieces = held_writes_land(write_pieces_config(256 * KIB), 15, &[4 * MIB; 6]);
+    assert_eq!(pieces, 4, "pieces while at most 64 arms wait on the stream");
 }
 
 /// Only writes whose size and both offsets are FIXED go in pieces (the file range must be
