@@ -129,7 +129,7 @@ sweep() {
 }
 wsweep() {
   HIPFILE_DEVICE=cuda timeout -s KILL 300 "$bench" --mode sweep --case-timeout 30 --io-size 4M,16M \
-    --sweep-flags fixed,mixed --streams 1,2,8,16,24,28,32,33,64,128,256 \
+    --sweep-flags fixed,mixed --streams "${WSWEEP_STREAMS:-1,2,8,16,24,28,32,33,64,128,256}" \
     --file /tmp/hf-owed-wsweep.dat > "$out/wsweep.txt" 2>&1
   local rc=$?
   rm -f /tmp/hf-owed-wsweep.dat
@@ -155,7 +155,7 @@ wtests() {
 }
 writes() {
   BENCH=$bench OUT=$out/writes STREAMS=1,8,16 ROUNDS=2 MODES=write \
-    VARIANTS='-; HIPFILE_STREAM_WRITE_PIECE_KB=0; HIPFILE_STREAM_WRITE_PIECE_KB=4096; HIPFILE_STREAM_COPIES=off' \
+    VARIANTS="${WRITE_VARIANTS:--; HIPFILE_STREAM_WRITE_PIECE_KB=0; HIPFILE_STREAM_WRITE_PIECE_KB=4096; HIPFILE_STREAM_COPIES=off}" \
     benches/scripts/variants-ab.sh | tail -8
 }
 batch() {
@@ -222,7 +222,7 @@ cold() {
 }
 
 # `timeout` runs each step in a shell of its own.
-export out bin bench LEAD_VARIANTS
+export out bin bench LEAD_VARIANTS WSWEEP_STREAMS WRITE_VARIANTS
 export -f isolation contract c_async sweep wsweep wtests writes batch lead hot levers latency cold
 
 # Before and after on one machine in one run: the card is named in steps.txt (the issue
