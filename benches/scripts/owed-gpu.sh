@@ -155,7 +155,7 @@ wtests() {
 }
 writes() {
   BENCH=$bench OUT=$out/writes STREAMS=1,8,16 ROUNDS=2 MODES=write \
-    VARIANTS="${WRITE_VARIANTS:--; HIPFILE_STREAM_WRITE_PIECE_KB=0; HIPFILE_STREAM_WRITE_PIECE_KB=4096; HIPFILE_STREAM_COPIES=off}" \
+    VARIANTS="${PIECE_VARIANTS:--; HIPFILE_STREAM_WRITE_PIECE_KB=0; HIPFILE_STREAM_WRITE_PIECE_KB=4096; HIPFILE_STREAM_COPIES=off}" \
     benches/scripts/variants-ab.sh | tail -8
 }
 batch() {
@@ -222,7 +222,7 @@ cold() {
 }
 
 # `timeout` runs each step in a shell of its own.
-export out bin bench LEAD_VARIANTS WSWEEP_STREAMS WRITE_VARIANTS
+export out bin bench LEAD_VARIANTS WSWEEP_STREAMS PIECE_VARIANTS
 export -f isolation contract c_async sweep wsweep wtests writes batch lead hot levers latency cold
 
 # Before and after on one machine in one run: the card is named in steps.txt (the issue
