@@ -24,13 +24,15 @@
 #              order, refused midway (faults), the lock check with writes in pieces, and
 #              the earlier write-slot tests, each in a process of its own.
 #   wsweep     the never-hang sweep's part that writes in pieces reach (4 and 16 MiB, fixed
-#              and mixed flags, 1..256 streams, reads and writes: 126 cases).
-#   writes     #16: 16 MiB async writes at 1 / 8 / 16 streams, two rounds: the default
-#              (thirtieth session: a fully FIXED write copied on its stream goes in 1 MiB
-#              pieces, each written while the stream copies the next,
-#              HIPFILE_STREAM_WRITE_PIECE_KB) against the op copied whole before its one
-#              pwrite (=0, the twenty-ninth session's default: 0.82x cuFile's sync path at
-#              1 stream), 4 MiB pieces, and the engine's path (HIPFILE_STREAM_COPIES=off).
+#              and mixed flags, 1..256 streams, reads and writes: 88 cases), under
+#              HIPFILE_STREAM_WRITE_PIECE_KB as the caller's environment sets it.
+#   writes     #16: 16 MiB async writes at 1 / 8 / 16 streams, two rounds: the default (a
+#              write copied on its stream whole before its one pwrite: 0.82x cuFile's sync
+#              path at 1 stream) against 1 MiB and 4 MiB pieces (thirtieth session,
+#              HIPFILE_STREAM_WRITE_PIECE_KB, off until measured here: each piece written
+#              while the stream copies the next) and the engine's path
+#              (HIPFILE_STREAM_COPIES=off). Run `wtests` and `wsweep` with
+#              HIPFILE_STREAM_WRITE_PIECE_KB=1024 in the environment first.
 #   batch      #16: `--mode batch` with every baseline, the ASYNC_T row (a submitting
 #              thread per stream; not yet run on a GPU) among them, and its targets.
 #   lead       #16: 16 MiB hot reads and writes at 1, 8 and 16 streams against CUFILE_SYNC
@@ -155,7 +157,7 @@ wtests() {
 }
 writes() {
   BENCH=$bench OUT=$out/writes STREAMS=1,8,16 ROUNDS=2 MODES=write \
-    VARIANTS="${PIECE_VARIANTS:--; HIPFILE_STREAM_WRITE_PIECE_KB=0; HIPFILE_STREAM_WRITE_PIECE_KB=4096; HIPFILE_STREAM_COPIES=off}" \
+    VARIANTS="${PIECE_VARIANTS:--; HIPFILE_STREAM_WRITE_PIECE_KB=1024; HIPFILE_STREAM_WRITE_PIECE_KB=4096; HIPFILE_STREAM_COPIES=off}" \
     benches/scripts/variants-ab.sh | tail -8
 }
 batch() {

@@ -1,5 +1,6 @@
 //! Writes copied into their slot on their stream in pieces, each written to the file as
-//! soon as the stream has copied it (`HIPFILE_STREAM_WRITE_PIECE_KB`, default 1 MiB).
+//! soon as the stream has copied it (`HIPFILE_STREAM_WRITE_PIECE_KB`; off by default
+//! until it is measured on a GPU, 1024 KiB the size to measure first).
 //!
 //! A write copied on its stream (`HIPFILE_STREAM_COPIES=all`, `stream_copy`) has the
 //! stream copy its source into a pinned slot ahead of its doorbell, and the engine

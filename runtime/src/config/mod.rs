@@ -81,10 +81,12 @@ const DEFAULT_INLINE_READ_KB: usize = 64;
 const MAX_INLINE_READ_KB: usize = 16 * 1024;
 const INLINE_READ_KB: &str = "HIPFILE_INLINE_READ_KB";
 const REASON_INLINE_READ: &str = "must be an integer between 0 and 16384 (KiB)";
-/// Default of `HIPFILE_STREAM_WRITE_PIECE_KB`: a fully FIXED write copied into a slot on
+/// Default of `HIPFILE_STREAM_WRITE_PIECE_KB` (a fully FIXED write copied into a slot on
 /// its stream, longer than this, is copied in pieces of this size, each written to the
-/// file as soon as the stream has copied it (`async_op::write_pieces`).
-const DEFAULT_STREAM_WRITE_PIECE_KB: usize = 1024;
+/// file as soon as the stream has copied it: `async_op::write_pieces`): off until it is
+/// measured on a GPU (built and tested on the cpu device in the thirtieth session, when
+/// no GPU machine could be had); 1024 is the size to measure first.
+const DEFAULT_STREAM_WRITE_PIECE_KB: usize = 0;
 const STREAM_WRITE_PIECE_KB: &str = "HIPFILE_STREAM_WRITE_PIECE_KB";
 const REASON_STREAM_WRITE_PIECE_KB: &str =
     "must be 0 (off) or a power of two between 64 and 8192 (KiB)";
@@ -271,8 +273,8 @@ pub const ENV_VARS: &[(&str, &str)] = &[
         "with HIPFILE_STREAM_COPIES=all: a write whose size and offsets are all FIXED, \
          through the page cache, copied into a slot of its own on its stream and longer \
          than this many KiB, goes in pieces of it, each written to the file while the \
-         stream copies the next; 0 or a power of two from 64 to 8192 (default 1024; 0: \
-         copied whole, then written)",
+         stream copies the next; 0 or a power of two from 64 to 8192 (default 0: copied \
+         whole, then written; not yet measured on a GPU)",
     ),
     (
         STREAM_COPY_SLOTS,
@@ -529,7 +531,8 @@ pub struct Config {
     /// With [`StreamCopies::All`]: a write whose size and offsets are all FIXED, copied
     /// into a slot of its own on its stream and longer than this, is copied in pieces of
     /// this many bytes, each written to the file as soon as the stream has copied it
-    /// (`HIPFILE_STREAM_WRITE_PIECE_KB`, default 1 MiB; 0: one copy, written after it).
+    /// (`HIPFILE_STREAM_WRITE_PIECE_KB`; 0, the default until measured on a GPU: one copy,
+    /// written after it).
     /// See `async_op::write_pieces`.
     pub stream_write_piece_bytes: usize,
     /// With [`StreamCopies::All`]: the memory of read slots over 64 KiB

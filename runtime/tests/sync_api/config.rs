@@ -616,9 +616,11 @@ fn stream_copies_are_the_backends_choice_unless_asked_for() {
         );
         assert!(error.to_string().contains("1, 4 or 16"), "{bad:?}: {error}");
     }
-    // Writes copied on their stream in pieces: 1 MiB unless set; 0 (whole) or a power of
+    // Writes copied on their stream in pieces: off (0) unless set; 0 (whole) or a power of
     // two from 64 to 8192 KiB.
-    assert_eq!(parse_ok(&[]).stream_write_piece_bytes, 1 << 20);
+    assert_eq!(parse_ok(&[]).stream_write_piece_bytes, 0);
+    let got = parse_ok(&[("HIPFILE_STREAM_WRITE_PIECE_KB", "1024")]).stream_write_piece_bytes;
+    assert_eq!(got, 1 << 20);
     for (raw, kib) in [("0", 0), ("64", 64), (" 256 ", 256), ("8192", 8192)] {
         let got = parse_ok(&[("HIPFILE_STREAM_WRITE_PIECE_KB", raw)]).stream_write_piece_bytes;
         assert_eq!(got, kib << 10, "{raw:?}");
