@@ -629,7 +629,7 @@ fn streams_made_while_reads_share_their_streams_device_slots_hold_streams() {
 }
 
 /// The same with fully FIXED writes of 4 MiB copied on their stream in 1 MiB pieces
-/// (`HIPFILE_STREAM_WRITE_PIECE_KB`, the default), each piece written once its own
+/// (`HIPFILE_STREAM_WRITE_PIECE_KB=1024`), each piece written once its own
 /// doorbell rang: the op's release still waits only for host work (its pieces' writes)
 /// and its own doorbell, behind every copy of the op.
 #[test]
