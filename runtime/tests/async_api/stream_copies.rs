@@ -1315,10 +1315,10 @@ fn held_writes_land(config: Config, flags: u32, sizes: &[usize]) -> u64 {
 
 /// `HIPFILE_STREAM_WRITE_PIECE_KB` (1 MiB here; off by default): a fully FIXED write
 /// longer than the piece size, copied into its slot on its stream, goes in pieces, each
-/// written to the file once the stream copied it: in stream order (after the application's copy queued
-/// before it on the held stream), every byte in place, one result for the whole op. A
-/// write of exactly one piece goes whole, and so does one whose pieces would leave more
-/// than 64 arms waiting on its stream.
+/// written to the file once the stream copied it: in stream order (after the
+/// application's copy queued before it on the held stream), every byte in place, one
+/// result for the whole op. A write of exactly one piece goes whole, and so does one
+/// whose pieces would leave more than 64 arms waiting on its stream.
 #[test]
 fn with_all_long_fixed_writes_go_in_pieces_written_once_their_stream_copied_them() {
     let sizes = [16 * MIB, 4 * MIB + 4096, MIB, 3 * MIB, 2 * MIB + 8192];
