@@ -120,24 +120,24 @@ c_async() {
   tail -3 "$out/cuda_async.txt"
   return $rc
 }
-sweep() {
-  HIPFILE_DEVICE=cuda timeout -s KILL 470 "$bench" --mode sweep --case-timeout 30 \
-    --file /tmp/hf-owed-sweep.dat > "$out/sweep.txt" 2>&1
+# run_sweep NAME SECONDS [BENCH ARGS...]: the bench's sweep mode into $out/NAME.txt; prints
+# the cases that did not pass and the summary.
+run_sweep() {
+  local name=$1 limit=$2; shift 2
+  HIPFILE_DEVICE=cuda timeout -s KILL "$limit" "$bench" --mode sweep --case-timeout 30 "$@" \
+    --file "/tmp/hf-owed-$name.dat" > "$out/$name.txt" 2>&1
   local rc=$?
-  rm -f /tmp/hf-owed-sweep.dat
-  grep -E "HANG|FAIL|WRONG" "$out/sweep.txt" | grep -v "^sweep: " | head
-  tail -2 "$out/sweep.txt"
+  rm -f "/tmp/hf-owed-$name.dat"
+  grep -E "HANG|FAIL|WRONG" "$out/$name.txt" | grep -v "^sweep: " | head
+  tail -2 "$out/$name.txt"
   return $rc
 }
+sweep() {
+  run_sweep sweep 470
+}
 wsweep() {
-  HIPFILE_DEVICE=cuda timeout -s KILL 300 "$bench" --mode sweep --case-timeout 30 --io-size 4M,16M \
-    --sweep-flags fixed,mixed --streams "${WSWEEP_STREAMS:-1,2,8,16,24,28,32,33,64,128,256}" \
-    --file /tmp/hf-owed-wsweep.dat > "$out/wsweep.txt" 2>&1
-  local rc=$?
-  rm -f /tmp/hf-owed-wsweep.dat
-  grep -E "HANG|FAIL|WRONG" "$out/wsweep.txt" | grep -v "^sweep: " | head
-  tail -2 "$out/wsweep.txt"
-  return $rc
+  run_sweep wsweep 300 --io-size 4M,16M --sweep-flags fixed,mixed \
+    --streams "${WSWEEP_STREAMS:-1,2,8,16,24,28,32,33,64,128,256}"
 }
 wtests() {
   local t rc=0 bin_dir=$PWD/target/gpu-bundle/bin
@@ -225,7 +225,7 @@ cold() {
 
 # `timeout` runs each step in a shell of its own.
 export out bin bench LEAD_VARIANTS WSWEEP_STREAMS PIECE_VARIANTS
-export -f isolation contract c_async sweep wsweep wtests writes batch lead hot levers latency cold
+export -f isolation contract c_async run_sweep sweep wsweep wtests writes batch lead hot levers latency cold
 
 # Before and after on one machine in one run: the card is named in steps.txt (the issue
 # asks for an H200; an H100 of the same run is as good a same-machine comparison).
