@@ -54,7 +54,7 @@ use crate::stream::StreamState;
 
 /// Arms (ops and pieces) waiting on a stream past which a write goes whole: pieces add
 /// two stream commands each, and CUDA blocks an enqueue behind a held stream once a few
-/// hundred are queued (about 510 write-values on the H200,
+/// hundred are queued (on the H200, 510 ops of a write-value and a wait-value each,
 /// `benches/probes/doorbell_probe.c`); 64 keeps what pieces queue well below that.
 const MAX_PIECE_ARMS_WAITING: usize = 64;
 
