@@ -135,7 +135,10 @@ impl AsyncOp {
     ) -> Result<(), super::EnqueueError> {
         use crate::error::Error;
         let (Some(pieces), Some(slot)) = (&self.write_pieces, &self.slot) else {
-            unreachable!("only a write in pieces with its slot comes here");
+            // Cannot happen (only a write in pieces, which always has its slot, comes
+            // here): refuse the submission rather than panic on the caller's thread.
+            let error = Error::new(hipfile_core::OpError::InternalError);
+            return Err(super::EnqueueError { error, nothing_queued: true });
         };
         let device = self.host.device();
         let handle = self.stream.handle;
