@@ -20,3 +20,16 @@ for connections in default 32; do
     echo "exit $?"
   done
 done
+# The engine's path of a write copies out of the application's memory: those probes alone
+# (in a process where no earlier probe already waits), then device -> host by itself.
+for connections in default 32; do
+  for probes in 16,17 16; do
+    echo "=== CUDA_DEVICE_MAX_CONNECTIONS=$connections, 16 held, probes $probes alone"
+    if [ "$connections" = default ]; then
+      env -u CUDA_DEVICE_MAX_CONNECTIONS PROBES=$probes timeout -s KILL 60 /tmp/hf-cuda-lock-probe 16 3000 0
+    else
+      CUDA_DEVICE_MAX_CONNECTIONS=$connections PROBES=$probes timeout -s KILL 60 /tmp/hf-cuda-lock-probe 16 3000 0
+    fi
+    echo "exit $?"
+  done
+done

@@ -15,7 +15,8 @@
  * 4. While it is blocked (or after the loop if none blocked), each probe call runs on a
  *    thread of its own with a 3 s limit: which ones return and which wait.
  * 5. The gate is released from the host: does the creator go on?
- * One line per fact on stdout. Control: held-streams 0. Run it with and without
+ * PROBES (say "16,17") runs only the probes of those numbers, in a process where no other
+ * probe waits first. One line per fact on stdout. Control: held-streams 0. Run it with and without
  * CUDA_DEVICE_MAX_CONNECTIONS=32 (hipfile-rs sets 32 when it starts CUDA): the suite's
  * hangs had 32, this probe's first runs the default.
  */
@@ -105,6 +106,10 @@ static void *probe_call(void *arg) {
        doorbell, the wait's neighbour) and, for reads copied on their stream, the copy. */
     case 14: cuCtxSetCurrent(primary); r = cuStreamWriteValue32(app_stream, engine_word_dev, 9, 0); break;
     case 15: cuCtxSetCurrent(primary); r = cuMemcpyHtoDAsync(app_dev, engine_host, 4096, app_stream); break;
+    /* The engine's path of a write: copies *out of* the application's memory on the
+       engine's stream, into pinned staging and into the engine's device memory. */
+    case 16: r = cuMemcpyDtoHAsync(engine_host, app_dev, 4096, engine_stream); break;
+    case 17: r = cuMemcpyDtoDAsync(engine_dev, app_dev, 4096, engine_stream); break;
     }
     p->result = r;
     p->finished = 1;
@@ -171,9 +176,24 @@ int main(int argc, char **argv) {
                                   "cuStreamCreate (engine ctx)", "cuMemHostRegister 1 MiB",
                                   "cuMemcpyHtoD sync (engine ctx)", "cuMemHostAlloc + cuMemFreeHost",
                                   "cuMemcpyDtoDAsync engine -> app memory", "cuMemcpyHtoDAsync host -> app memory",
-                                  "cuStreamWriteValue32 (app stream)", "cuMemcpyHtoDAsync on the app stream"};
+                                  "cuStreamWriteValue32 (app stream)", "cuMemcpyHtoDAsync on the app stream",
+                                  "cuMemcpyDtoHAsync app memory -> host", "cuMemcpyDtoDAsync app -> engine memory"};
     int n = (int)(sizeof names / sizeof names[0]);
+    /* PROBES="16,17" runs only those (a call that waits may hold a lock that a later one
+       then waits on: run a probe alone to know it waits for the creator itself). */
+    const char *only = getenv("PROBES");
     for (int i = 0; i < n; i++) {
+        if (only) {
+            char key[8];
+            snprintf(key, sizeof key, "%d", i);
+            int wanted = 0;
+            for (const char *c = only; *c;) {
+                size_t len = strcspn(c, ",");
+                if (len == strlen(key) && strncmp(c, key, len) == 0) wanted = 1;
+                c += len + (c[len] == ',');
+            }
+            if (!wanted) continue;
+        }
         probe_t *p = calloc(1, sizeof *p);
         p->name = names[i];
         p->which = i;

@@ -12,6 +12,7 @@ cd "$(dirname "$0")/../.."
 tests/gpu/cuda-lock-probe.sh 2>&1 | grep -E "^===|creator|probe: .*(WAITS|app )|after the gate|^exit"
 tests=(streams::streams_made_while_ops_hold_streams
        streams::streams_made_while_engine_path_ops_hold_streams
+       streams::streams_made_while_engine_path_writes_hold_streams
        streams::streams_made_while_reads_copied_on_their_streams_hold_streams
        streams::streams_made_while_reads_copied_from_device_slots_hold_streams
        streams::streams_made_while_writes_copied_into_slots_hold_streams

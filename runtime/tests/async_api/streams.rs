@@ -568,6 +568,19 @@ fn streams_made_while_engine_path_ops_hold_streams() {
     streams_made_during(off(), Direction::Write, 4, 256 * KIB, flags);
 }
 
+/// Writes alone on the engine's path (`HIPFILE_STREAM_COPIES=off`): its copies come *out
+/// of* the application's memory (device → pinned staging on an engine stream), where the
+/// reads' copies into it wait for the lock a blocked `cuStreamCreate` holds (README "Known
+/// limits"). Whether these wait too decides whether writes may leave the user's stream
+/// (`tests/gpu/cuda_lock_probe.c` probes 16 and 17 ask CUDA directly); in
+/// `tests/gpu/lock-checks.sh`.
+#[test]
+fn streams_made_while_engine_path_writes_hold_streams() {
+    let off = Rig::with(1, Config { stream_copies: StreamCopies::Off, ..small_config() });
+    let flags = [None, Some(0), Some(7), Some(15)];
+    streams_made_during(off, Direction::Write, 4, 256 * KIB, flags);
+}
+
 /// The same with reads copied on their own streams (`HIPFILE_STREAM_COPIES=all`: streams
 /// with a FIXED destination range, reads staged at submission (flags 15, 7) or read when
 /// the stream reaches them (5, 13: the file offset binds late)): their release is a host
