@@ -193,13 +193,14 @@ pub fn describe_env(env: &Env, path: &Path, size: u64, args: &RunArgs) {
     );
     if c.stream_copies != hipfile_runtime::config::StreamCopies::Off {
         println!(
-            "stream copies: {:?}, slots of reads over 64 KiB {:?}, {} MiB per slot size, fully FIXED writes {}{}",
+            "stream copies: {:?}, slots of reads over 64 KiB {:?}, {} MiB per slot size, {}{}",
             c.stream_copies,
             c.stream_copy_slots,
             c.stream_copy_cap_bytes >> 20,
-            match c.stream_write_piece_bytes {
-                0 => "copied whole".to_owned(),
-                bytes => format!("in pieces of {} KiB", bytes >> 10),
+            match (c.stream_copy_writes, c.stream_write_piece_bytes) {
+                (false, _) => "writes on the engine's path".to_owned(),
+                (true, 0) => "fully FIXED writes copied whole".to_owned(),
+                (true, bytes) => format!("fully FIXED writes in pieces of {} KiB", bytes >> 10),
             },
             if c.stream_copy_slots == hipfile_runtime::config::StreamCopySlots::Device {
                 format!(

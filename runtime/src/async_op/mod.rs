@@ -108,6 +108,9 @@ pub(crate) trait OpHost: Send + Sync + 'static {
     fn slots(&self) -> Option<&SlotPool>;
     /// `HIPFILE_STREAM_WRITE_PIECE_KB` in bytes (0: off; [`write_pieces`]).
     fn stream_write_piece_bytes(&self) -> u64;
+    /// `HIPFILE_STREAM_COPY_WRITES`: whether writes may be copied on their own streams
+    /// (off: every write takes the engine's path).
+    fn stream_copy_writes(&self) -> bool;
 }
 
 /// The slot an op of its own takes at submission, and what for ([`AsyncOp::single_slot`]).

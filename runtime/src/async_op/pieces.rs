@@ -321,11 +321,12 @@ pub(crate) struct Submission<'a> {
 }
 
 impl Submission<'_> {
-    /// Whether ops on this stream may go in pieces copied on it (`HIPFILE_STREAM_COPIES=all`,
-    /// buffer offset and size FIXED by the stream's flags, stream memory operations on the
-    /// device).
-    fn may_go_in_pieces(&self) -> bool {
-        let all = self.host.slots().is_some_and(|pool| pool.all_reads());
+    /// Whether ops in `direction` on this stream may go in pieces copied on it
+    /// (`HIPFILE_STREAM_COPIES=all`, and for writes `HIPFILE_STREAM_COPY_WRITES` on; buffer
+    /// offset and size FIXED by the stream's flags, stream memory operations on the device).
+    fn may_go_in_pieces(&self, direction: Direction) -> bool {
+        let all = self.host.slots().is_some_and(|pool| pool.all_reads())
+            && (direction == Direction::Read || self.host.stream_copy_writes());
         let range_fixed = StreamFlags::FIXED_BUF_OFFSET | StreamFlags::FIXED_FILE_SIZE;
         let memops = self.host.device().supports_stream_memops(self.buffer.device_ordinal);
         all && self.state.flags.contains(range_fixed) && memops
@@ -344,8 +345,8 @@ impl AsyncOp {
         submit_lock: &mut SubmitGuard<'_>,
         whole: WholeOp<'_>,
     ) -> Option<Result<(), EnqueueError>> {
-        let (_, _, io, _, _) = whole;
-        if !submit.may_go_in_pieces() {
+        let (direction, _, io, _, _) = whole;
+        if !submit.may_go_in_pieces(direction) {
             return None;
         }
         let Submission { host, engine, state, buffer } = submit;
@@ -355,7 +356,6 @@ impl AsyncOp {
             return None;
         }
         let pieces = io.size_bytes().div_ceil(piece_bytes) as usize;
-        let (direction, ..) = whole;
         let (len_bytes, count) = (piece_bytes as usize, pieces.min(RING_SLOTS));
         // Reads' pieces may take slots of device memory; writes' take pinned ones (the
         // engine writes the file from them).
@@ -384,7 +384,7 @@ impl AsyncOp {
         submit_lock: &mut SubmitGuard<'_>,
         whole: WholeOp<'_>,
     ) -> Option<Result<(), EnqueueError>> {
-        if !submit.may_go_in_pieces() {
+        if !submit.may_go_in_pieces(whole.0) {
             return None;
         }
         let Submission { host, engine, state, buffer } = submit;

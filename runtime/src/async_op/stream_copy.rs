@@ -117,7 +117,7 @@ impl AsyncOp {
                 }
                 SlotUse::StagedRead
             }
-            (Direction::Write, true) if fits => SlotUse::Write,
+            (Direction::Write, true) if fits && host.stream_copy_writes() => SlotUse::Write,
             _ => return None,
         };
         match direction {

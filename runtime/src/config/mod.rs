@@ -90,6 +90,7 @@ const DEFAULT_STREAM_WRITE_PIECE_KB: usize = 0;
 const STREAM_WRITE_PIECE_KB: &str = "HIPFILE_STREAM_WRITE_PIECE_KB";
 const REASON_STREAM_WRITE_PIECE_KB: &str =
     "must be 0 (off) or a power of two between 64 and 8192 (KiB)";
+const STREAM_COPY_WRITES: &str = "HIPFILE_STREAM_COPY_WRITES";
 const CPUS: &str = "HIPFILE_CPUS";
 const CHUNK_KB: &str = "HIPFILE_CHUNK_KB";
 const STAGING_MB: &str = "HIPFILE_STAGING_MB";
@@ -275,6 +276,12 @@ pub const ENV_VARS: &[(&str, &str)] = &[
          than this many KiB, goes in pieces of it, each written to the file while the \
          stream copies the next; 0 or a power of two from 64 to 8192 (default 0: copied \
          whole, then written; not yet measured on a GPU)",
+    ),
+    (
+        STREAM_COPY_WRITES,
+        "with HIPFILE_STREAM_COPIES=all: writes copied on their own streams into slots, \
+         1/on/true, or on the engine's path, each copied out of the buffer by the engine \
+         in chunks as it writes them, 0/off/false (default on)",
     ),
     (
         STREAM_COPY_SLOTS,
@@ -535,6 +542,11 @@ pub struct Config {
     /// written after it).
     /// See `async_op::write_pieces`.
     pub stream_write_piece_bytes: usize,
+    /// With [`StreamCopies::All`]: whether writes are copied on their own streams too
+    /// (`HIPFILE_STREAM_COPY_WRITES`, default on); off, every write takes the engine's
+    /// path (the engine copies the source out of the buffer chunk by chunk and writes
+    /// each chunk from its staging while it copies the next), reads still as `all` says.
+    pub stream_copy_writes: bool,
     /// With [`StreamCopies::All`]: the memory of read slots over 64 KiB
     /// (`HIPFILE_STREAM_COPY_SLOTS`, default the backend's choice; [`StreamCopySlots`]).
     pub stream_copy_slots: StreamCopySlots,
@@ -753,6 +765,7 @@ impl Config {
             DEFAULT_STREAM_WRITE_PIECE_KB,
             REASON_STREAM_WRITE_PIECE_KB,
         )? * KIB;
+        config.stream_copy_writes = on_off(STREAM_COPY_WRITES, get(STREAM_COPY_WRITES), true)?;
         config.stream_copy_slots = parse_choice(
             STREAM_COPY_SLOTS,
             get(STREAM_COPY_SLOTS),
@@ -922,6 +935,7 @@ impl Config {
                 * MIB,
             stream_copy_piece_bytes: DEFAULT_STREAM_COPY_PIECE_MB * MIB,
             stream_write_piece_bytes: DEFAULT_STREAM_WRITE_PIECE_KB * KIB,
+            stream_copy_writes: true,
             stream_copy_slots: StreamCopySlots::Auto,
             stream_copy_device_cap_bytes: DEFAULT_STREAM_COPY_DEVICE_MB * MIB,
             stream_copy_device_full: DeviceSlotsFull::Share,

@@ -79,6 +79,8 @@ pub struct Driver {
     inline_read_bytes: usize,
     /// `HIPFILE_STREAM_WRITE_PIECE_KB` in bytes (0: off; `async_op::write_pieces`).
     stream_write_piece_bytes: u64,
+    /// `HIPFILE_STREAM_COPY_WRITES` (off: writes take the engine's path).
+    stream_copy_writes: bool,
 }
 
 impl std::fmt::Debug for Driver {
@@ -154,6 +156,7 @@ impl Driver {
             inline_slots,
             inline_read_bytes,
             stream_write_piece_bytes: config.stream_write_piece_bytes as u64,
+            stream_copy_writes: config.stream_copy_writes,
             compat_mode_allowed: AtomicBool::new(config.allow_compat_mode),
             config: RwLock::new(Arc::new(config)),
             page_size_bytes: crate::sys::page_size_bytes(),
@@ -462,5 +465,9 @@ impl OpHost for Driver {
 
     fn stream_write_piece_bytes(&self) -> u64 {
         self.stream_write_piece_bytes
+    }
+
+    fn stream_copy_writes(&self) -> bool {
+        self.stream_copy_writes
     }
 }

@@ -56,6 +56,7 @@ pub fn config(cpus: &[usize]) -> Config {
         // On in the tests (off by default until measured on a GPU): writes copied on their
         // stream (under `all`) go in 1 MiB pieces.
         stream_write_piece_bytes: 1 << 20,
+        stream_copy_writes: true,
         stream_copy_slots: hipfile_runtime::config::StreamCopySlots::Pinned,
         stream_copy_device_cap_bytes: 64 << 20,
         stream_copy_device_full: hipfile_runtime::config::DeviceSlotsFull::Share,

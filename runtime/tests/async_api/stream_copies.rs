@@ -664,6 +664,8 @@ fn writes_from_slots(config: Config) {
         let file_offset = (i * 3 + 1) * MIB;
         // The application's own copy of new bytes into the source, queued before the
         // write: the write must see them.
+        // The application's own copy of `fresh[..size]` into the source, queued before
+        // the write: the write must see it.
         // SAFETY: `staged` lives until the stream has run the copy (synchronized below).
         unsafe { t.rig.copy_to_device_on(fixed, t.buffer + at as u64, &staged, size) }
             .expect("copy");
@@ -696,6 +698,59 @@ fn writes_from_slots(config: Config) {
         let straight = pwrites() - pwrites_before;
         assert!(straight >= sizes.len() as u64, "written straight from the slots: {straight}");
     }
+}
+
+/// `HIPFILE_STREAM_COPY_WRITES=off` under `all`: every write takes the engine's path —
+/// small, 16 MiB, longer than a slot (which would go in pieces), on a held FIXED stream
+/// and on an unfixed one (which would go through its spare slot) — and lands in stream
+/// order after the application's own copy into its source, while a read on the same
+/// stream is still copied on it.
+#[test]
+fn with_writes_off_writes_take_the_engines_path_and_reads_stay_on_their_streams() {
+    let rig = Rig::with(1, Config { stream_copy_writes: false, ..all_config() });
+    let len = 64 * MIB;
+    let t = Paused::with(rig, "stream-copies-writes-off", len, len);
+    let (fixed, plain) = (t.rig.registered_stream(15), t.rig.registered_stream(0));
+    let fresh = pattern(125, len);
+    let staged = t.rig.pinned(len);
+    staged.fill(&fresh);
+    let gate = t.rig.pause(fixed).expect("pause");
+    let before = stream_copies(&t.rig);
+    // (size, file offset, buffer offset): disjoint in the file and in the buffer.
+    let writes = [(4096, 0, 0), (MIB + 4096, 2 * MIB, 4 * MIB), (16 * MIB, 4 * MIB, 8 * MIB)];
+    let long = (20 * MIB, 20 * MIB, 24 * MIB);
+    let mut placed = Vec::new();
+    for &(size, file_offset, at) in writes.iter().chain([&long]) {
+        // SAFETY: `staged` lives until the stream has run the copy (synchronized below).
+        unsafe { t.rig.copy_to_device_on(fixed, t.buffer + at as u64, &staged, size) }
+            .expect("copy");
+        let p = params(size, file_offset as i64, at as i64);
+        t.rig.write(t.handle, t.buffer, &p, fixed);
+        placed.push((p, size, file_offset));
+    }
+    // A read of a range no write touches, on the held stream: still copied on it.
+    let read_p = params(MIB, (48 * MIB) as i64, (48 * MIB) as i64);
+    read(&t, &read_p, fixed);
+    assert_eq!(bytes(&placed[0].0), 0, "held: nothing done yet");
+    // An unfixed stream's write (its source already in the buffer).
+    let unfixed = params(4 * MIB, (42 * MIB) as i64, (50 * MIB) as i64);
+    t.rig.write(t.handle, t.buffer, &unfixed, plain);
+    t.rig.sync(plain);
+    gate.release();
+    t.rig.sync(fixed);
+    let contents = t.file.contents();
+    for (p, size, file_offset) in &placed {
+        assert_eq!(bytes(p), *size as isize, "{size} bytes at file offset {file_offset}");
+        let what = format!("{size} bytes written at file offset {file_offset}");
+        assert_bytes(&contents[*file_offset..file_offset + size], &fresh[..*size], &what);
+    }
+    assert_eq!(bytes(&unfixed), (4 * MIB) as isize);
+    let source = t.rig.dev_bytes(t.buffer + (50 * MIB) as u64, 4 * MIB);
+    assert_bytes(&contents[42 * MIB..46 * MIB], &source, "the unfixed stream's write");
+    assert_eq!(bytes(&read_p), MIB as isize);
+    let got = t.rig.dev_bytes(t.buffer + (48 * MIB) as u64, MIB);
+    assert_bytes(&got, &t.data[48 * MIB..49 * MIB], "the read");
+    assert_eq!(stream_copies(&t.rig) - before, 1, "the read alone was copied on its stream");
 }
 
 /// `HIPFILE_STREAM_COPIES=all`: a write whose buffer offset and size are FIXED but whose

@@ -633,6 +633,14 @@ fn stream_copies_are_the_backends_choice_unless_asked_for() {
         );
         assert!(error.to_string().contains("power of two"), "{bad:?}: {error}");
     }
+    // Writes copied on their own streams under `all`: on unless set off.
+    assert!(parse_ok(&[]).stream_copy_writes);
+    for (raw, want) in [("0", false), ("off", false), ("false", false), ("1", true), (" on ", true)]
+    {
+        let got = parse_ok(&[("HIPFILE_STREAM_COPY_WRITES", raw)]).stream_copy_writes;
+        assert_eq!(got, want, "{raw:?}");
+    }
+    rejected(&[("HIPFILE_STREAM_COPY_WRITES", "reads")], &cpus(4), "HIPFILE_STREAM_COPY_WRITES");
     // The memory of large read slots: the backend's choice unless set.
     use hipfile_runtime::config::StreamCopySlots;
     assert_eq!(parse_ok(&[]).stream_copy_slots, StreamCopySlots::Auto);
