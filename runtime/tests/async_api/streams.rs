@@ -568,12 +568,13 @@ fn streams_made_while_engine_path_ops_hold_streams() {
     streams_made_during(off(), Direction::Write, 4, 256 * KIB, flags);
 }
 
-/// Writes alone on the engine's path (`HIPFILE_STREAM_COPIES=off`): its copies come *out
-/// of* the application's memory (device → pinned staging on an engine stream), where the
-/// reads' copies into it wait for the lock a blocked `cuStreamCreate` holds (README "Known
-/// limits"). Whether these wait too decides whether writes may leave the user's stream
-/// (`tests/gpu/cuda_lock_probe.c` probes 16 and 17 ask CUDA directly); in
-/// `tests/gpu/lock-checks.sh`.
+/// Writes alone on the engine's path (`HIPFILE_STREAM_COPY_WRITES=off`, or
+/// `HIPFILE_STREAM_COPIES=off`): its copies come *out of* the application's memory (device
+/// → pinned staging on an engine stream). **Open on CUDA**, as for reads: on an H100
+/// (thirty-first session) those copies wait for the lock a blocked `cuStreamCreate` holds
+/// just as copies into the application's memory do (`tests/gpu/cuda_lock_probe.c` probes
+/// 16 and 17), and this hangs (README "Known limits"). A control of
+/// `tests/gpu/lock-checks.sh`; the GPU suite runs it apart, as known open.
 #[test]
 fn streams_made_while_engine_path_writes_hold_streams() {
     let off = Rig::with(1, Config { stream_copies: StreamCopies::Off, ..small_config() });
