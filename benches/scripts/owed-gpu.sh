@@ -29,7 +29,7 @@
 #   writes     #16: 16 MiB async writes at 1 / 8 / 16 streams, two rounds: the default (a
 #              write copied on its stream whole before its one pwrite: 0.82x cuFile's sync
 #              path at 1 stream) against 1 MiB and 4 MiB pieces (thirtieth session,
-#              HIPFILE_STREAM_WRITE_PIECE_KB, off until measured here: each piece written
+#              HIPFILE_STREAM_WRITE_PIECE_KB, off: within the noise on an H100, thirty-first session; each piece written
 #              while the stream copies the next) and the engine's path
 #              (HIPFILE_STREAM_COPIES=off). Run `wtests` and `wsweep` with
 #              HIPFILE_STREAM_WRITE_PIECE_KB=1024 in the environment first.
