@@ -234,6 +234,10 @@ pub(crate) struct AsyncOp {
     /// The stream's copy out of the slot could not be enqueued (after the op was
     /// watched): the op ends with hipFileHipDriverError.
     slot_copy_failed: AtomicBool,
+    /// The bytes the stream's copy between the slot and the device range covers (from
+    /// the start of the op), decided when the op is made, before anything of it is
+    /// enqueued ([`stream_copy::slot_copy_bytes`]).
+    slot_copy_bytes: u64,
     /// The long op this op is a piece of ([`pieces`]): its slot belongs to the long op's
     /// ring, its result goes to the long op.
     piece: Option<pieces::PieceOf>,
@@ -309,6 +313,12 @@ impl AsyncOp {
             }
             Direction::Read => Hazard::None,
         };
+        let slot_copy_bytes = stream_copy::slot_copy_bytes(
+            (parts.direction, &parts.io, &parts.file),
+            slot_use,
+            piece.is_some(),
+            state.flags,
+        );
         Arc::new(AsyncOp {
             _host_guard: HostDropGuard(Some(Arc::clone(&host))),
             host,
@@ -338,6 +348,7 @@ impl AsyncOp {
                     .contains(StreamFlags::FIXED_BUF_OFFSET | StreamFlags::FIXED_FILE_SIZE),
             slot_declined: AtomicBool::new(false),
             slot_copy_failed: AtomicBool::new(false),
+            slot_copy_bytes,
             slot,
             slot_use,
             piece,

@@ -15,12 +15,18 @@
 //! - A write with a FIXED source range ([`SlotUse::Write`]) has its stream copy the
 //!   source into the slot ahead of its doorbell; the engine writes the file from there.
 //!
-//! A read that comes back short, fails, or is aborted leaves the destination as it was:
-//! before the release, the slot's bytes past what was read are filled from the
-//! destination itself (a device → host copy on a library stream; the stream is held on
-//! the op, so its earlier work is done), and the stream's copy writes them back unchanged.
-//! That fill is the one device call these paths make between the stream reaching an op
-//! and its release (README, Known limits).
+//! A read that comes back short, fails, or is aborted leaves the destination as it was.
+//! The stream's copy covers the op's size, but for a read whose FIXED file range reached
+//! past the end of the file when the op was made: then only the bytes inside the file
+//! ([`slot_copy_bytes`]), so that a read at the end of an unchanged file needs nothing
+//! more. Before the release, the slot's bytes between what was read and what the copy
+//! covers are filled from the destination itself (a device → host copy on a library
+//! stream; the stream is held on the op, so its earlier work is done) and the stream's
+//! copy writes them back unchanged; a read that found the file longer than that has the
+//! bytes past the copy copied into the destination then. That call is the one device
+//! call these paths make between the stream reaching an op and its release (README,
+//! Known limits): CUDA can hold it behind an application thread's blocked
+//! `cuStreamCreate`, as it holds any copy into or out of the application's memory.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -261,12 +267,15 @@ impl AsyncOp {
     ) -> Result<Option<crate::device::DeviceError>, crate::device::DeviceError> {
         let device = self.host.device();
         let handle = self.stream.handle;
-        let len = self.submitted.size_bytes() as usize;
+        let len = self.slot_copy_bytes as usize;
         // SAFETY: the slot is pinned memory of the pool, which lives as long as the driver
         // (the op holds it) and is not lent again until its done word shows this use; the
-        // device range was validated at submission.
+        // device range was validated at submission. A copy of nothing is not enqueued.
         let copied =
             crate::device::injected_fault(crate::fault::Site::DeviceCopy).and_then(|()| unsafe {
+                if len == 0 {
+                    return Ok(());
+                }
                 match slot.device_memory() {
                     // Only reads take slots of device memory (`SlotPool::try_take_for_read`).
                     Some(slot_addr) => device.copy_device_on_stream(
@@ -292,6 +301,12 @@ impl AsyncOp {
             device.stream_write_value32(handle, slot.done_word.device_addr, slot.generation)
         };
         Ok(noted.err())
+    }
+
+    /// The bytes the stream's copy between the slot and the device range covers
+    /// ([`slot_copy_bytes`]).
+    pub(super) fn slot_copy_bytes(&self) -> u64 {
+        self.slot_copy_bytes
     }
 
     /// Posts the read of the whole op into its slot (no gate: the bytes stay in the slot
@@ -583,9 +598,13 @@ impl AsyncOp {
         }
     }
 
-    /// Fills the slot past the bytes `outcome` read with the destination's own bytes, so
-    /// that the stream's copy leaves them unchanged; a failed fill turns the outcome into
-    /// a driver error (the destination past the read is then undefined).
+    /// Makes the destination end up with what `outcome` read and its own bytes past that,
+    /// given that the stream's copy writes the slot's first [`AsyncOp::slot_copy_bytes`]:
+    /// fills the slot between what was read and that from the destination (a read that
+    /// came back shorter, failed, or declined its slot), or copies what was read past it
+    /// into the destination now (a read that found the file longer than when its copy was
+    /// enqueued). Nothing when the read covers the copy exactly. A failed device call
+    /// turns the outcome into a driver error (the destination is then undefined there).
     pub(super) fn keep_destination_past(&self, outcome: Outcome) -> Outcome {
         // A write's slot is only read by the stream's copy into it: nothing to keep.
         let (Direction::Read, Some(slot)) = (self.direction, self.slot) else { return outcome };
@@ -600,35 +619,68 @@ impl AsyncOp {
             Outcome::Bytes(n) if !self.slot_declined() => n.min(size),
             _ => 0,
         };
-        if read == size {
+        let copied = self.slot_copy_bytes();
+        if read == copied {
             return outcome;
         }
         let device = self.host.device();
-        let destination = self.submitted.device_addr() + read;
-        let len = (size - read) as usize;
+        // Between what was read and what the stream copies: the destination's own bytes
+        // into the slot (device → slot), or the slot's into the destination (slot →
+        // device), now.
+        let (from, len) = (read.min(copied), read.abs_diff(copied) as usize);
+        let (into_slot, destination) = (read < copied, self.submitted.device_addr() + from);
         // SAFETY: the slot is ours until the release; the device range is the op's
-        // validated destination, which the held stream no longer writes.
-        let filled = unsafe {
-            match slot.device_memory() {
-                Some(slot_addr) => {
-                    device.copy_device_now(self.device_ordinal, slot_addr + read, destination, len)
+        // validated destination, which the held stream no longer writes (and whose part
+        // past what the stream copies it never writes).
+        let moved = unsafe {
+            match (slot.device_memory(), into_slot) {
+                (Some(slot_addr), true) => {
+                    device.copy_device_now(self.device_ordinal, slot_addr + from, destination, len)
                 }
-                None => device.copy_now(
+                (Some(slot_addr), false) => {
+                    device.copy_device_now(self.device_ordinal, destination, slot_addr + from, len)
+                }
+                (None, into_slot) => device.copy_now(
                     self.device_ordinal,
-                    Direction::Write,
+                    if into_slot { Direction::Write } else { Direction::Read },
                     destination,
-                    slot.host_ptr.add(read as usize),
+                    slot.host_ptr.add(from as usize),
                     len,
                     true,
                 ),
             }
         };
-        match filled {
+        match moved {
             Ok(()) => outcome,
             Err(error) => {
                 log::error!("a failed async read could not keep its destination: {error}");
                 Outcome::Library(OpError::HipDriverError)
             }
         }
+    }
+}
+
+/// The bytes the stream's copy between an op's slot and its device range is to cover,
+/// decided when the op is made (before its doorbell is queued, so that its release and
+/// its copy agree): the op's size, but for a read with a slot of its own (not a piece)
+/// whose file offset the stream's flags fix and whose range reaches past the end of the
+/// file now — the bytes inside the file. A read at the end of a file (a page-aligned read of a
+/// file's last partial page, say) then comes back with as many bytes as its copy covers
+/// and needs no device call before its release; one that finds the file shorter or
+/// longer by then makes one ([`AsyncOp::keep_destination_past`]).
+pub(super) fn slot_copy_bytes(
+    (direction, io, file): (Direction, &ValidIo, &FileHandle),
+    slot_use: Option<SlotUse>,
+    piece: bool,
+    flags: hipfile_core::StreamFlags,
+) -> u64 {
+    let size = io.size_bytes();
+    let clamps = direction == Direction::Read
+        && slot_use.is_some()
+        && !piece
+        && flags.contains(hipfile_core::StreamFlags::FIXED_FILE_OFFSET);
+    match clamps.then(|| file.size_bytes()) {
+        Some(Ok(file_bytes)) => file_bytes.saturating_sub(io.file_offset_bytes()).min(size),
+        _ => size,
     }
 }

@@ -87,6 +87,91 @@ fn a_short_read_at_the_end_of_the_file_keeps_the_rest_of_the_destination() {
     assert_eq!(stream_copies(&t.rig) - before, 2, "both copied on the stream");
 }
 
+/// Under `all`, a read with a FIXED file offset that reaches past the end of the file
+/// has its stream copy only the bytes inside the file (as the file was when the read was
+/// submitted): at the end of an unchanged file it needs no device call before its release
+/// (no fill of its slot from the destination), and the destination past the file keeps
+/// what it held. A file that grew or shrank by the time the stream reached the read makes
+/// the one device call that puts it right: the bytes past the copy into the destination,
+/// or the destination's own bytes into the slot. Every count and byte checked.
+#[test]
+fn with_all_a_read_past_the_end_of_the_file_copies_only_what_the_file_holds() {
+    let config = Config {
+        stream_copies: StreamCopies::All,
+        stream_copy_slots: StreamCopySlots::Pinned,
+        ..no_inline_reads()
+    };
+    let rig = Rig::with(1, config);
+    let Some(cpu) = rig.cpu_only("counts the cpu device's copy_now calls") else { return };
+    let file_len = 100_000;
+    let t = Paused::with(rig, "stream-copies-past-eof", file_len, MIB);
+    let stream = t.rig.registered_stream(7);
+    let old = pattern(98, MIB);
+    t.rig.set_dev_bytes(t.buffer, &old);
+    let now_copies = || cpu.stats().caller_copies;
+    // (size, file offset, buffer offset): the file's last 1696 bytes in a page-aligned
+    // 64 KiB read, a read at the end (0 bytes), one wholly past it (0 bytes), and one of
+    // 256 KiB over the largest small slot.
+    let reads = [
+        (64 * KIB, 96 * KIB, 0),
+        (4096, file_len, 128 * KIB),
+        (4096, 2 * file_len, 192 * KIB),
+        (256 * KIB, 16 * KIB, 256 * KIB),
+    ];
+    let gate = t.rig.pause(stream).expect("pause");
+    let before = now_copies();
+    let placed: Vec<_> = reads
+        .iter()
+        .map(|&(size, file_offset, at)| {
+            let p = params(size, file_offset as i64, at as i64);
+            read(&t, &p, stream);
+            (p, size, file_offset, at)
+        })
+        .collect();
+    assert_eq!(bytes(&placed[0].0), 0, "held: nothing read yet");
+    gate.release();
+    t.rig.sync(stream);
+    assert_eq!(now_copies() - before, 0, "no device call before any release");
+    let got = t.rig.dev_bytes(t.buffer, MIB);
+    for (p, size, file_offset, at) in &placed {
+        let inside = file_len.saturating_sub(*file_offset).min(*size);
+        assert_eq!(bytes(p), inside as isize, "{size} bytes at file offset {file_offset}");
+        let what = format!("the {inside} bytes at file offset {file_offset}");
+        let from = (*file_offset).min(file_len);
+        assert_bytes(&got[*at..at + inside], &t.data[from..from + inside], &what);
+        let what = format!("past the file, read at file offset {file_offset}");
+        assert_bytes(&got[at + inside..at + size], &old[at + inside..at + size], &what);
+    }
+
+    // The file grows while the stream is held: the read gets the new bytes too, the ones
+    // past its copy through one device call.
+    use std::os::unix::fs::FileExt;
+    let fd = t.file.open_rw();
+    let (grown, shrunk) = (file_len + 20_000, 97 * KIB + 100);
+    let appended = pattern(97, grown - file_len);
+    for (new_len, what) in [(grown, "grown"), (shrunk, "shrunk")] {
+        t.rig.set_dev_bytes(t.buffer, &old);
+        let gate = t.rig.pause(stream).expect("pause");
+        let p = params(64 * KIB, (96 * KIB) as i64, 0);
+        read(&t, &p, stream);
+        let before = now_copies();
+        if new_len > file_len {
+            fd.write_all_at(&appended, file_len as u64).expect("append");
+        } else {
+            fd.set_len(new_len as u64).expect("truncate");
+        }
+        gate.release();
+        t.rig.sync(stream);
+        assert_eq!(now_copies() - before, 1, "{what}: one device call");
+        let inside = new_len - 96 * KIB;
+        assert_eq!(bytes(&p), inside as isize, "{what}");
+        let contents = t.file.contents();
+        let got = t.rig.dev_bytes(t.buffer, 64 * KIB);
+        assert_bytes(&got[..inside], &contents[96 * KIB..new_len], what);
+        assert_bytes(&got[inside..], &old[inside..64 * KIB], &format!("{what}: past the file"));
+    }
+}
+
 /// A read staged while its stream is held, then the range rewritten through another
 /// descriptor: when the stream reaches the read it gets what the file holds then (the
 /// staged bytes are read again, once).
