@@ -316,7 +316,6 @@ impl AsyncOp {
         let slot_copy_bytes = stream_copy::slot_copy_bytes(
             (parts.direction, &parts.io, &parts.file),
             slot_use,
-            piece.is_some(),
             state.flags,
         );
         Arc::new(AsyncOp {

@@ -16,7 +16,7 @@
 //!   source into the slot ahead of its doorbell; the engine writes the file from there.
 //!
 //! A read that comes back short, fails, or is aborted leaves the destination as it was.
-//! The stream's copy covers the op's size, but for a read whose FIXED file range reached
+//! The stream's copy covers the op's (or piece's) size, but for a read whose FIXED file range reached
 //! past the end of the file when the op was made: then only the bytes inside the file
 //! ([`slot_copy_bytes`]), so that a read at the end of an unchanged file needs nothing
 //! more. Before the release, the slot's bytes between what was read and what the copy
@@ -662,22 +662,20 @@ impl AsyncOp {
 
 /// The bytes the stream's copy between an op's slot and its device range is to cover,
 /// decided when the op is made (before its doorbell is queued, so that its release and
-/// its copy agree): the op's size, but for a read with a slot of its own (not a piece)
-/// whose file offset the stream's flags fix and whose range reaches past the end of the
-/// file now — the bytes inside the file. A read at the end of a file (a page-aligned read of a
+/// its copy agree): the op's size, but for a read with a slot (of its own, or a piece's
+/// of a long op) whose file offset the stream's flags fix and whose range reaches past
+/// the end of the file now — the bytes inside the file. A read at the end of a file (a page-aligned read of a
 /// file's last partial page, say) then comes back with as many bytes as its copy covers
 /// and needs no device call before its release; one that finds the file shorter or
 /// longer by then makes one ([`AsyncOp::keep_destination_past`]).
 pub(super) fn slot_copy_bytes(
     (direction, io, file): (Direction, &ValidIo, &FileHandle),
     slot_use: Option<SlotUse>,
-    piece: bool,
     flags: hipfile_core::StreamFlags,
 ) -> u64 {
     let size = io.size_bytes();
     let clamps = direction == Direction::Read
         && slot_use.is_some()
-        && !piece
         && flags.contains(hipfile_core::StreamFlags::FIXED_FILE_OFFSET);
     match clamps.then(|| file.size_bytes()) {
         Some(Ok(file_bytes)) => file_bytes.saturating_sub(io.file_offset_bytes()).min(size),

@@ -172,6 +172,44 @@ fn with_all_a_read_past_the_end_of_the_file_copies_only_what_the_file_holds() {
     }
 }
 
+/// The same for a long read (pieces sharing a ring of slots) and for one through its
+/// stream's spare slots: each piece's copy covers only what the file holds, so a read of
+/// 40 MiB over a file of 20 MiB + 12345 bytes makes no device call before its release, and
+/// the destination past the file keeps what it held.
+#[test]
+fn with_all_a_long_read_past_the_end_of_the_file_copies_only_what_the_file_holds() {
+    let spare_only = Config { stream_copy_cap_bytes: 16 * MIB, ..all_config() };
+    for (config, what) in [(all_config(), "ring"), (spare_only, "spare")] {
+        let rig = Rig::with(1, Config { inline_read_bytes: 0, ..config });
+        let Some(cpu) = rig.cpu_only("counts the cpu device's copy_now calls") else { return };
+        let (file_len, len) = (20 * MIB + 12_345, 40 * MIB);
+        let t = Paused::with(rig, "stream-copies-long-past-eof", file_len, 2 * len);
+        let stream = t.rig.registered_stream(7);
+        let old = pattern(96, 2 * len);
+        t.rig.set_dev_bytes(t.buffer, &old);
+        let spares_before = t.rig.driver.async_stats().spare_ops.load(Ordering::SeqCst);
+        let gate = t.rig.pause(stream).expect("pause");
+        let before = cpu.stats().caller_copies;
+        // In the spare case the first read holds the only 16 MiB slot, and the second
+        // goes through the stream's spare slots.
+        let (first, second) = (params(len, 0, 0), params(len, 0, len as i64));
+        read(&t, &first, stream);
+        read(&t, &second, stream);
+        gate.release();
+        t.rig.sync(stream);
+        assert_eq!(cpu.stats().caller_copies - before, 0, "{what}: no device call");
+        let spares = t.rig.driver.async_stats().spare_ops.load(Ordering::SeqCst) - spares_before;
+        assert_eq!(spares > 0, what == "spare", "{what}: through the spare slots");
+        let got = t.rig.dev_bytes(t.buffer, 2 * len);
+        for (p, at) in [(&first, 0), (&second, len)] {
+            assert_eq!(bytes(p), file_len as isize, "{what}");
+            assert_bytes(&got[at..at + file_len], &t.data, &format!("{what}: the file"));
+            let past = &format!("{what}: past the file");
+            assert_bytes(&got[at + file_len..at + len], &old[at + file_len..at + len], past);
+        }
+    }
+}
+
 /// A read staged while its stream is held, then the range rewritten through another
 /// descriptor: when the stream reaches the read it gets what the file holds then (the
 /// staged bytes are read again, once).
