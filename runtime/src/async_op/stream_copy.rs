@@ -16,10 +16,10 @@
 //!   source into the slot ahead of its doorbell; the engine writes the file from there.
 //!
 //! A read that comes back short, fails, or is aborted leaves the destination as it was.
-//! The stream's copy covers the op's (or piece's) size, but for a read whose FIXED file range reached
-//! past the end of the file when the op was made: then only the bytes inside the file
-//! ([`slot_copy_bytes`]), so that a read at the end of an unchanged file needs nothing
-//! more. Before the release, the slot's bytes between what was read and what the copy
+//! The stream's copy covers the op's (or piece's) size, but for a read whose FIXED file
+//! range reached past the end of the file when the op was made: then only the bytes
+//! inside the file ([`slot_copy_bytes`]), so that a read at the end of an unchanged file
+//! needs nothing more. Before the release, the slot's bytes between what was read and what the copy
 //! covers are filled from the destination itself (a device → host copy on a library
 //! stream; the stream is held on the op, so its earlier work is done) and the stream's
 //! copy writes them back unchanged; a read that found the file longer than that has the
@@ -664,10 +664,10 @@ impl AsyncOp {
 /// decided when the op is made (before its doorbell is queued, so that its release and
 /// its copy agree): the op's size, but for a read with a slot (of its own, or a piece's
 /// of a long op) whose file offset the stream's flags fix and whose range reaches past
-/// the end of the file now — the bytes inside the file. A read at the end of a file (a page-aligned read of a
-/// file's last partial page, say) then comes back with as many bytes as its copy covers
-/// and needs no device call before its release; one that finds the file shorter or
-/// longer by then makes one ([`AsyncOp::keep_destination_past`]).
+/// the end of the file now — the bytes inside the file. A read at the end of a file (a
+/// page-aligned read of a file's last partial page, say) then comes back with as many
+/// bytes as its copy covers and needs no device call before its release; one that finds
+/// the file shorter or longer by then makes one ([`AsyncOp::keep_destination_past`]).
 pub(super) fn slot_copy_bytes(
     (direction, io, file): (Direction, &ValidIo, &FileHandle),
     slot_use: Option<SlotUse>,

@@ -1,7 +1,7 @@
 //! Writes copied into their slot on their stream in pieces, each written to the file as
-//! soon as the stream has copied it (`HIPFILE_STREAM_WRITE_PIECE_KB`; off by default
-//! by default: on an H100, thirty-first session, 1 and 4 MiB pieces moved 16 MiB writes at
-//! 1 / 8 / 16 streams by no more than the noise, with 10-25 % less CPU per GiB).
+//! soon as the stream has copied it (`HIPFILE_STREAM_WRITE_PIECE_KB`; off by default: on
+//! an H100, thirty-first session, 1 and 4 MiB pieces moved 16 MiB writes at 1 / 8 / 16
+//! streams by no more than the noise, with 10-25 % less CPU per GiB).
 //!
 //! A write copied on its stream (`HIPFILE_STREAM_COPIES=all`, `stream_copy`) has the
 //! stream copy its source into a pinned slot ahead of its doorbell, and the engine
