@@ -114,7 +114,8 @@ pub(crate) trait OpHost: Send + Sync + 'static {
 }
 
 /// The slot an op of its own takes at submission, and what for ([`AsyncOp::single_slot`]).
-pub(crate) struct SingleSlot(slots::Slot, stream_copy::SlotUse);
+/// The third field is the bytes the stream's copy covers ([`stream_copy::slot_copy_bytes`]).
+pub(crate) struct SingleSlot(slots::Slot, stream_copy::SlotUse, u64);
 
 /// Counters of the async path.
 #[derive(Debug, Default)]
@@ -235,8 +236,8 @@ pub(crate) struct AsyncOp {
     /// watched): the op ends with hipFileHipDriverError.
     slot_copy_failed: AtomicBool,
     /// The bytes the stream's copy between the slot and the device range covers (from
-    /// the start of the op), decided when the op is made, before anything of it is
-    /// enqueued ([`stream_copy::slot_copy_bytes`]).
+    /// the start of the op), decided with the slot, before anything of the op is enqueued
+    /// ([`stream_copy::slot_copy_bytes`]).
     slot_copy_bytes: u64,
     /// The long op this op is a piece of ([`pieces`]): its slot belongs to the long op's
     /// ring, its result goes to the long op.
@@ -279,13 +280,16 @@ impl AsyncOp {
         // inside the file are staged now, other reads when the stream reaches them, and
         // writes have the stream copy their source into the slot before the op's
         // doorbell.
-        let (slot, slot_use, piece) = match (parts.piece, parts.single) {
+        let size_bytes = parts.io.size_bytes();
+        let (slot, slot_use, piece, slot_copy_bytes) = match (parts.piece, parts.single) {
             // A piece of a long op: its slot and use were decided with the whole op.
-            (Some(pieces::PieceSlot { of, slot, slot_use }), _) => {
-                (Some(slot), Some(slot_use), Some(of))
+            (Some(pieces::PieceSlot { of, slot, slot_use, copy_bytes }), _) => {
+                (Some(slot), Some(slot_use), Some(of), copy_bytes)
             }
-            (None, Some(SingleSlot(slot, slot_use))) => (Some(slot), Some(slot_use), None),
-            (None, None) => (None, None, None),
+            (None, Some(SingleSlot(slot, slot_use, copy_bytes))) => {
+                (Some(slot), Some(slot_use), None, copy_bytes)
+            }
+            (None, None) => (None, None, None, size_bytes),
         };
         // Whether the op may read ahead of its stream. With a slot, that was decided when
         // the slot was chosen: only a staged read does (the prefetch check is not run
@@ -313,11 +317,6 @@ impl AsyncOp {
             }
             Direction::Read => Hazard::None,
         };
-        let slot_copy_bytes = stream_copy::slot_copy_bytes(
-            (parts.direction, &parts.io, &parts.file),
-            slot_use,
-            state.flags,
-        );
         Arc::new(AsyncOp {
             _host_guard: HostDropGuard(Some(Arc::clone(&host))),
             host,
@@ -377,7 +376,7 @@ impl AsyncOp {
         let blocking_fallback = !host.device().supports_stream_memops(buffer.device_ordinal);
         let whole = (direction, io, file, sequence);
         AsyncOp::wants_slot(host, blocking_fallback, eligible, state, buffer.device_ordinal, whole)
-            .map(|(slot, slot_use)| SingleSlot(slot, slot_use))
+            .map(|(slot, slot_use, copy_bytes)| SingleSlot(slot, slot_use, copy_bytes))
     }
 
     /// Whether a read may start before its stream reaches it: its size and offsets are all

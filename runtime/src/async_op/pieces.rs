@@ -309,6 +309,8 @@ pub(crate) struct PieceSlot {
     pub(super) of: PieceOf,
     pub(super) slot: Slot,
     pub(super) slot_use: SlotUse,
+    /// The bytes the stream's copy covers ([`super::stream_copy::slot_copy_bytes`]).
+    pub(super) copy_bytes: u64,
 }
 
 /// What a submission needs besides the op itself: the driver, the engine, the stream and
@@ -472,6 +474,8 @@ impl AsyncOp {
                     }
                 }
             };
+            let copy_bytes =
+                super::stream_copy::slot_copy_bytes((direction, &piece_io), file_len, state.flags);
             let piece_params: Arc<dyn ParamSource> =
                 Arc::new(PieceParams { long: Arc::clone(&long), index });
             let parts = OpParts {
@@ -481,7 +485,7 @@ impl AsyncOp {
                 file: Arc::clone(file),
                 guard: guard.share(),
                 sequence: submit_lock.next(),
-                piece: Some(PieceSlot { of, slot, slot_use }),
+                piece: Some(PieceSlot { of, slot, slot_use, copy_bytes }),
                 single: None,
                 write_pieces: None,
             };

@@ -17,16 +17,17 @@
 //!
 //! A read that comes back short, fails, or is aborted leaves the destination as it was.
 //! The stream's copy covers the op's (or piece's) size, but for a read whose FIXED file
-//! range reached past the end of the file when the op was made: then only the bytes
-//! inside the file ([`slot_copy_bytes`]), so that a read at the end of an unchanged file
-//! needs nothing more. Before the release, the slot's bytes between what was read and what the copy
-//! covers are filled from the destination itself (a device → host copy on a library
-//! stream; the stream is held on the op, so its earlier work is done) and the stream's
-//! copy writes them back unchanged; a read that found the file longer than that has the
-//! bytes past the copy copied into the destination then. That call is the one device
-//! call these paths make between the stream reaching an op and its release (README,
-//! Known limits): CUDA can hold it behind an application thread's blocked
-//! `cuStreamCreate`, as it holds any copy into or out of the application's memory.
+//! range reached past the end of the file when its slot was taken (under `all`): then
+//! only the bytes inside the file ([`slot_copy_bytes`]), so that a read at the end of an
+//! unchanged file needs nothing more. Before the release, the slot's bytes between what
+//! was read and what the copy covers are filled from the destination itself (a device →
+//! host copy on a library stream; the stream is held on the op, so its earlier work is
+//! done) and the stream's copy writes them back unchanged; a read that found the file
+//! longer than that has the bytes past the copy copied into the destination then. That
+//! call is the one device call these paths make between the stream reaching an op and
+//! its release (README, Known limits): CUDA can hold it behind an application thread's
+//! blocked `cuStreamCreate`, as it holds any copy into or out of the application's
+//! memory.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -98,6 +99,9 @@ impl AsyncOp {
     ///   device range as submitted: when the stream's flags do not fix it (buffer offset
     ///   and size), the op takes the slot on the bet that it will not change, and
     ///   declines it at arm if it did ([`AsyncOp::declines_slot`]).
+    ///
+    /// Also the bytes the stream's copy is to cover ([`slot_copy_bytes`], from the file's
+    /// length read here for a read under `all`).
     pub(super) fn wants_slot(
         host: &dyn super::OpHost,
         blocking_fallback: bool,
@@ -105,27 +109,32 @@ impl AsyncOp {
         state: &crate::stream::StreamState,
         device_ordinal: u32,
         (direction, io, file, sequence): (Direction, &ValidIo, &Arc<FileHandle>, u32),
-    ) -> Option<(Slot, SlotUse)> {
+    ) -> Option<(Slot, SlotUse, u64)> {
         if blocking_fallback {
             return None;
         }
         let pool = host.slots()?;
         let size_bytes = io.size_bytes();
         let fits = size_bytes <= MAX_SLOT_BYTES as u64;
-        let wanted = match (direction, pool.all_reads()) {
+        let (wanted, file_bytes) = match (direction, pool.all_reads()) {
             (Direction::Read, true) if fits => {
-                let inside = file.size_bytes().is_ok_and(|len| io.file_end_bytes() <= len);
-                if prefetchable && inside { SlotUse::StagedRead } else { SlotUse::ReadAtArm }
+                let file_bytes = file.size_bytes().ok();
+                let inside = file_bytes.is_some_and(|len| io.file_end_bytes() <= len);
+                let staged = prefetchable && inside;
+                (if staged { SlotUse::StagedRead } else { SlotUse::ReadAtArm }, file_bytes)
             }
             (Direction::Read, false) if prefetchable && size_bytes <= SLOT_BYTES as u64 => {
                 if state.word().load() != sequence.wrapping_sub(1) {
                     return None;
                 }
-                SlotUse::StagedRead
+                // `on` reads no file length here (its small reads stay cheap to submit):
+                // one past the end of the file fills its slot at its release.
+                (SlotUse::StagedRead, None)
             }
-            (Direction::Write, true) if fits && host.stream_copy_writes() => SlotUse::Write,
+            (Direction::Write, true) if fits && host.stream_copy_writes() => (SlotUse::Write, None),
             _ => return None,
         };
+        let copy_bytes = slot_copy_bytes((direction, io), file_bytes, state.flags);
         match direction {
             Direction::Read => {
                 // A slot shared with an earlier read of the stream is filled only once the
@@ -136,9 +145,11 @@ impl AsyncOp {
                     device_ordinal,
                     StreamKey::of(state),
                 )?;
-                Some((slot, wanted))
+                Some((slot, wanted, copy_bytes))
             }
-            Direction::Write => pool.try_take(size_bytes as usize).map(|slot| (slot, wanted)),
+            Direction::Write => {
+                pool.try_take(size_bytes as usize).map(|slot| (slot, wanted, copy_bytes))
+            }
         }
     }
 
@@ -661,24 +672,25 @@ impl AsyncOp {
 }
 
 /// The bytes the stream's copy between an op's slot and its device range is to cover,
-/// decided when the op is made (before its doorbell is queued, so that its release and
-/// its copy agree): the op's size, but for a read with a slot (of its own, or a piece's
-/// of a long op) whose file offset the stream's flags fix and whose range reaches past
-/// the end of the file now — the bytes inside the file. A read at the end of a file (a
-/// page-aligned read of a file's last partial page, say) then comes back with as many
-/// bytes as its copy covers and needs no device call before its release; one that finds
-/// the file shorter or longer by then makes one ([`AsyncOp::keep_destination_past`]).
+/// decided with the slot (before the op's doorbell is queued, so that its release and its
+/// copy agree), from `file_bytes`, the file's length read then: the op's size, but for a
+/// read (of its own, or a piece of a long op) whose file offset the stream's flags fix
+/// and whose range reaches past the end of the file — the bytes inside the file. A read
+/// at the end of a file (a page-aligned read of a file's last partial page, say) then
+/// comes back with as many bytes as its copy covers and needs no device call before its
+/// release; one that finds the file shorter or longer by then makes one
+/// ([`AsyncOp::keep_destination_past`]).
 pub(super) fn slot_copy_bytes(
-    (direction, io, file): (Direction, &ValidIo, &FileHandle),
-    slot_use: Option<SlotUse>,
+    (direction, io): (Direction, &ValidIo),
+    file_bytes: Option<u64>,
     flags: hipfile_core::StreamFlags,
 ) -> u64 {
     let size = io.size_bytes();
-    let clamps = direction == Direction::Read
-        && slot_use.is_some()
-        && flags.contains(hipfile_core::StreamFlags::FIXED_FILE_OFFSET);
-    match clamps.then(|| file.size_bytes()) {
-        Some(Ok(file_bytes)) => file_bytes.saturating_sub(io.file_offset_bytes()).min(size),
+    let fixed_offset = flags.contains(hipfile_core::StreamFlags::FIXED_FILE_OFFSET);
+    match file_bytes {
+        Some(file_bytes) if direction == Direction::Read && fixed_offset => {
+            file_bytes.saturating_sub(io.file_offset_bytes()).min(size)
+        }
         _ => size,
     }
 }
