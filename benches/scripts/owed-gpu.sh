@@ -53,9 +53,9 @@
 # Done, results in benches/results/h100-2026-12-07-b/ (twenty-eighth session): the
 # HIPFILE_CALLER_THREAD and HIPFILE_PARK_SPIN_US A/Bs; in h100-2026-12-07-c/ (twenty-ninth):
 # lead (default), hot, levers, latency, cold, isolation; in h100-2026-12-07-d/ (thirty-first):
-# contract, c-async, wtests, wsweep (1 MiB pieces), writes, batch, lead (default). Still owed:
-# sweep (the whole 336 cases, after the inline-read widening and the reads past the end of
-# the file copied only up to it) and, on an H200, isolation.
+# contract, c-async, wtests, wsweep (1 MiB pieces), writes, batch, lead (default); in
+# h200-2026-12-07-e/ (thirty-second, the H200): isolation and sweep. Nothing is owed; the
+# next H200 call should rerun `lead` (the H200 report is the twenty-third session's).
 #
 # Needs target/gpu-bundle/bin/hipfile-bench-sym (the bench, debug info stripped, symbols
 # kept) and, for `contract`, target/gpu-bundle/bin/device_contract, both built here by
