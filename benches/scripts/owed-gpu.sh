@@ -50,12 +50,22 @@
 #              100000 of them).
 #   cold       #16: where the CPU of cold O_DIRECT reads at 8 streams goes
 #              (HIPFILE_BENCH_CPU_SAMPLES).
+#   gap        #14 item 4's remaining gap (thirty-second session, H200: 16 MiB hot reads
+#              at 8 / 16 streams 0.91 / 0.90x the data path before #14), taken apart in
+#              one run, two rounds: the default; device slots capped at 4 GiB instead of
+#              1 (half the reads of that run shared their stream's slot); the engine's
+#              path in the engine context (HIPFILE_STREAM_COPIES=off, no slots); the data
+#              path before #14 (shared context, no bounce, no slots).
+#   cold1      #16: cold O_DIRECT reads from one stream spend 0.68 CPU-s/GiB against
+#              cuFile's 0.13 (thirty-second session, H200): --profile (CPU per thread
+#              group, the engine's phases) and CPU samples of that row.
 # Done, results in benches/results/h100-2026-12-07-b/ (twenty-eighth session): the
 # HIPFILE_CALLER_THREAD and HIPFILE_PARK_SPIN_US A/Bs; in h100-2026-12-07-c/ (twenty-ninth):
 # lead (default), hot, levers, latency, cold, isolation; in h100-2026-12-07-d/ (thirty-first):
 # contract, c-async, wtests, wsweep (1 MiB pieces), writes, batch, lead (default); in
-# h200-2026-12-07-e/ (thirty-second, the H200): isolation and sweep. Nothing is owed; the
-# next H200 call should rerun `lead` (the H200 report is the twenty-third session's).
+# h200-2026-12-07-e/ (thirty-second, the H200): isolation and sweep. Next, on any GPU:
+# `STEPS="gap cold1 lead"` (gap and cold1 are new and not yet run; on an H200, lead renews
+# the twenty-third session's H200 report).
 #
 # Needs target/gpu-bundle/bin/hipfile-bench-sym (the bench, debug info stripped, symbols
 # kept) and, for `contract`, target/gpu-bundle/bin/device_contract, both built here by
@@ -216,6 +226,21 @@ latency() {
   grep -E "ASYNC|SYNC|submit call" "$out/latency.txt" | head -4
   return $rc
 }
+gap() {
+  BENCH=$bench OUT=$out/gap STREAMS=8,16 ROUNDS=2 MODES=read \
+    VARIANTS='-; HIPFILE_STREAM_COPY_DEVICE_MB=4096; HIPFILE_STREAM_COPIES=off HIPFILE_INLINE_READ_KB=0; HIPFILE_CUDA_ENGINE_CONTEXT=shared HIPFILE_CUDA_MIN_COPY_BYTES=0 HIPFILE_STREAM_COPIES=off HIPFILE_INLINE_READ_KB=0' \
+    benches/scripts/variants-ab.sh
+}
+cold1() {
+  HIPFILE_DEVICE=cuda HIPFILE_BENCH_CPU_SAMPLES=$out/cold1-cpu-samples.txt \
+    "$bench" --mode read --cold --direct on --streams 1 --io-size 16M --reps 2 \
+    --no-baselines --profile --file /tmp/hf-owed-cold.dat --file-size 2G \
+    > "$out/cold1.txt" 2>&1
+  local rc=$?
+  rm -f /tmp/hf-owed-cold.dat
+  grep -E "^READ|by thread|engine:" "$out/cold1.txt"
+  return $rc
+}
 cold() {
   HIPFILE_DEVICE=cuda HIPFILE_BENCH_CPU_SAMPLES=$out/cold-cpu-samples.txt \
     "$bench" --mode read --cold --direct on --streams 8 --io-size 16M --reps 2 \
@@ -228,7 +253,7 @@ cold() {
 
 # `timeout` runs each step in a shell of its own.
 export out bin bench LEAD_VARIANTS WSWEEP_STREAMS PIECE_VARIANTS
-export -f isolation contract c_async run_sweep sweep wsweep wtests writes batch lead hot levers latency cold
+export -f isolation contract c_async run_sweep sweep wsweep wtests writes batch lead hot levers latency cold gap cold1
 
 # Before and after on one machine in one run: the card is named in steps.txt (the issue
 # asks for an H200; an H100 of the same run is as good a same-machine comparison).
@@ -249,5 +274,7 @@ step hot 40 hot
 step levers 100 levers
 step latency 40 latency
 step cold 60 cold
+step gap 200 gap
+step cold1 60 cold1
 echo "done after $(($(date +%s) - start)) s" | tee -a "$out/steps.txt"
 pack
