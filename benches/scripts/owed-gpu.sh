@@ -231,29 +231,28 @@ gap() {
     VARIANTS='-; HIPFILE_STREAM_COPY_DEVICE_MB=4096; HIPFILE_STREAM_COPIES=off HIPFILE_INLINE_READ_KB=0; HIPFILE_CUDA_ENGINE_CONTEXT=shared HIPFILE_CUDA_MIN_COPY_BYTES=0 HIPFILE_STREAM_COPIES=off HIPFILE_INLINE_READ_KB=0' \
     benches/scripts/variants-ab.sh
 }
-cold1() {
-  HIPFILE_DEVICE=cuda HIPFILE_BENCH_CPU_SAMPLES=$out/cold1-cpu-samples.txt \
-    "$bench" --mode read --cold --direct on --streams 1 --io-size 16M --reps 2 \
+# Cold O_DIRECT 16 MiB reads from $2 streams, profiled with CPU samples, into $out/$1.txt.
+cold_profiled() {
+  local name=$1 streams=$2
+  HIPFILE_DEVICE=cuda HIPFILE_BENCH_CPU_SAMPLES=$out/$name-cpu-samples.txt \
+    "$bench" --mode read --cold --direct on --streams "$streams" --io-size 16M --reps 2 \
     --no-baselines --profile --file /tmp/hf-owed-cold.dat --file-size 2G \
-    > "$out/cold1.txt" 2>&1
+    > "$out/$name.txt" 2>&1
   local rc=$?
   rm -f /tmp/hf-owed-cold.dat
-  grep -E "^READ|by thread|engine:" "$out/cold1.txt"
+  grep -E "^READ|by thread|engine:" "$out/$name.txt"
   return $rc
 }
+cold1() {
+  cold_profiled cold1 1
+}
 cold() {
-  HIPFILE_DEVICE=cuda HIPFILE_BENCH_CPU_SAMPLES=$out/cold-cpu-samples.txt \
-    "$bench" --mode read --cold --direct on --streams 8 --io-size 16M --reps 2 \
-    --no-baselines --profile --file /tmp/hf-owed-cold.dat --file-size 2G \
-    > "$out/cold.txt" 2>&1
-  local rc=$?
-  rm -f /tmp/hf-owed-cold.dat
-  return $rc
+  cold_profiled cold 8
 }
 
 # `timeout` runs each step in a shell of its own.
 export out bin bench LEAD_VARIANTS WSWEEP_STREAMS PIECE_VARIANTS
-export -f isolation contract c_async run_sweep sweep wsweep wtests writes batch lead hot levers latency cold gap cold1
+export -f isolation contract c_async run_sweep sweep wsweep wtests writes batch lead hot levers latency cold_profiled cold gap cold1
 
 # Before and after on one machine in one run: the card is named in steps.txt (the issue
 # asks for an H200; an H100 of the same run is as good a same-machine comparison).
