@@ -59,13 +59,18 @@
 #   cold1      #16: cold O_DIRECT reads from one stream spend 0.68 CPU-s/GiB against
 #              cuFile's 0.13 (thirty-second session, H200): --profile (CPU per thread
 #              group, the engine's phases) and CPU samples of that row.
+#   coldfan    #16: the same cold O_DIRECT reads at 1 and 8 streams with a request in 14
+#              (default), 4 or 2 parts (HIPFILE_REQUEST_PARALLELISM), two rounds: on the
+#              development VM fewer parts cost less CPU per GiB (0.91 / 0.70 / 0.60 at 1
+#              stream with 14 executors), but its disk was too noisy to tell the speed; if
+#              a GPU machine keeps the speed, O_DIRECT requests could go in fewer parts.
 # Done, results in benches/results/h100-2026-12-07-b/ (twenty-eighth session): the
 # HIPFILE_CALLER_THREAD and HIPFILE_PARK_SPIN_US A/Bs; in h100-2026-12-07-c/ (twenty-ninth):
 # lead (default), hot, levers, latency, cold, isolation; in h100-2026-12-07-d/ (thirty-first):
 # contract, c-async, wtests, wsweep (1 MiB pieces), writes, batch, lead (default); in
 # h200-2026-12-07-e/ (thirty-second, the H200): isolation and sweep. Next, on any GPU:
-# `STEPS="gap cold1 lead"` (gap and cold1 are new and not yet run; on an H200, lead renews
-# the twenty-third session's H200 report).
+# `STEPS="gap cold1 coldfan lead"` (the first three are new and not yet run; on an H200, lead
+# renews the twenty-third session's H200 report).
 #
 # Needs target/gpu-bundle/bin/hipfile-bench-sym (the bench, debug info stripped, symbols
 # kept) and, for `contract`, target/gpu-bundle/bin/device_contract, both built here by
@@ -246,13 +251,18 @@ cold_profiled() {
 cold1() {
   cold_profiled cold1 1
 }
+coldfan() {
+  BENCH=$bench OUT=$out/coldfan STREAMS=1,8 ROUNDS=2 MODES=read REPS=2 EXTRA="--cold --direct on" \
+    VARIANTS='-; HIPFILE_REQUEST_PARALLELISM=4; HIPFILE_REQUEST_PARALLELISM=2' \
+    benches/scripts/variants-ab.sh
+}
 cold() {
   cold_profiled cold 8
 }
 
 # `timeout` runs each step in a shell of its own.
 export out bin bench LEAD_VARIANTS WSWEEP_STREAMS PIECE_VARIANTS
-export -f isolation contract c_async run_sweep sweep wsweep wtests writes batch lead hot levers latency cold_profiled cold gap cold1
+export -f isolation contract c_async run_sweep sweep wsweep wtests writes batch lead hot levers latency cold_profiled cold gap cold1 coldfan
 
 # Before and after on one machine in one run: the card is named in steps.txt (the issue
 # asks for an H200; an H100 of the same run is as good a same-machine comparison).
@@ -275,5 +285,6 @@ step latency 40 latency
 step cold 60 cold
 step gap 200 gap
 step cold1 60 cold1
+step coldfan 150 coldfan
 echo "done after $(($(date +%s) - start)) s" | tee -a "$out/steps.txt"
 pack
