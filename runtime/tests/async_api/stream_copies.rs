@@ -172,6 +172,64 @@ fn with_all_a_read_past_the_end_of_the_file_copies_only_what_the_file_holds() {
     }
 }
 
+/// The same through slots of the engine's device memory (the CUDA default for reads over
+/// 64 KiB): a 256 KiB read reaching past the end of a file has its stream copy device →
+/// device only the bytes inside the file; at the end of an unchanged file nothing else is
+/// copied, and a file that grew or shrank while the stream was held costs one device →
+/// device copy of exactly the difference (slot → destination, or destination → slot).
+/// Every byte checked, the destination past the file kept.
+#[test]
+fn with_device_slots_a_read_past_the_end_of_the_file_copies_only_what_the_file_holds() {
+    let config = Config {
+        stream_copies: StreamCopies::All,
+        stream_copy_slots: StreamCopySlots::Device,
+        ..no_inline_reads()
+    };
+    let rig = Rig::with(1, config);
+    let Some(cpu) = rig.cpu_only("counts the cpu device's device → device bytes") else {
+        return;
+    };
+    let file_len = 300_000;
+    let t = Paused::with(rig, "stream-copies-device-past-eof", file_len, MIB);
+    let stream = t.rig.registered_stream(7);
+    let old = pattern(94, MIB);
+    let (size, file_offset) = (256 * KIB, 128 * KIB);
+    let device_bytes = || cpu.stats().bytes_copied_other;
+    use std::os::unix::fs::FileExt;
+    let fd = t.file.open_rw();
+    let appended = pattern(93, 30_000);
+    // (file length while the stream is held, what)
+    for (new_len, what) in
+        [(file_len, "unchanged"), (file_len + 30_000, "grown"), (file_len - 50_000, "shrunk")]
+    {
+        t.rig.set_dev_bytes(t.buffer, &old);
+        let gate = t.rig.pause(stream).expect("pause");
+        let p = params(size, file_offset as i64, 0);
+        read(&t, &p, stream);
+        let before = device_bytes();
+        match new_len.cmp(&file_len) {
+            std::cmp::Ordering::Greater => {
+                fd.write_all_at(&appended, file_len as u64).expect("append");
+            }
+            std::cmp::Ordering::Less => fd.set_len(new_len as u64).expect("truncate"),
+            std::cmp::Ordering::Equal => {}
+        }
+        gate.release();
+        t.rig.sync(stream);
+        let (at_submit, inside) = (file_len - file_offset, new_len - file_offset);
+        assert_eq!(bytes(&p), inside as isize, "{what}");
+        let copied = (device_bytes() - before) as usize;
+        assert_eq!(copied, at_submit + at_submit.abs_diff(inside), "{what}: device → device bytes");
+        let contents = t.file.contents();
+        let got = t.rig.dev_bytes(t.buffer, size);
+        assert_bytes(&got[..inside], &contents[file_offset..new_len], what);
+        assert_bytes(&got[inside..], &old[inside..size], &format!("{what}: past the file"));
+        // Back to the file as it was for the next case.
+        fd.set_len(file_len as u64).expect("restore");
+        fd.write_all_at(&t.data[file_offset..file_len], file_offset as u64).expect("restore");
+    }
+}
+
 /// The same for a long read (pieces sharing a ring of slots) and for one through its
 /// stream's spare slots: each piece's copy covers only what the file holds, so a read of
 /// 40 MiB over a file of 20 MiB + 12345 bytes makes no device call before its release, and
@@ -472,9 +530,9 @@ fn with_all_every_fixed_read_is_copied_on_its_stream() {
 /// device behind the op's wait; reads of at most 64 KiB keep pinned slots. All queued on
 /// one held stream (so their release is a host store after the fill, no CUDA call): those
 /// inside the file staged at once, one of 256 KiB reaching past the end of the file read
-/// when the stream reaches it (short: its slot is filled from the destination past the
-/// bytes read, which therefore stay as they were), and a plain stream's unfixed read. Every
-/// byte lands where it should.
+/// when the stream reaches it (its stream copies only the 4 KiB inside the file, so the
+/// destination past them stays as it was with no fill of the slot), and a plain stream's
+/// unfixed read. Every byte lands where it should.
 #[test]
 fn with_device_slots_reads_over_64_kib_are_filled_by_the_engine_and_copied_on_their_stream() {
     let config = Config {
