@@ -148,6 +148,11 @@ impl OpMachine {
         self.state
     }
 
+    /// The op's size: as submitted (clamped), or as bound at arm ([`OpMachine::bind_size`]).
+    pub const fn size_bytes(&self) -> u64 {
+        self.size_bytes
+    }
+
     /// Bytes transferred so far.
     pub const fn transferred_bytes(&self) -> u64 {
         self.transferred_bytes
@@ -449,10 +454,13 @@ mod tests {
     fn bind_size_only_shrinks_before_start() {
         let mut op = OpMachine::new(8192, false);
         assert!(op.bind_size(16384).is_err());
+        assert_eq!(op.size_bytes(), 8192, "a refused bind keeps the size");
         op.bind_size(4096).unwrap();
+        assert_eq!(op.size_bytes(), 4096);
         run(&mut op, &[OpEvent::Arm, OpEvent::Start]);
         assert!(op.apply(OpEvent::Transferred(8192)).is_err());
         assert!(op.bind_size(1).is_err());
+        assert_eq!(op.size_bytes(), 4096);
     }
 
     mod model {

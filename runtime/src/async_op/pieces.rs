@@ -96,11 +96,12 @@ struct LongState {
 }
 
 impl LongOp {
-    /// Piece `index` of the op as submitted.
+    /// Piece `index` of `whole` (the op as submitted or as bound); `None` for a piece
+    /// that starts at or past its end (the bound size shrank).
     fn piece_io(&self, whole: &ValidIo, index: usize) -> Option<ValidIo> {
         let start = index as u64 * self.piece_bytes;
         let raw = RawIo {
-            size_bytes: self.piece_bytes.min(whole.size_bytes() - start),
+            size_bytes: self.piece_bytes.min(whole.size_bytes().checked_sub(start)?),
             file_offset_bytes: i64::try_from(whole.file_offset_bytes() + start).ok()?,
             buffer_offset_bytes: i64::try_from(whole.buffer_offset_bytes() + start).ok()?,
         };
@@ -114,6 +115,14 @@ impl LongOp {
             let raw = self.user.read()?;
             revalidate(&self.whole, raw, self.flags, self.page_size_bytes).ok()
         })
+    }
+
+    /// Whether the op as bound covers another device range than the one its pieces'
+    /// copies were enqueued for (possible only where the stream does not fix buffer offset
+    /// and size): then no piece reads ahead, each declines its slot at its own arm.
+    fn moved(&self, bound: &ValidIo) -> bool {
+        bound.device_addr() != self.whole.device_addr()
+            || bound.size_bytes() != self.whole.size_bytes()
     }
 
     /// Piece `index` ended with `outcome`: once every piece has, the caller's result is
@@ -288,14 +297,25 @@ impl PieceOf {
     pub(super) fn read_ahead(&self, engine: &Engine) {
         let long = &self.long;
         let last = (self.index + long.ring.len() - 1).min(long.pieces - 1);
+        let Some(bound) = long.bound() else { return };
+        if long.moved(&bound) {
+            return;
+        }
         for next in self.index + 1..=last {
             let taken = long.ahead.lock().unwrap_or_else(|p| p.into_inner())[next].take();
             let Some(op) = taken.and_then(|op| op.upgrade()) else { continue };
-            let Some(io) = long.bound().and_then(|bound| long.piece_io(&bound, next)) else {
-                return;
-            };
+            let Some(io) = long.piece_io(&bound, next) else { return };
             op.post_read_ahead(engine, io);
         }
+    }
+
+    /// At this piece's arm: whether the op as bound ends before the piece starts (its
+    /// stream does not fix the size, and the caller lowered it after submission): the
+    /// piece then moves nothing. `false` when the op's parameters did not bind at all:
+    /// the piece's own binding fails it.
+    pub(super) fn past_the_bound_end(&self) -> bool {
+        let long = &self.long;
+        long.bound().is_some_and(|bound| self.index as u64 * long.piece_bytes >= bound.size_bytes())
     }
 
     /// The piece ended: tell the long op.
@@ -324,14 +344,17 @@ pub(crate) struct Submission<'a> {
 
 impl Submission<'_> {
     /// Whether ops in `direction` on this stream may go in pieces copied on it
-    /// (`HIPFILE_STREAM_COPIES=all`, and for writes `HIPFILE_STREAM_COPY_WRITES` on; buffer
-    /// offset and size FIXED by the stream's flags, stream memory operations on the device).
+    /// (`HIPFILE_STREAM_COPIES=all`, and for writes `HIPFILE_STREAM_COPY_WRITES` on; stream
+    /// memory operations on the device). A stream that does not fix the device range
+    /// (buffer offset and size) has its pieces' copies enqueued for the range as
+    /// submitted, on the bet that it does not move, as an op of its own takes its slot:
+    /// a piece whose bound range differs declines its slot at arm
+    /// ([`AsyncOp::declines_slot`]), and one past a shrunk size moves nothing.
     fn may_go_in_pieces(&self, direction: Direction) -> bool {
         let all = self.host.slots().is_some_and(|pool| pool.all_reads())
             && (direction == Direction::Read || self.host.stream_copy_writes());
-        let range_fixed = StreamFlags::FIXED_BUF_OFFSET | StreamFlags::FIXED_FILE_SIZE;
         let memops = self.host.device().supports_stream_memops(self.buffer.device_ordinal);
-        all && self.state.flags.contains(range_fixed) && memops
+        all && memops
     }
 }
 

@@ -49,6 +49,10 @@ impl AsyncOp {
             self.arm_prefetched(&gate, parts);
             return;
         }
+        if self.piece.as_ref().is_some_and(|piece| piece.past_the_bound_end()) {
+            self.moves_nothing();
+            return;
+        }
         let bound = self.params.read().and_then(|raw| {
             revalidate(&self.submitted, raw, self.flags, self.host.page_size_bytes()).ok()
         });
@@ -90,6 +94,26 @@ impl AsyncOp {
                 self.slot_read_fails_at_arm(Outcome::Library(error.code));
             }
             Err(error) => self.publish(Outcome::Library(error.code)),
+        }
+    }
+
+    /// The arm of a piece that the op's bound size ends before: it moves nothing and ends
+    /// with 0 bytes (after a short piece, which makes the op short), releasing its stream
+    /// as any piece does. A read's slot is filled from the destination first (its stream
+    /// copies the slot back): the range past the bound size stays as it was. A write's
+    /// slot is only unused.
+    fn moves_nothing(self: &Arc<Self>) {
+        {
+            let mut machine = self.machine();
+            let shrunk = machine.bind_size(0);
+            debug_assert!(shrunk.is_ok(), "binding a piece past the end: {shrunk:?}");
+        }
+        self.set_state(OpEvent::Arm);
+        self.set_state(OpEvent::Start);
+        if self.reads_slot_at_arm() {
+            self.slot_read_fails_at_arm(Outcome::Bytes(0));
+        } else {
+            self.publish(Outcome::Bytes(0));
         }
     }
 

@@ -479,10 +479,12 @@ impl AsyncOp {
         if self.slot_copy_failed.load(Ordering::SeqCst) {
             return Outcome::Library(OpError::HipDriverError);
         }
-        // An op whose parameters did not bind is decided (`Done`) and moved nothing: its
-        // stream copies the destination's own bytes back, uncounted.
-        let bound = !matches!(self.machine().state(), hipfile_core::OpState::Done(_));
-        if bound {
+        // An op whose parameters did not bind is decided (`Done`) and moved nothing, as a
+        // piece past the op's bound size (bound to 0 bytes): its stream copies the
+        // destination's own bytes back, uncounted.
+        let machine = *self.machine();
+        let bound = !matches!(machine.state(), hipfile_core::OpState::Done(_));
+        if bound && machine.size_bytes() > 0 {
             self.host.async_stats().stream_copies.fetch_add(1, Ordering::Relaxed);
         }
         outcome

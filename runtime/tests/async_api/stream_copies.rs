@@ -1130,11 +1130,11 @@ fn all_config() -> Config {
     }
 }
 
-/// `HIPFILE_STREAM_COPIES=all`, long reads: a read of more than 16 MiB whose destination
-/// range is FIXED is copied on its stream in 16 MiB pieces sharing a ring of at most four
-/// slots (pieces past the fourth reuse a slot the stream has copied out of). Reads of
-/// 16 MiB + 4 KiB, 40 MiB and 100 MiB on a held stream (fully FIXED, and with a late
-/// file offset), one reaching past the end of the file (short; the rest of its
+/// `HIPFILE_STREAM_COPIES=all`, long reads: a read of more than 16 MiB is copied on its
+/// stream in 16 MiB pieces sharing a ring of at most four slots (pieces past the fourth
+/// reuse a slot the stream has copied out of). Reads of 16 MiB + 4 KiB, 40 MiB and
+/// 100 MiB on a held stream (fully FIXED, with a late file offset, and with nothing
+/// FIXED), one reaching past the end of the file (short; the rest of its
 /// destination as it was): every byte right, `*bytes_p` once for the whole op. With device
 /// slots the rings are of the engine's device memory (the stream copies device → device).
 #[test]
@@ -1155,7 +1155,7 @@ fn long_reads_in_pieces(config: Config) {
     let old = pattern(95, 200 * MIB);
     t.rig.set_dev_bytes(t.buffer, &old);
     let copied_other = || t.rig.cpu.as_ref().map(|cpu| cpu.stats().bytes_copied_other);
-    for flags in [15u32, 5] {
+    for flags in [15u32, 5, 0] {
         let other_before = copied_other();
         let before = stream_copies(&t.rig);
         let ahead_before = t.rig.driver.async_stats().read_ahead.load(Ordering::SeqCst);
@@ -1280,8 +1280,8 @@ fn arena_chunks(rig: &Rig) -> u64 {
 /// `all` with every slot of the size taken: reads that find no slot of their own go
 /// through their stream's spare slots in pieces of 4 MiB, the first read when the stream
 /// reaches it, each later one read ahead at the arm of the one before it into the other
-/// slot of the ring (fully FIXED and with a late file offset; one reaching past the end of the file:
-/// short, the rest of its destination as it was). None takes the engine's path (no
+/// slot of the ring (fully FIXED, with a late file offset, and with nothing FIXED; one
+/// reaching past the end of the file: short, the rest of its destination as it was). None takes the engine's path (no
 /// arena chunk, no device-side release), every byte lands where it should.
 #[test]
 fn with_all_reads_that_find_no_slot_go_through_their_streams_spare() {
@@ -1289,7 +1289,7 @@ fn with_all_reads_that_find_no_slot_go_through_their_streams_spare() {
     let t = Paused::with(Rig::with(1, all_exhausted_config()), "spare-reads", file_len, 112 * MIB);
     let old = pattern(90, 112 * MIB);
     t.rig.set_dev_bytes(t.buffer, &old);
-    for flags in [15u32, 5] {
+    for flags in [15u32, 5, 0] {
         let stats = t.rig.driver.async_stats();
         let before = (stream_copies(&t.rig), spare_ops(&t.rig), arena_chunks(&t.rig));
         let device_releases = stats.device_releases.load(Ordering::SeqCst);
@@ -1321,22 +1321,32 @@ fn with_all_reads_that_find_no_slot_go_through_their_streams_spare() {
     }
 }
 
-/// The same for writes: with the one 16 MiB slot taken, writes from a FIXED source range
-/// have their stream copy each 4 MiB piece into a spare slot ahead of the piece's
+/// The same for writes: with the one 16 MiB slot taken, writes (from a FIXED source range,
+/// and on streams with nothing FIXED) have their stream copy each 4 MiB piece into a spare
+/// slot ahead of the piece's
 /// doorbell, and the engine writes the file from there. A later round reuses its streams'
 /// spares; each stream has spares of its own. The file holds exactly the bytes written.
 #[test]
 fn with_all_writes_that_find_no_slot_go_through_their_streams_spare() {
+    // The spares of four streams fill twice the 16 MiB cap of 4 MiB slots: a driver per
+    // set of four.
+    spare_writes(&[15, 5], &[15, 5, 15]);
+    spare_writes(&[0], &[0, 0]);
+}
+
+/// Rounds of writes that find no slot, on two streams of each of `kinds` (registration
+/// flags), a round per entry of `rounds` (a later round finds its streams' spares again).
+fn spare_writes(kinds: &[u32], rounds: &[u32]) {
     let len = 96 * MIB;
     let t = Paused::with(Rig::with(1, all_exhausted_config()), "spare-writes", len, len);
     let fresh = pattern(89, len);
     t.rig.set_dev_bytes(t.buffer, &fresh);
-    // Two streams of each flags value; the third round finds the first one's streams and
-    // their spares again.
-    let pairs =
-        [15u32, 5].map(|flags| [t.rig.registered_stream(flags), t.rig.registered_stream(flags)]);
-    for (round, flags) in [15u32, 5, 15].into_iter().enumerate() {
-        let streams = pairs[usize::from(flags == 5)];
+    let pairs: Vec<[_; 2]> = kinds
+        .iter()
+        .map(|&flags| [t.rig.registered_stream(flags), t.rig.registered_stream(flags)])
+        .collect();
+    for (round, &flags) in rounds.iter().enumerate() {
+        let streams = pairs[kinds.iter().position(|&k| k == flags).expect("a kind")];
         let gates: Vec<_> = streams.iter().map(|&s| t.rig.pause(s).expect("pause")).collect();
         let before = (spare_ops(&t.rig), arena_chunks(&t.rig));
         let mut placed = Vec::new();
@@ -1371,8 +1381,9 @@ fn with_all_writes_that_find_no_slot_go_through_their_streams_spare() {
         }
         // One write may find the 16 MiB slot; the others go through their stream's spare.
         let spared = spare_ops(&t.rig) - before.0;
-        assert!((5..=6).contains(&spared), "round {round}: {spared} writes through spares");
-        assert_eq!(arena_chunks(&t.rig) - before.1, 0, "round {round}: no engine path");
+        let what = format!("flags {flags}, round {round}");
+        assert!((5..=6).contains(&spared), "{what}: {spared} writes through spares");
+        assert_eq!(arena_chunks(&t.rig) - before.1, 0, "{what}: no engine path");
         t.reset_file();
     }
 }
@@ -1486,6 +1497,74 @@ fn with_all_an_unfixed_op_whose_range_moved_declines_its_slot() {
     assert_bytes(&file[2 * MIB..2 * MIB + 64 * KIB], &old[3 * MIB..3 * MIB + 64 * KIB], "write");
     // The write's source went into its slot at submission (counted); the reads declined.
     assert_eq!(stream_copies(&t.rig) - before, 1, "only the write's copy into its slot");
+}
+
+/// `HIPFILE_STREAM_COPIES=all` on a stream without FIXED flags, ops longer than 16 MiB:
+/// their pieces' copies are enqueued for the device range as submitted, and each piece
+/// whose bound range differs declines its slot at its arm, as an op of its own does
+/// (`with_all_an_unfixed_op_whose_range_moved_declines_its_slot`). On a held stream, in
+/// stream order: a 40 MiB read moved up by 1 MiB (bound and submitted ranges overlap: the
+/// pieces' copies back must not undo what the pieces before them moved); a 40 MiB read
+/// shrunk to 20 MiB (a whole piece, a shrunk one, one past the end); a 20 MiB read
+/// shrunk to 0; a 20 MiB write moved by 2 MiB, which reads what the first read placed.
+/// Every byte of destination and file is checked, `*bytes_p` is the bound size, and the
+/// stream copied only the shrunk read's first piece (its range did not change) and the
+/// write's two pieces into their slots: the moved pieces declined, the pieces past the
+/// end moved nothing.
+#[test]
+fn with_all_unfixed_long_ops_whose_range_moved_decline_piece_by_piece() {
+    for slots in [StreamCopySlots::Pinned, StreamCopySlots::Device] {
+        let config = Config {
+            stream_copy_slots: slots,
+            stream_copy_device_cap_bytes: 256 * MIB,
+            ..all_config()
+        };
+        let rig = Rig::with(1, config);
+        let t = Paused::with(rig, "stream-copies-long-declined", 64 * MIB, 128 * MIB);
+        let old = pattern(91, 128 * MIB);
+        t.rig.set_dev_bytes(t.buffer, &old);
+        let stream = t.rig.registered_stream(0);
+        let gate = t.rig.pause(stream).expect("pause");
+        let before = stream_copies(&t.rig);
+        // Submitted into [0, 40 MiB), bound to [1 MiB, 41 MiB).
+        let moved = params(40 * MIB, 0, 0);
+        read(&t, &moved, stream);
+        moved.buffer_offset_bytes.store(MIB as i64, Ordering::SeqCst);
+        // Submitted as 40 MiB into [64 MiB, ..), bound to 20 MiB there.
+        let shrunk = params(40 * MIB, 4096, (64 * MIB) as i64);
+        read(&t, &shrunk, stream);
+        shrunk.size_bytes.store(20 * MIB, Ordering::SeqCst);
+        // Submitted as 20 MiB into [106 MiB, ..), bound to nothing.
+        let emptied = params(20 * MIB, 8192, (106 * MIB) as i64);
+        read(&t, &emptied, stream);
+        emptied.size_bytes.store(0, Ordering::SeqCst);
+        // A write to [44 MiB, 64 MiB) of the file submitted from [0, ..), bound to [2 MiB, ..).
+        let write = params(20 * MIB, (44 * MIB) as i64, 0);
+        t.rig.write(t.handle, t.buffer, &write, stream);
+        write.buffer_offset_bytes.store((2 * MIB) as i64, Ordering::SeqCst);
+        assert_eq!(bytes(&moved), 0, "{slots:?}: held, nothing published yet");
+        drop(gate);
+        t.rig.sync(stream);
+        assert_eq!(bytes(&moved), (40 * MIB) as isize, "{slots:?}: moved");
+        assert_eq!(bytes(&shrunk), (20 * MIB) as isize, "{slots:?}: shrunk");
+        assert_eq!(bytes(&emptied), 0, "{slots:?}: shrunk to nothing");
+        assert_eq!(bytes(&write), (20 * MIB) as isize, "{slots:?}: write");
+        let got = t.rig.dev_bytes(t.buffer, 128 * MIB);
+        let what = |part: &str| format!("{slots:?}: {part}");
+        assert_bytes(&got[..MIB], &old[..MIB], &what("below the moved read"));
+        assert_bytes(&got[MIB..41 * MIB], &t.data[..40 * MIB], &what("the moved read"));
+        assert_bytes(&got[41 * MIB..64 * MIB], &old[41 * MIB..64 * MIB], &what("between"));
+        let shrunk_want = &t.data[4096..4096 + 20 * MIB];
+        assert_bytes(&got[64 * MIB..84 * MIB], shrunk_want, &what("the shrunk read"));
+        assert_bytes(&got[84 * MIB..], &old[84 * MIB..], &what("past the shrunk read"));
+        // The write ran after the moved read: its bound source holds file bytes 1..21 MiB.
+        let file = t.file.contents();
+        let written = &file[44 * MIB..64 * MIB];
+        assert_bytes(written, &t.data[MIB..21 * MIB], &what("the moved write"));
+        assert_bytes(&file[..44 * MIB], &t.data[..44 * MIB], &what("the file before it"));
+        let copied = stream_copies(&t.rig) - before;
+        assert_eq!(copied, 3, "{slots:?}: one read piece and two write pieces");
+    }
 }
 
 /// `all` through the page cache with writes in pieces of `piece_bytes`
