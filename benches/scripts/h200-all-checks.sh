@@ -35,6 +35,7 @@ echo "=== (1) lock checks under HIPFILE_STREAM_COPIES=all" | tee "$out/lock.txt"
 tests=(streams::streams_made_while_reads_copied_on_their_streams_hold_streams
        streams::streams_made_while_writes_copied_into_slots_hold_streams
        streams::streams_made_while_long_ops_copied_in_pieces_hold_streams
+       streams::streams_made_while_unfixed_long_ops_copied_in_pieces_hold_streams
        streams::streams_made_while_unfixed_ops_copied_on_their_streams_hold_streams
        streams::streams_made_while_ops_through_spare_slots_hold_streams)
 stacks=0

@@ -56,6 +56,14 @@
 #              1 (half the reads of that run shared their stream's slot); the engine's
 #              path in the engine context (HIPFILE_STREAM_COPIES=off, no slots); the data
 #              path before #14 (shared context, no bounce, no slots).
+#   unfixed    #14 (thirty-third session, not yet run on a GPU): ops over 16 MiB on streams
+#              that fix no device range go in pieces copied on their stream instead of the
+#              engine's path. The tests that cover it on CUDA, each in a process of its own
+#              (the lock check with an application thread making streams, which the
+#              engine's path failed; moved and shrunk ops; unfixed reads and writes through
+#              spares), then 64 MiB hot reads and writes with flags 0 at 1 / 8 streams,
+#              two rounds: the default against HIPFILE_STREAM_COPIES=off (the engine's
+#              path, which these ops took before).
 #   cold1      #16: cold O_DIRECT reads from one stream spend 0.68 CPU-s/GiB against
 #              cuFile's 0.13 (thirty-second session, H200): --profile (CPU per thread
 #              group, the engine's phases) and CPU samples of that row.
@@ -69,8 +77,9 @@
 # lead (default), hot, levers, latency, cold, isolation; in h100-2026-12-07-d/ (thirty-first):
 # contract, c-async, wtests, wsweep (1 MiB pieces), writes, batch, lead (default); in
 # h200-2026-12-07-e/ (thirty-second, the H200): isolation and sweep. Next, on any GPU:
-# `STEPS="gap cold1 coldfan lead"` (the first three are new and not yet run; on an H200, lead
-# renews the twenty-third session's H200 report).
+# `STEPS="gap unfixed cold1 coldfan"` (about 560 s; none has run yet: the thirty-third
+# session got no machine), then `STEPS="lead"` in the next call (on an H200 it renews the
+# twenty-third session's H200 report).
 #
 # Needs target/gpu-bundle/bin/hipfile-bench-sym (the bench, debug info stripped, symbols
 # kept) and, for `contract`, target/gpu-bundle/bin/device_contract, both built here by
@@ -251,6 +260,24 @@ cold_profiled() {
 cold1() {
   cold_profiled cold1 1
 }
+unfixed() {
+  local t rc=0 bin_dir=$PWD/target/gpu-bundle/bin
+  for t in streams::streams_made_while_unfixed_long_ops_copied_in_pieces_hold_streams \
+    stream_copies::with_all_unfixed_long_ops_whose_range_moved_decline_piece_by_piece \
+    stream_copies::with_all_long_reads_are_copied_on_their_stream_in_pieces \
+    stream_copies::with_all_reads_that_find_no_slot_go_through_their_streams_spare \
+    stream_copies::with_all_writes_that_find_no_slot_go_through_their_streams_spare; do
+    HIPFILE_DEVICE=cuda timeout -s KILL 60 "$bin_dir/async_api" --test-threads 1 --exact "$t" \
+      > "$out/unfixed-${t##*::}.txt" 2>&1
+    local r=$?
+    echo "$t: $([ $r = 0 ] && echo PASS || echo "FAIL ($r)")"
+    [ $r = 0 ] || rc=1
+  done
+  BENCH=$bench OUT=$out/unfixed STREAMS=1,8 ROUNDS=2 MODES="read write" IO_SIZE=64M \
+    EXTRA="--flags 0" VARIANTS='-; HIPFILE_STREAM_COPIES=off' \
+    benches/scripts/variants-ab.sh | tail -8 || rc=1
+  return $rc
+}
 coldfan() {
   BENCH=$bench OUT=$out/coldfan STREAMS=1,8 ROUNDS=2 MODES=read REPS=2 EXTRA="--cold --direct on" \
     VARIANTS='-; HIPFILE_REQUEST_PARALLELISM=4; HIPFILE_REQUEST_PARALLELISM=2' \
@@ -262,7 +289,7 @@ cold() {
 
 # `timeout` runs each step in a shell of its own.
 export out bin bench LEAD_VARIANTS WSWEEP_STREAMS PIECE_VARIANTS
-export -f isolation contract c_async run_sweep sweep wsweep wtests writes batch lead hot levers latency cold_profiled cold gap cold1 coldfan
+export -f isolation contract c_async run_sweep sweep wsweep wtests writes batch lead hot levers latency cold_profiled cold gap unfixed cold1 coldfan
 
 # Before and after on one machine in one run: the card is named in steps.txt (the issue
 # asks for an H200; an H100 of the same run is as good a same-machine comparison).
@@ -284,6 +311,7 @@ step levers 100 levers
 step latency 40 latency
 step cold 60 cold
 step gap 200 gap
+step unfixed 200 unfixed
 step cold1 60 cold1
 step coldfan 150 coldfan
 echo "done after $(($(date +%s) - start)) s" | tee -a "$out/steps.txt"

@@ -18,6 +18,7 @@ tests=(streams::streams_made_while_ops_hold_streams
        streams::streams_made_while_writes_copied_into_slots_hold_streams
        streams::streams_made_while_writes_in_pieces_hold_streams
        streams::streams_made_while_long_ops_copied_in_pieces_hold_streams
+       streams::streams_made_while_unfixed_long_ops_copied_in_pieces_hold_streams
        streams::streams_made_while_unfixed_ops_copied_on_their_streams_hold_streams)
 for variant in "HIPFILE_LOCK_CHECK=default" "HIPFILE_CUDA_MIN_COPY_BYTES=0" "CUDA_DEVICE_MAX_CONNECTIONS=8"; do
   for test in "${tests[@]}"; do

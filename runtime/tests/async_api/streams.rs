@@ -725,6 +725,25 @@ fn streams_made_while_long_ops_copied_in_pieces_hold_streams() {
     }
 }
 
+/// The same with ops of 24 MiB on streams that fix no device range (unregistered, flags
+/// 0, 2, 8): since the thirty-third session their pieces are copied on their streams like
+/// a FIXED range's (until then they took the engine's path, which hangs here on CUDA).
+#[test]
+fn streams_made_while_unfixed_long_ops_copied_in_pieces_hold_streams() {
+    let config = Config {
+        stream_copies: StreamCopies::All,
+        stream_copy_slots: StreamCopySlots::Pinned,
+        stream_copy_cap_bytes: 512 * MIB,
+        ..small_config()
+    };
+    let flags = [None, Some(0), Some(2), Some(8)];
+    for direction in [Direction::Read, Direction::Write] {
+        let copies =
+            streams_made_during(Rig::with(1, config.clone()), direction, 1, 24 * MIB, flags);
+        assert_eq!(copies, 8 * 6 * 2, "{direction:?}: both pieces of every op");
+    }
+}
+
 /// The same with a small slot cap (32 MiB of each large size: two 16 MiB slots, room for
 /// eight streams' spares) and ops of 16 MiB: nearly every op finds no slot of its own and
 /// goes through its stream's spare slots in 4 MiB pieces (`HIPFILE_STREAM_COPIES=all`,
