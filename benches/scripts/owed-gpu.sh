@@ -166,21 +166,28 @@ wsweep() {
   run_sweep wsweep 300 --io-size 4M,16M --sweep-flags fixed,mixed \
     --streams "${WSWEEP_STREAMS:-1,2,8,16,24,28,32,33,64,128,256}"
 }
-wtests() {
-  local t rc=0 bin_dir=$PWD/target/gpu-bundle/bin
-  for t in async_api:stream_copies::with_all_long_fixed_writes_go_in_pieces_written_once_their_stream_copied_them \
-    async_api:stream_copies::writes_with_a_late_file_offset_or_pieces_off_go_whole \
-    async_api:stream_copies::with_all_page_cache_writes_go_straight_from_the_slot \
-    async_api:streams::streams_made_while_writes_in_pieces_hold_streams \
-    async_api:streams::streams_made_while_writes_copied_into_slots_hold_streams \
-    faults:a_write_in_pieces_refused_midway_leaves_its_stream_working; do
+# each_test NAME SUITE:TEST...: every test on CUDA in a process of its own (60 s each),
+# into $out/NAME-TEST.txt; PASS or FAIL per test; fails when any did.
+each_test() {
+  local name=$1 t rc=0 bin_dir=$PWD/target/gpu-bundle/bin
+  shift
+  for t in "$@"; do
     HIPFILE_DEVICE=cuda timeout -s KILL 60 "$bin_dir/${t%%:*}" --test-threads 1 --exact "${t#*:}" \
-      > "$out/wtest-${t##*::}.txt" 2>&1
+      > "$out/$name-${t##*::}.txt" 2>&1
     local r=$?
     echo "${t#*:}: $([ $r = 0 ] && echo PASS || echo "FAIL ($r)")"
     [ $r = 0 ] || rc=1
   done
   return $rc
+}
+wtests() {
+  each_test wtest \
+    async_api:stream_copies::with_all_long_fixed_writes_go_in_pieces_written_once_their_stream_copied_them \
+    async_api:stream_copies::writes_with_a_late_file_offset_or_pieces_off_go_whole \
+    async_api:stream_copies::with_all_page_cache_writes_go_straight_from_the_slot \
+    async_api:streams::streams_made_while_writes_in_pieces_hold_streams \
+    async_api:streams::streams_made_while_writes_copied_into_slots_hold_streams \
+    faults:a_write_in_pieces_refused_midway_leaves_its_stream_working
 }
 writes() {
   BENCH=$bench OUT=$out/writes STREAMS=1,8,16 ROUNDS=2 MODES=write \
@@ -261,18 +268,14 @@ cold1() {
   cold_profiled cold1 1
 }
 unfixed() {
-  local t rc=0 bin_dir=$PWD/target/gpu-bundle/bin
-  for t in streams::streams_made_while_unfixed_long_ops_copied_in_pieces_hold_streams \
-    stream_copies::with_all_unfixed_long_ops_whose_range_moved_decline_piece_by_piece \
-    stream_copies::with_all_long_reads_are_copied_on_their_stream_in_pieces \
-    stream_copies::with_all_reads_that_find_no_slot_go_through_their_streams_spare \
-    stream_copies::with_all_writes_that_find_no_slot_go_through_their_streams_spare; do
-    HIPFILE_DEVICE=cuda timeout -s KILL 60 "$bin_dir/async_api" --test-threads 1 --exact "$t" \
-      > "$out/unfixed-${t##*::}.txt" 2>&1
-    local r=$?
-    echo "$t: $([ $r = 0 ] && echo PASS || echo "FAIL ($r)")"
-    [ $r = 0 ] || rc=1
-  done
+  local rc=0
+  each_test unfixed \
+    async_api:streams::streams_made_while_unfixed_long_ops_copied_in_pieces_hold_streams \
+    async_api:stream_copies::with_all_unfixed_long_ops_whose_range_moved_decline_piece_by_piece \
+    async_api:stream_copies::with_all_long_reads_are_copied_on_their_stream_in_pieces \
+    async_api:stream_copies::with_all_reads_that_find_no_slot_go_through_their_streams_spare \
+    async_api:stream_copies::with_all_writes_that_find_no_slot_go_through_their_streams_spare \
+    || rc=1
   BENCH=$bench OUT=$out/unfixed STREAMS=1,8 ROUNDS=2 MODES="read write" IO_SIZE=64M \
     EXTRA="--flags 0" VARIANTS='-; HIPFILE_STREAM_COPIES=off' \
     benches/scripts/variants-ab.sh | tail -8 || rc=1
@@ -289,7 +292,7 @@ cold() {
 
 # `timeout` runs each step in a shell of its own.
 export out bin bench LEAD_VARIANTS WSWEEP_STREAMS PIECE_VARIANTS
-export -f isolation contract c_async run_sweep sweep wsweep wtests writes batch lead hot levers latency cold_profiled cold gap unfixed cold1 coldfan
+export -f isolation contract c_async run_sweep sweep wsweep each_test wtests writes batch lead hot levers latency cold_profiled cold gap unfixed cold1 coldfan
 
 # Before and after on one machine in one run: the card is named in steps.txt (the issue
 # asks for an H200; an H100 of the same run is as good a same-machine comparison).
