@@ -297,13 +297,16 @@ impl PieceOf {
     pub(super) fn read_ahead(&self, engine: &Engine) {
         let long = &self.long;
         let last = (self.index + long.ring.len() - 1).min(long.pieces - 1);
-        let Some(bound) = long.bound() else { return };
-        if long.moved(&bound) {
-            return;
-        }
         for next in self.index + 1..=last {
             let taken = long.ahead.lock().unwrap_or_else(|p| p.into_inner())[next].take();
             let Some(op) = taken.and_then(|op| op.upgrade()) else { continue };
+            // Read only when a piece waits to read ahead: a fully FIXED op's pieces that
+            // were all staged never read the caller's parameters again.
+            let Some(bound) = long.bound() else { return };
+            if long.moved(&bound) {
+                // Each later piece reads (or declines) at its own arm.
+                return;
+            }
             let Some(io) = long.piece_io(&bound, next) else { return };
             op.post_read_ahead(engine, io);
         }
