@@ -313,8 +313,8 @@ step hot 40 hot
 step levers 100 levers
 step latency 40 latency
 step cold 60 cold
-step gap 200 gap
 step unfixed 200 unfixed
+step gap 200 gap
 step cold1 60 cold1
 step coldfan 150 coldfan
 echo "done after $(($(date +%s) - start)) s" | tee -a "$out/steps.txt"
