@@ -276,7 +276,7 @@ unfixed() {
     async_api:stream_copies::with_all_reads_that_find_no_slot_go_through_their_streams_spare \
     async_api:stream_copies::with_all_writes_that_find_no_slot_go_through_their_streams_spare \
     || rc=1
-  BENCH=$bench OUT=$out/unfixed STREAMS=1,8 ROUNDS=2 MODES="read write" IO_SIZE=64M \
+  BENCH=$bench OUT=$out/unfixed STREAMS=1,8 ROUNDS=2 MODES="read write" IO_SIZE=64M REPS=3 \
     EXTRA="--flags 0" VARIANTS='-; HIPFILE_STREAM_COPIES=off' \
     benches/scripts/variants-ab.sh | tail -8 || rc=1
   return $rc
