@@ -77,8 +77,8 @@
 # lead (default), hot, levers, latency, cold, isolation; in h100-2026-12-07-d/ (thirty-first):
 # contract, c-async, wtests, wsweep (1 MiB pieces), writes, batch, lead (default); in
 # h200-2026-12-07-e/ (thirty-second, the H200): isolation and sweep. Next, on any GPU:
-# `STEPS="gap unfixed cold1 coldfan"` (about 560 s; none has run yet: the thirty-third
-# session got no machine), then `STEPS="lead"` in the next call (on an H200 it renews the
+# `STEPS="unfixed gap cold1 coldfan"` (about 560 s; none has run yet: the thirty-third
+# session got no machine in seven tries), then `STEPS="lead"` in the next call (on an H200 it renews the
 # twenty-third session's H200 report).
 #
 # Needs target/gpu-bundle/bin/hipfile-bench-sym (the bench, debug info stripped, symbols
