@@ -500,8 +500,7 @@ impl AsyncOp {
                     }
                 }
             };
-            let copy_bytes =
-                super::stream_copy::slot_copy_bytes((direction, &piece_io), file_len, state.flags);
+            let copy_bytes = super::stream_copy::slot_copy_bytes((direction, &piece_io), file_len);
             let piece_params: Arc<dyn ParamSource> =
                 Arc::new(PieceParams { long: Arc::clone(&long), index });
             let parts = OpParts {

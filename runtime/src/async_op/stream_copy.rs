@@ -134,7 +134,7 @@ impl AsyncOp {
             (Direction::Write, true) if fits && host.stream_copy_writes() => (SlotUse::Write, None),
             _ => return None,
         };
-        let copy_bytes = slot_copy_bytes((direction, io), file_bytes, state.flags);
+        let copy_bytes = slot_copy_bytes((direction, io), file_bytes);
         match direction {
             Direction::Read => {
                 // A slot shared with an earlier read of the stream is filled only once the
@@ -676,21 +676,20 @@ impl AsyncOp {
 /// The bytes the stream's copy between an op's slot and its device range is to cover,
 /// decided with the slot (before the op's doorbell is queued, so that its release and its
 /// copy agree), from `file_bytes`, the file's length read then: the op's size, but for a
-/// read (of its own, or a piece of a long op) whose file offset the stream's flags fix
-/// and whose range reaches past the end of the file — the bytes inside the file. A read
-/// at the end of a file (a page-aligned read of a file's last partial page, say) then
-/// comes back with as many bytes as its copy covers and needs no device call before its
-/// release; one that finds the file shorter or longer by then makes one
-/// ([`AsyncOp::keep_destination_past`]).
+/// read (of its own, or a piece of a long op) whose range as submitted reaches past the
+/// end of the file — the bytes inside the file. A read at the end of a file (a
+/// page-aligned read of a file's last partial page, say) then comes back with as many
+/// bytes as its copy covers and needs no device call before its release. One that finds
+/// the file shorter or longer by then, or (on a stream that does not fix the file offset)
+/// is bound to another offset, makes one ([`AsyncOp::keep_destination_past`]): the file
+/// offset as submitted is a bet, as the device range is.
 pub(super) fn slot_copy_bytes(
     (direction, io): (Direction, &ValidIo),
     file_bytes: Option<u64>,
-    flags: hipfile_core::StreamFlags,
 ) -> u64 {
     let size = io.size_bytes();
-    let fixed_offset = flags.contains(hipfile_core::StreamFlags::FIXED_FILE_OFFSET);
     match file_bytes {
-        Some(file_bytes) if direction == Direction::Read && fixed_offset => {
+        Some(file_bytes) if direction == Direction::Read => {
             file_bytes.saturating_sub(io.file_offset_bytes()).min(size)
         }
         _ => size,

@@ -87,15 +87,23 @@ fn a_short_read_at_the_end_of_the_file_keeps_the_rest_of_the_destination() {
     assert_eq!(stream_copies(&t.rig) - before, 2, "both copied on the stream");
 }
 
-/// Under `all`, a read with a FIXED file offset that reaches past the end of the file
-/// has its stream copy only the bytes inside the file (as the file was when the read was
-/// submitted): at the end of an unchanged file it needs no device call before its release
-/// (no fill of its slot from the destination), and the destination past the file keeps
-/// what it held. A file that grew or shrank by the time the stream reached the read makes
-/// the one device call that puts it right: the bytes past the copy into the destination,
-/// or the destination's own bytes into the slot. Every count and byte checked.
+/// Under `all`, a read that reaches past the end of the file has its stream copy only the
+/// bytes inside the file (as the file was when the read was submitted, at the file offset
+/// it was submitted with): at the end of an unchanged file it needs no device call before
+/// its release (no fill of its slot from the destination), and the destination past the
+/// file keeps what it held. A file that grew or shrank by the time the stream reached the
+/// read, or (on a stream that does not fix the file offset) a read bound to another
+/// offset, makes the one device call that puts it right: the bytes past the copy into the
+/// destination, or the destination's own bytes into the slot. On a registered stream
+/// that fixes every parameter and on an unregistered one; every count and byte checked.
 #[test]
 fn with_all_a_read_past_the_end_of_the_file_copies_only_what_the_file_holds() {
+    for flags in [7, 0] {
+        read_past_the_end_of_the_file_copies_only_what_the_file_holds(flags);
+    }
+}
+
+fn read_past_the_end_of_the_file_copies_only_what_the_file_holds(flags: u32) {
     let config = Config {
         stream_copies: StreamCopies::All,
         stream_copy_slots: StreamCopySlots::Pinned,
@@ -105,7 +113,7 @@ fn with_all_a_read_past_the_end_of_the_file_copies_only_what_the_file_holds() {
     let Some(cpu) = rig.cpu_only("counts the cpu device's copy_now calls") else { return };
     let file_len = 100_000;
     let t = Paused::with(rig, "stream-copies-past-eof", file_len, MIB);
-    let stream = t.rig.registered_stream(7);
+    let stream = t.rig.stream_with((flags != 0).then_some(flags));
     let old = pattern(98, MIB);
     t.rig.set_dev_bytes(t.buffer, &old);
     let now_copies = || cpu.stats().caller_copies;
@@ -128,47 +136,62 @@ fn with_all_a_read_past_the_end_of_the_file_copies_only_what_the_file_holds() {
             (p, size, file_offset, at)
         })
         .collect();
-    assert_eq!(bytes(&placed[0].0), 0, "held: nothing read yet");
+    assert_eq!(bytes(&placed[0].0), 0, "flags {flags}: held, nothing read yet");
     gate.release();
     t.rig.sync(stream);
-    assert_eq!(now_copies() - before, 0, "no device call before any release");
+    assert_eq!(now_copies() - before, 0, "flags {flags}: no device call before any release");
     let got = t.rig.dev_bytes(t.buffer, MIB);
     for (p, size, file_offset, at) in &placed {
         let inside = file_len.saturating_sub(*file_offset).min(*size);
-        assert_eq!(bytes(p), inside as isize, "{size} bytes at file offset {file_offset}");
-        let what = format!("the {inside} bytes at file offset {file_offset}");
+        let what = format!("flags {flags}: {size} bytes at file offset {file_offset}");
+        assert_eq!(bytes(p), inside as isize, "{what}");
         let from = (*file_offset).min(file_len);
         assert_bytes(&got[*at..at + inside], &t.data[from..from + inside], &what);
-        let what = format!("past the file, read at file offset {file_offset}");
+        let what = format!("flags {flags}: past the file, read at file offset {file_offset}");
         assert_bytes(&got[at + inside..at + size], &old[at + inside..at + size], &what);
     }
 
-    // The file grows while the stream is held: the read gets the new bytes too, the ones
-    // past its copy through one device call.
+    // The file grows or shrinks while the stream is held, or (unregistered) the read is
+    // bound to another file offset: the read gets what the file holds where it was bound,
+    // the bytes its copy does not cover through one device call, and past that the
+    // destination keeps what it held.
     use std::os::unix::fs::FileExt;
     let fd = t.file.open_rw();
     let (grown, shrunk) = (file_len + 20_000, 97 * KIB + 100);
     let appended = pattern(97, grown - file_len);
-    for (new_len, what) in [(grown, "grown"), (shrunk, "shrunk")] {
+    // (file length while held, file offset as submitted, as bound, what)
+    let mut cases =
+        vec![(grown, 96 * KIB, 96 * KIB, "grown"), (shrunk, 96 * KIB, 96 * KIB, "shrunk")];
+    if flags & 2 == 0 {
+        cases.push((file_len, 96 * KIB, 16 * KIB, "bound inside the file"));
+        cases.push((file_len, 16 * KIB, 96 * KIB, "bound past its end"));
+    }
+    for (new_len, submitted_at, bound_at, what) in cases {
         t.rig.set_dev_bytes(t.buffer, &old);
         let gate = t.rig.pause(stream).expect("pause");
-        let p = params(64 * KIB, (96 * KIB) as i64, 0);
+        let p = params(64 * KIB, submitted_at as i64, 0);
         read(&t, &p, stream);
+        p.file_offset_bytes.store(bound_at as i64, Ordering::SeqCst);
         let before = now_copies();
         if new_len > file_len {
             fd.write_all_at(&appended, file_len as u64).expect("append");
-        } else {
+        } else if new_len < file_len {
             fd.set_len(new_len as u64).expect("truncate");
         }
         gate.release();
         t.rig.sync(stream);
-        assert_eq!(now_copies() - before, 1, "{what}: one device call");
-        let inside = new_len - 96 * KIB;
-        assert_eq!(bytes(&p), inside as isize, "{what}");
+        assert_eq!(now_copies() - before, 1, "flags {flags}, {what}: one device call");
+        let inside = (new_len - bound_at).min(64 * KIB);
+        assert_eq!(bytes(&p), inside as isize, "flags {flags}, {what}");
         let contents = t.file.contents();
         let got = t.rig.dev_bytes(t.buffer, 64 * KIB);
-        assert_bytes(&got[..inside], &contents[96 * KIB..new_len], what);
-        assert_bytes(&got[inside..], &old[inside..64 * KIB], &format!("{what}: past the file"));
+        let want = &contents[bound_at..bound_at + inside];
+        assert_bytes(&got[..inside], want, &format!("flags {flags}, {what}"));
+        let past = format!("flags {flags}, {what}: past the file");
+        assert_bytes(&got[inside..], &old[inside..64 * KIB], &past);
+        // Back to the file as it was for the next case.
+        fd.set_len(file_len as u64).expect("restore");
+        fd.write_all_at(&t.data[96 * KIB..file_len], (96 * KIB) as u64).expect("restore");
     }
 }
 
@@ -233,16 +256,23 @@ fn with_device_slots_a_read_past_the_end_of_the_file_copies_only_what_the_file_h
 /// The same for a long read (pieces sharing a ring of slots) and for one through its
 /// stream's spare slots: each piece's copy covers only what the file holds, so a read of
 /// 40 MiB over a file of 20 MiB + 12345 bytes makes no device call before its release, and
-/// the destination past the file keeps what it held.
+/// the destination past the file keeps what it held; on a stream that fixes every
+/// parameter and on an unregistered one.
 #[test]
 fn with_all_a_long_read_past_the_end_of_the_file_copies_only_what_the_file_holds() {
-    let spare_only = Config { stream_copy_cap_bytes: 16 * MIB, ..all_config() };
-    for (config, what) in [(all_config(), "ring"), (spare_only, "spare")] {
+    let spare_only = || Config { stream_copy_cap_bytes: 16 * MIB, ..all_config() };
+    let cases = [
+        (all_config(), "ring", Some(7)),
+        (spare_only(), "spare", Some(7)),
+        (all_config(), "ring, unregistered", None),
+        (spare_only(), "spare, unregistered", None),
+    ];
+    for (config, what, flags) in cases {
         let rig = Rig::with(1, Config { inline_read_bytes: 0, ..config });
         let Some(cpu) = rig.cpu_only("counts the cpu device's copy_now calls") else { return };
         let (file_len, len) = (20 * MIB + 12_345, 40 * MIB);
         let t = Paused::with(rig, "stream-copies-long-past-eof", file_len, 2 * len);
-        let stream = t.rig.registered_stream(7);
+        let stream = t.rig.stream_with(flags);
         let old = pattern(96, 2 * len);
         t.rig.set_dev_bytes(t.buffer, &old);
         let spares_before = t.rig.driver.async_stats().spare_ops.load(Ordering::SeqCst);
@@ -257,7 +287,7 @@ fn with_all_a_long_read_past_the_end_of_the_file_copies_only_what_the_file_holds
         t.rig.sync(stream);
         assert_eq!(cpu.stats().caller_copies - before, 0, "{what}: no device call");
         let spares = t.rig.driver.async_stats().spare_ops.load(Ordering::SeqCst) - spares_before;
-        assert_eq!(spares > 0, what == "spare", "{what}: through the spare slots");
+        assert_eq!(spares > 0, what.starts_with("spare"), "{what}: through the spare slots");
         let got = t.rig.dev_bytes(t.buffer, 2 * len);
         for (p, at) in [(&first, 0), (&second, len)] {
             assert_eq!(bytes(p), file_len as isize, "{what}");
