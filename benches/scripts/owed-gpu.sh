@@ -52,7 +52,9 @@
 #              (HIPFILE_BENCH_CPU_SAMPLES).
 #   gap        #14 item 4's remaining gap (thirty-second session, H200: 16 MiB hot reads
 #              at 8 / 16 streams 0.91 / 0.90x the data path before #14), taken apart in
-#              one run, two rounds: the default; device slots capped at 4 GiB instead of
+#              one run: first benches/probes/context_switch_probe.c (host -> device copies
+#              in a context of their own, or in the primary one, while 0 / 8 / 16 / 32
+#              primary-context streams are held on wait-values), then two rounds of: the default; device slots capped at 4 GiB instead of
 #              1 (half the reads of that run shared their stream's slot); the engine's
 #              path in the engine context (HIPFILE_STREAM_COPIES=off, no slots); the data
 #              path before #14 (shared context, no bounce, no slots).
@@ -248,6 +250,15 @@ latency() {
   return $rc
 }
 gap() {
+  # First the hypothesis in isolation (benches/probes/context_switch_probe.c): do host ->
+  # device copies in a context of their own lose speed while streams of the primary
+  # context are held on wait-values (the GPU time-slicing between the two contexts)?
+  local cuda=${CUDA_HOME:-/usr/local/cuda}
+  mkdir -p "$out/gap"
+  gcc -O2 -std=c11 benches/probes/context_switch_probe.c -Ibenches/probes -I"$cuda/include" \
+    -L"$cuda/lib64/stubs" -lcuda -o /tmp/hf-ctx-probe \
+    && timeout -s KILL 60 /tmp/hf-ctx-probe --rounds 5 > "$out/gap/context-probe.txt" 2>&1
+  cat "$out/gap/context-probe.txt"
   BENCH=$bench OUT=$out/gap STREAMS=8,16 ROUNDS=2 MODES=read \
     VARIANTS='-; HIPFILE_STREAM_COPY_DEVICE_MB=4096; HIPFILE_STREAM_COPIES=off HIPFILE_INLINE_READ_KB=0; HIPFILE_CUDA_ENGINE_CONTEXT=shared HIPFILE_CUDA_MIN_COPY_BYTES=0 HIPFILE_STREAM_COPIES=off HIPFILE_INLINE_READ_KB=0' \
     benches/scripts/variants-ab.sh
