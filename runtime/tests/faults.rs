@@ -1191,3 +1191,108 @@ fn a_write_in_pieces_refused_midway_leaves_its_stream_working() {
         rig.driver.async_stats().writes_in_pieces.load(std::sync::atomic::Ordering::SeqCst);
     assert_eq!(pieces, 2, "the writes after the refusals went in pieces");
 }
+
+/// `all`, long writes (pieces of 16 MiB sharing a ring of slots): the stream copies piece
+/// `j + 1` into its slot while the engine writes piece `j`, not after piece `j`'s release.
+/// The first piece's `pwrite` is made 2 s slower: meanwhile the stream has copied the
+/// first two pieces (32 MiB device → host) and no more (the third piece's copy stands
+/// behind the first piece's wait), and nothing is published. Then the op lands whole.
+/// On a fully FIXED stream and an unregistered one.
+#[test]
+fn a_long_write_has_its_stream_copy_the_next_piece_while_one_is_written() {
+    let _serial = serial();
+    let config = Config {
+        stream_copies: hipfile_runtime::config::StreamCopies::All,
+        stream_copy_slots: hipfile_runtime::config::StreamCopySlots::Pinned,
+        stream_copy_cap_bytes: 256 * MIB,
+        direct: DirectPolicy::Off,
+        ..small_config()
+    };
+    let rig = Rig::with(1, config);
+    let Some(cpu) = rig.cpu_only("counts the cpu device's device -> host bytes") else { return };
+    let len = 48 * MIB;
+    let file = TempFile::new("long-write-overlap", &pattern(31, len));
+    let fd = file.open_rw();
+    let handle = rig.register(&fd);
+    let buffer = rig.alloc(len);
+    for flags in [Some(15), None] {
+        let what = format!("flags {flags:?}");
+        let fresh = pattern(32 + u64::from(flags.unwrap_or(0)), len);
+        rig.set_dev_bytes(buffer, &fresh);
+        let stream = rig.stream_with(flags);
+        let before = cpu.stats().bytes_device_to_host;
+        let p = params(len, 0, 0);
+        let guard = fault::install(Plan {
+            seed: 0x0E1,
+            rules: vec![once(Site::FileWrite, Fault::Delay(Duration::from_secs(2)))],
+        });
+        rig.submit(Direction::Write, handle, buffer, &p, stream).expect("accepted");
+        let copied = || (cpu.stats().bytes_device_to_host - before) as usize;
+        let deadline = Instant::now() + Duration::from_millis(1500);
+        while copied() < 32 * MIB && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // Give a third copy, were one to run early, the time to show.
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(copied(), 32 * MIB, "{what}: two pieces copied while the first is written");
+        assert_eq!(bytes(&p), 0, "{what}: nothing published yet");
+        rig.sync(stream);
+        let injected = guard.injected()[0];
+        drop(guard);
+        assert_eq!(injected, 1, "{what}: the first pwrite was slowed");
+        assert_eq!(bytes(&p), len as isize, "{what}");
+        assert_eq!(copied(), len, "{what}: each piece copied once");
+        assert_bytes(&file.contents(), &fresh, &format!("{what}: the file"));
+    }
+}
+
+/// A long write whose third piece's copy into its slot is refused (that copy is enqueued
+/// by the second piece, between its doorbell and its wait): the op is accepted, its first
+/// two pieces land (32 MiB), it ends with hipFileHipDriverError, nothing past them is
+/// written, and the stream goes on (a write after it lands whole).
+#[test]
+fn a_long_write_whose_next_piece_copy_is_refused_ends_after_the_pieces_before_it() {
+    let _serial = serial();
+    let config = Config {
+        stream_copies: hipfile_runtime::config::StreamCopies::All,
+        stream_copy_slots: hipfile_runtime::config::StreamCopySlots::Pinned,
+        stream_copy_cap_bytes: 256 * MIB,
+        direct: DirectPolicy::Off,
+        ..small_config()
+    };
+    let rig = Rig::with(1, config);
+    let len = 64 * MIB;
+    let old = pattern(41, len);
+    let file = TempFile::new("long-write-copy-refused", &old);
+    let fd = file.open_rw();
+    let handle = rig.register(&fd);
+    let buffer = rig.alloc(len);
+    for flags in [Some(15), None] {
+        let what = format!("flags {flags:?}");
+        std::os::unix::fs::FileExt::write_all_at(&fd, &old, 0).expect("reset");
+        let fresh = pattern(42 + u64::from(flags.unwrap_or(0)), len);
+        rig.set_dev_bytes(buffer, &fresh);
+        let stream = rig.stream_with(flags);
+        let p = params(len, 0, 0);
+        let rules = vec![
+            Rule { limit: 2, ..every(Site::DeviceCopy, Fault::Pass) },
+            once(Site::DeviceCopy, Fault::Errno(0)),
+        ];
+        let guard = fault::install(Plan { seed: 0x0E2, rules });
+        rig.submit(Direction::Write, handle, buffer, &p, stream).expect("accepted");
+        rig.sync(stream);
+        let injected = guard.injected();
+        drop(guard);
+        assert!(!injected.is_empty(), "{what}: the third copy was refused");
+        assert_eq!(bytes(&p), neg(OpError::HipDriverError), "{what}");
+        let contents = file.contents();
+        assert_bytes(&contents[..32 * MIB], &fresh[..32 * MIB], &format!("{what}: two pieces"));
+        assert_bytes(&contents[32 * MIB..], &old[32 * MIB..], &format!("{what}: past them"));
+        // The stream goes on.
+        let next = params(len, 0, 0);
+        rig.submit(Direction::Write, handle, buffer, &next, stream).expect("accepted");
+        rig.sync(stream);
+        assert_eq!(bytes(&next), len as isize, "{what}: the next write");
+        assert_bytes(&file.contents(), &fresh, &format!("{what}: the next write"));
+    }
+}

@@ -274,7 +274,40 @@ unsafe impl ParamSource for PieceParams {
 pub(crate) struct PieceOf {
     pub(super) long: Arc<LongOp>,
     pub(super) index: usize,
+    /// A write piece with one after it (on a ring of at least two slots): the next
+    /// piece's copy into its slot, which this piece's enqueue puts on the stream between
+    /// its doorbell and its wait-value ([`AsyncOp::enqueue_next_piece_copy`]).
+    pub(super) copies_next: Option<NextPieceCopy>,
+    /// A write piece whose copy into its slot the piece before it enqueued (or tried to):
+    /// what that enqueue came to, taken by this piece's own enqueue.
+    pub(super) copied_ahead: Option<Arc<CopyAhead>>,
 }
+
+/// The copy of a write piece's source into its slot, enqueued by the piece before it
+/// right after that piece's doorbell: the stream then copies piece `j + 1` while the
+/// engine writes piece `j` (before, the copy waited behind piece `j`'s release, so copy
+/// and `pwrite` alternated: 0.79-0.84x the engine's path on 64 MiB writes from one
+/// stream, H100, thirty-third session). Safe by stream order on a ring of at least two
+/// slots: piece `j + 1`'s slot was last used by piece `j + 1 - ring` (at most `j - 1`),
+/// whose release, and so its write out of the slot, the stream waited for before
+/// piece `j`'s doorbell.
+pub(crate) struct NextPieceCopy {
+    pub(super) slot: Slot,
+    /// The next piece's source (its device range as submitted) and the bytes to copy.
+    pub(super) source_addr: u64,
+    pub(super) copy_bytes: u64,
+    pub(super) ring_index: usize,
+    pub(super) outcome: Arc<CopyAhead>,
+}
+
+/// What the enqueue of a piece's copy ahead came to: as
+/// `AsyncOp::enqueue_slot_copy`'s result (`Err`: the copy was not enqueued;
+/// `Ok(Some(_))`: its done write was not), `None` while not tried.
+pub(crate) type CopyAhead = Mutex<Option<CopyEnqueued>>;
+
+/// `AsyncOp::enqueue_slot_copy`'s result.
+pub(crate) type CopyEnqueued =
+    Result<Option<crate::device::DeviceError>, crate::device::DeviceError>;
 
 impl PieceOf {
     /// Whether no later piece uses its slot: it hands the slot back to the pool as an op
@@ -324,6 +357,24 @@ impl PieceOf {
     /// The piece ended: tell the long op.
     pub(super) fn done(&self, outcome: Outcome) {
         self.long.piece_done(self.index, outcome);
+    }
+
+    /// For a write piece whose copy the piece before it enqueued: what that came to
+    /// (`None`: this piece enqueues its own copy).
+    pub(super) fn copied_ahead(&self) -> Option<CopyEnqueued> {
+        let ahead = self.copied_ahead.as_ref()?;
+        ahead.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+
+    /// The next piece's copy was enqueued (`copied`, as `AsyncOp::enqueue_slot_copy`
+    /// returns it): its ring entry learns of the use, as at the piece's own enqueue.
+    pub(super) fn note_next_copy(&self, next: &NextPieceCopy, copied: CopyEnqueued) {
+        match &copied {
+            Ok(None) => self.long.note_queued(next.ring_index, next.slot.generation),
+            Ok(Some(_)) => self.long.note_lost(next.ring_index),
+            Err(_) => {}
+        }
+        *next.outcome.lock().unwrap_or_else(|p| p.into_inner()) = Some(copied);
     }
 }
 
@@ -469,6 +520,22 @@ impl AsyncOp {
             ahead: Mutex::new(vec![None; pieces]),
         });
         let file_len = file.size_bytes().ok();
+        // A write piece's copy goes between the doorbell and the wait of the piece before
+        // it (`NextPieceCopy`), on a ring of two slots or more.
+        let copies_ahead = direction == Direction::Write && long.ring.len() >= 2;
+        let mut slots = Vec::with_capacity(long.pieces);
+        let mut slot_of = |index: usize| -> Slot {
+            while slots.len() <= index {
+                // A spare may still be read by an earlier op's copy: every use is a new
+                // one.
+                let at = slots.len();
+                let first_use = long.spare.is_none() && at < long.ring.len();
+                let base = long.ring[at % long.ring.len()];
+                slots.push(if first_use { base } else { pool.next_use(&base) });
+            }
+            slots[index]
+        };
+        let mut copied_ahead = None;
         for index in 0..long.pieces {
             let Some(piece_io) = long.piece_io(&io, index) else {
                 // Cannot happen (a piece of a valid op is valid): fail rather than guess.
@@ -479,11 +546,26 @@ impl AsyncOp {
                 long.cut_short(index, Outcome::Library(error.code));
                 break;
             };
-            let of = PieceOf { long: Arc::clone(&long), index };
-            // A spare may still be read by an earlier op's copy: every use is a new one.
             let first_use = long.spare.is_none() && index < long.ring.len();
-            let base = long.ring[of.ring_index()];
-            let slot = if first_use { base } else { pool.next_use(&base) };
+            let slot = slot_of(index);
+            let next_io = long.piece_io(&io, index + 1).filter(|_| copies_ahead);
+            let copies_next = next_io.map(|next_io| {
+                let outcome: Arc<CopyAhead> = Arc::new(Mutex::new(None));
+                NextPieceCopy {
+                    slot: slot_of(index + 1),
+                    source_addr: next_io.device_addr(),
+                    copy_bytes: next_io.size_bytes(),
+                    ring_index: (index + 1) % long.ring.len(),
+                    outcome,
+                }
+            });
+            let next_outcome = copies_next.as_ref().map(|next| Arc::clone(&next.outcome));
+            let of = PieceOf {
+                long: Arc::clone(&long),
+                index,
+                copies_next,
+                copied_ahead: std::mem::replace(&mut copied_ahead, next_outcome),
+            };
             // Only a piece with a slot of its own may be staged before the stream reaches
             // it (later ones reuse a slot an earlier piece's copy reads until then).
             let slot_use = match direction {

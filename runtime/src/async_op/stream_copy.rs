@@ -195,7 +195,12 @@ impl AsyncOp {
         let (Direction::Write, Some(slot)) = (self.direction, &self.slot) else {
             return Ok(());
         };
-        if let Some(error) = self.enqueue_slot_copy(slot)? {
+        // A piece whose copy the piece before it enqueued finds what that came to.
+        let copied = match self.piece.as_ref().and_then(super::pieces::PieceOf::copied_ahead) {
+            Some(copied) => copied,
+            None => self.enqueue_slot_copy(slot),
+        };
+        if let Some(error) = copied? {
             self.slot_lost();
             self.slot_phase.store(SLOT_LOST, Ordering::SeqCst);
             return Err(error);
@@ -272,16 +277,33 @@ impl AsyncOp {
     /// destination for a read, source → slot for a write), then the slot's done write.
     /// `Err` when the copy could not be enqueued (the slot stays the op's until its drop);
     /// `Ok(Some(error))` when the done write could not (the slot must never be lent again).
-    fn enqueue_slot_copy(
+    fn enqueue_slot_copy(&self, slot: &Slot) -> super::pieces::CopyEnqueued {
+        self.enqueue_copy_of((slot, self.submitted.device_addr(), self.slot_copy_bytes))
+    }
+
+    /// For a write piece with one after it: enqueues the next piece's copy into its slot
+    /// (called between this piece's doorbell and its wait-value:
+    /// [`super::pieces::NextPieceCopy`]) and hands the outcome to the next piece.
+    pub(super) fn enqueue_next_piece_copy(&self) {
+        let Some(piece) = &self.piece else { return };
+        let Some(next) = &piece.copies_next else { return };
+        let copied = self.enqueue_copy_of((&next.slot, next.source_addr, next.copy_bytes));
+        piece.note_next_copy(next, copied);
+    }
+
+    /// [`AsyncOp::enqueue_slot_copy`] for `slot`, the device range at `device_addr` and
+    /// `copy_bytes` bytes.
+    fn enqueue_copy_of(
         &self,
-        slot: &Slot,
-    ) -> Result<Option<crate::device::DeviceError>, crate::device::DeviceError> {
+        (slot, device_addr, copy_bytes): (&Slot, u64, u64),
+    ) -> super::pieces::CopyEnqueued {
         let device = self.host.device();
         let handle = self.stream.handle;
-        let len = self.slot_copy_bytes as usize;
+        let len = copy_bytes as usize;
         // SAFETY: the slot is pinned memory of the pool, which lives as long as the driver
         // (the op holds it) and is not lent again until its done word shows this use; the
-        // device range was validated at submission. A copy of nothing is not enqueued.
+        // device range was validated at submission (the op's, or the next piece's, a part
+        // of the long op's validated range). A copy of nothing is not enqueued.
         let copied =
             crate::device::injected_fault(crate::fault::Site::DeviceCopy).and_then(|()| unsafe {
                 if len == 0 {
@@ -289,16 +311,13 @@ impl AsyncOp {
                 }
                 match slot.device_memory() {
                     // Only reads take slots of device memory (`SlotPool::try_take_for_read`).
-                    Some(slot_addr) => device.copy_device_on_stream(
-                        handle,
-                        self.submitted.device_addr(),
-                        slot_addr,
-                        len,
-                    ),
+                    Some(slot_addr) => {
+                        device.copy_device_on_stream(handle, device_addr, slot_addr, len)
+                    }
                     None => device.copy_on_stream(
                         handle,
                         self.direction,
-                        self.submitted.device_addr(),
+                        device_addr,
                         slot.host_ptr,
                         len,
                     ),

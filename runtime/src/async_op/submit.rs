@@ -168,16 +168,32 @@ impl AsyncOp {
         let device = self.host.device();
         let doorbell = self.stream.arm_queue().doorbell();
         let word = self.stream.word();
-        // SAFETY: the doorbell and release words live in the driver's word pool as long
-        // as the driver, which outlives every op (ops hold an Arc of it).
-        let queued = unsafe {
-            device.stream_write_then_wait_value32(
-                self.stream.handle,
-                doorbell.device_addr,
-                self.sequence,
-                word.device_addr,
-                self.sequence,
-            )
+        let handle = self.stream.handle;
+        // The doorbell and release words live in the driver's word pool as long as the
+        // driver, which outlives every op (ops hold an Arc of it).
+        let queued = if self.piece.as_ref().is_some_and(|piece| piece.copies_next.is_some()) {
+            // A write piece with one after it: the next piece's copy goes between the two,
+            // so that the stream runs it while the engine writes this piece.
+            // SAFETY: the words, as said above.
+            unsafe { device.stream_write_value32(handle, doorbell.device_addr, self.sequence) }
+                .map_err(WriteThenWaitError::NothingQueued)
+                .and_then(|()| {
+                    self.enqueue_next_piece_copy();
+                    // SAFETY: the words, as said above.
+                    unsafe { device.stream_wait_value32(handle, word.device_addr, self.sequence) }
+                        .map_err(WriteThenWaitError::WaitNotQueued)
+                })
+        } else {
+            // SAFETY: the words, as said above.
+            unsafe {
+                device.stream_write_then_wait_value32(
+                    handle,
+                    doorbell.device_addr,
+                    self.sequence,
+                    word.device_addr,
+                    self.sequence,
+                )
+            }
         };
         let wait_failed = match queued.and_then(|()| injected_wait_failure()) {
             Ok(()) => None,
