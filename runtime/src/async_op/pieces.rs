@@ -15,8 +15,11 @@
 //! for). So the first pieces of a read may be staged at submission (each has a slot of its
 //! own), the later ones are read into their slot when the stream reaches them; a write
 //! piece's copy into its slot is queued ahead of its doorbell, as for any write copied on
-//! its stream. No CUDA call stands between the stream reaching a piece and its release,
-//! whatever the op's length, with at most [`RING_SLOTS`] pieces' worth of slots held.
+//! its stream, and (on a ring of two slots or more) ahead of the previous piece's wait:
+//! right after that piece's doorbell, so that the stream copies it while the engine
+//! writes the previous one ([`NextPieceCopy`]). No CUDA call stands between the stream
+//! reaching a piece and its release, whatever the op's length, with at most
+//! [`RING_SLOTS`] pieces' worth of slots held.
 //! Pieces smaller than 16 MiB let the stream copy a piece while the engine still reads
 //! the next ones, where one 16 MiB slot is read whole before its one copy.
 //!
