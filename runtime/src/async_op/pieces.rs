@@ -38,7 +38,7 @@ use hipfile_core::{
 };
 
 use super::slots::{SPARE_BYTES, Slot, SpareSlot, StreamKey};
-use super::stream_copy::SlotUse;
+use super::stream_copy::{CopyEnqueued, SlotUse};
 use super::{AsyncOp, EnqueueError, HostDropGuard, OpHost, OpParts, ParamSource};
 use crate::buffer::ResolvedBuffer;
 use crate::engine::Engine;
@@ -307,10 +307,6 @@ pub(crate) struct NextPieceCopy {
 /// `AsyncOp::enqueue_slot_copy`'s result (`Err`: the copy was not enqueued;
 /// `Ok(Some(_))`: its done write was not), `None` while not tried.
 pub(crate) type CopyAhead = Mutex<Option<CopyEnqueued>>;
-
-/// `AsyncOp::enqueue_slot_copy`'s result.
-pub(crate) type CopyEnqueued =
-    Result<Option<crate::device::DeviceError>, crate::device::DeviceError>;
 
 impl PieceOf {
     /// Whether no later piece uses its slot: it hands the slot back to the pool as an op

@@ -196,7 +196,7 @@ impl AsyncOp {
             return Ok(());
         };
         // A piece whose copy the piece before it enqueued finds what that came to.
-        let copied = match self.piece.as_ref().and_then(super::pieces::PieceOf::copied_ahead) {
+        let copied = match self.piece.as_ref().and_then(|piece| piece.copied_ahead()) {
             Some(copied) => copied,
             None => self.enqueue_slot_copy(slot),
         };
@@ -277,7 +277,7 @@ impl AsyncOp {
     /// destination for a read, source → slot for a write), then the slot's done write.
     /// `Err` when the copy could not be enqueued (the slot stays the op's until its drop);
     /// `Ok(Some(error))` when the done write could not (the slot must never be lent again).
-    fn enqueue_slot_copy(&self, slot: &Slot) -> super::pieces::CopyEnqueued {
+    fn enqueue_slot_copy(&self, slot: &Slot) -> CopyEnqueued {
         self.enqueue_copy_of((slot, self.submitted.device_addr(), self.slot_copy_bytes))
     }
 
@@ -293,10 +293,7 @@ impl AsyncOp {
 
     /// [`AsyncOp::enqueue_slot_copy`] for `slot`, the device range at `device_addr` and
     /// `copy_bytes` bytes.
-    fn enqueue_copy_of(
-        &self,
-        (slot, device_addr, copy_bytes): (&Slot, u64, u64),
-    ) -> super::pieces::CopyEnqueued {
+    fn enqueue_copy_of(&self, (slot, device_addr, copy_bytes): (&Slot, u64, u64)) -> CopyEnqueued {
         let device = self.host.device();
         let handle = self.stream.handle;
         let len = copy_bytes as usize;
@@ -691,6 +688,12 @@ impl AsyncOp {
         }
     }
 }
+
+/// What the enqueue of a copy between a slot and a device range came to
+/// ([`AsyncOp::enqueue_slot_copy`]): `Err` when the copy was not enqueued, `Ok(Some(_))`
+/// when its done write was not.
+pub(super) type CopyEnqueued =
+    Result<Option<crate::device::DeviceError>, crate::device::DeviceError>;
 
 /// The bytes the stream's copy between an op's slot and its device range is to cover,
 /// decided with the slot (before the op's doorbell is queued, so that its release and its
