@@ -69,6 +69,12 @@
 #   cold1      #16: cold O_DIRECT reads from one stream spend 0.68 CPU-s/GiB against
 #              cuFile's 0.13 (thirty-second session, H200): --profile (CPU per thread
 #              group, the engine's phases) and CPU samples of that row.
+#   fence      #16: glommio's membarrier(PRIVATE_EXPEDITED) on every executor sleep (an
+#              IPI to every CPU running a thread of the process) against SeqCst fences,
+#              with target/gpu-bundle/bin/hipfile-bench-fence (scripts/glommio-fence-bench.sh,
+#              GLOMMIO_BARRIER_FENCE=1): cold O_DIRECT reads at 1 / 8 streams and hot reads
+#              at 8 / 16, two rounds (thirty-fourth session; 10-25 % less CPU per GiB on
+#              the 2-core development VM).
 #   coldfan    #16: the same cold O_DIRECT reads at 1 and 8 streams with a request in 14
 #              (default), 4 or 2 parts (HIPFILE_REQUEST_PARALLELISM), two rounds: on the
 #              development VM fewer parts cost less CPU per GiB (0.91 / 0.70 / 0.60 at 1
@@ -300,10 +306,22 @@ coldfan() {
 cold() {
   cold_profiled cold 8
 }
+# glommio's membarrier on every executor sleep against SeqCst fences
+# (scripts/glommio-fence-bench.sh): cold O_DIRECT reads at 1 / 8 streams, then hot reads
+# at 8 / 16 streams, two rounds each, GiB/s and CPU-s/GiB.
+fence() {
+  local fenced=$PWD/target/gpu-bundle/bin/hipfile-bench-fence rc=0
+  BENCH=$fenced OUT=$out/fence-cold STREAMS=1,8 ROUNDS=2 MODES=read REPS=2 \
+    EXTRA="--cold --direct on" VARIANTS='-; GLOMMIO_BARRIER_FENCE=1' \
+    benches/scripts/variants-ab.sh | tail -8 || rc=1
+  BENCH=$fenced OUT=$out/fence-hot STREAMS=8,16 ROUNDS=2 MODES=read REPS=3 \
+    VARIANTS='-; GLOMMIO_BARRIER_FENCE=1' benches/scripts/variants-ab.sh | tail -8 || rc=1
+  return $rc
+}
 
 # `timeout` runs each step in a shell of its own.
 export out bin bench LEAD_VARIANTS WSWEEP_STREAMS PIECE_VARIANTS
-export -f isolation contract c_async run_sweep sweep wsweep each_test wtests writes batch lead hot levers latency cold_profiled cold gap unfixed cold1 coldfan
+export -f isolation contract c_async run_sweep sweep wsweep each_test wtests writes batch lead hot levers latency cold_profiled cold gap unfixed cold1 coldfan fence
 
 # Before and after on one machine in one run: the card is named in steps.txt (the issue
 # asks for an H200; an H100 of the same run is as good a same-machine comparison).
@@ -326,6 +344,7 @@ step latency 40 latency
 step cold 60 cold
 step unfixed 200 unfixed
 step gap 200 gap
+[ -x target/gpu-bundle/bin/hipfile-bench-fence ] && step fence 150 fence
 step cold1 60 cold1
 step coldfan 150 coldfan
 echo "done after $(($(date +%s) - start)) s" | tee -a "$out/steps.txt"

@@ -107,10 +107,14 @@ struct TempFile {
 }
 
 impl TempFile {
+    /// A new file named after `name` and unique in the process: tests that run at once
+    /// (the two sync round trips share a body) never share a file.
     fn new(name: &str, data: &[u8]) -> TempFile {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let unique = NEXT.fetch_add(1, Ordering::Relaxed);
         let dir = std::env::temp_dir().join(format!("hf-contract-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join(name);
+        let path = dir.join(format!("{name}-{unique}"));
         std::fs::write(&path, data).unwrap();
         let file = std::fs::OpenOptions::new().read(true).write(true).open(&path).unwrap();
         TempFile { path, file }
