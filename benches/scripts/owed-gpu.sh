@@ -63,9 +63,11 @@
 #              engine's path. The tests that cover it on CUDA, each in a process of its own
 #              (the lock check with an application thread making streams, which the
 #              engine's path failed; moved and shrunk ops; unfixed reads and writes through
-#              spares), then 64 MiB hot reads and writes with flags 0 at 1 / 8 streams,
-#              two rounds: the default against HIPFILE_STREAM_COPIES=off (the engine's
-#              path, which these ops took before).
+#              spares), then 64 MiB hot writes (UNFIXED_MODES="read write" for reads
+#              too, measured in the thirty-third session) with flags 0 at 1 / 8 streams,
+#              two rounds: the default (since the thirty-fourth session a piece's copy
+#              runs while the piece before it is written) against
+#              HIPFILE_STREAM_COPIES=off (the engine's path, which these ops took before).
 #   cold1      #16: cold O_DIRECT reads from one stream spend 0.68 CPU-s/GiB against
 #              cuFile's 0.13 (thirty-second session, H200): --profile (CPU per thread
 #              group, the engine's phases) and CPU samples of that row.
@@ -293,7 +295,7 @@ unfixed() {
     async_api:stream_copies::with_all_reads_that_find_no_slot_go_through_their_streams_spare \
     async_api:stream_copies::with_all_writes_that_find_no_slot_go_through_their_streams_spare \
     || rc=1
-  BENCH=$bench OUT=$out/unfixed STREAMS=1,8 ROUNDS=2 MODES="read write" IO_SIZE=64M REPS=3 \
+  BENCH=$bench OUT=$out/unfixed STREAMS=1,8 ROUNDS=2 MODES="${UNFIXED_MODES:-write}" IO_SIZE=64M REPS=3 \
     EXTRA="--flags 0" VARIANTS='-; HIPFILE_STREAM_COPIES=off' \
     benches/scripts/variants-ab.sh | tail -8 || rc=1
   return $rc
@@ -320,7 +322,7 @@ fence() {
 }
 
 # `timeout` runs each step in a shell of its own.
-export out bin bench LEAD_VARIANTS WSWEEP_STREAMS PIECE_VARIANTS
+export out bin bench LEAD_VARIANTS WSWEEP_STREAMS PIECE_VARIANTS UNFIXED_MODES
 export -f isolation contract c_async run_sweep sweep wsweep each_test wtests writes batch lead hot levers latency cold_profiled cold gap unfixed cold1 coldfan fence
 
 # Before and after on one machine in one run: the card is named in steps.txt (the issue
@@ -342,9 +344,9 @@ step hot 40 hot
 step levers 100 levers
 step latency 40 latency
 step cold 60 cold
-step unfixed 200 unfixed
-step gap 200 gap
-[ -x target/gpu-bundle/bin/hipfile-bench-fence ] && step fence 150 fence
+step unfixed 120 unfixed
+step gap 150 gap
+[ -x target/gpu-bundle/bin/hipfile-bench-fence ] && step fence 100 fence
 step cold1 60 cold1
 step coldfan 150 coldfan
 echo "done after $(($(date +%s) - start)) s" | tee -a "$out/steps.txt"
