@@ -50,11 +50,12 @@
 #              100000 of them).
 #   cold       #16: where the CPU of cold O_DIRECT reads at 8 streams goes
 #              (HIPFILE_BENCH_CPU_SAMPLES).
+#   ctxprobe   #14 item 4: benches/probes/context_switch_probe.c (host -> device copies in
+#              a context of their own, or in the primary one, while 0 / 8 / 16
+#              primary-context streams are held on wait-values; about 15 s).
 #   gap        #14 item 4's remaining gap (thirty-second session, H200: 16 MiB hot reads
 #              at 8 / 16 streams 0.91 / 0.90x the data path before #14), taken apart in
-#              one run: first benches/probes/context_switch_probe.c (host -> device copies
-#              in a context of their own, or in the primary one, while 0 / 8 / 16 / 32
-#              primary-context streams are held on wait-values), then two rounds of: the default; device slots capped at 4 GiB instead of
+#              one run, two rounds of: the default; device slots capped at 4 GiB instead of
 #              1 (half the reads of that run shared their stream's slot); the engine's
 #              path in the engine context (HIPFILE_STREAM_COPIES=off, no slots); the data
 #              path before #14 (shared context, no bounce, no slots).
@@ -257,16 +258,19 @@ latency() {
   grep -E "ASYNC|SYNC|submit call" "$out/latency.txt" | head -4
   return $rc
 }
-gap() {
-  # First the hypothesis in isolation (benches/probes/context_switch_probe.c): do host ->
-  # device copies in a context of their own lose speed while streams of the primary
-  # context are held on wait-values (the GPU time-slicing between the two contexts)?
+# The gap's first hypothesis in isolation (benches/probes/context_switch_probe.c): do host
+# -> device copies in a context of their own lose speed while streams of the primary
+# context are held on wait-values (the GPU time-slicing between the two contexts)?
+ctxprobe() {
   local cuda=${CUDA_HOME:-/usr/local/cuda}
-  mkdir -p "$out/gap"
   gcc -O2 -std=c11 benches/probes/context_switch_probe.c -Ibenches/probes -I"$cuda/include" \
-    -L"$cuda/lib64/stubs" -lcuda -o /tmp/hf-ctx-probe \
-    && timeout -s KILL 60 /tmp/hf-ctx-probe --rounds 5 > "$out/gap/context-probe.txt" 2>&1
-  cat "$out/gap/context-probe.txt"
+    -L"$cuda/lib64/stubs" -lcuda -o /tmp/hf-ctx-probe || return 1
+  timeout -s KILL 60 /tmp/hf-ctx-probe --rounds 5 > "$out/context-probe.txt" 2>&1
+  local rc=$?
+  cat "$out/context-probe.txt"
+  return $rc
+}
+gap() {
   BENCH=$bench OUT=$out/gap STREAMS=8,16 ROUNDS=2 MODES=read \
     VARIANTS='-; HIPFILE_STREAM_COPY_DEVICE_MB=4096; HIPFILE_STREAM_COPIES=off HIPFILE_INLINE_READ_KB=0; HIPFILE_CUDA_ENGINE_CONTEXT=shared HIPFILE_CUDA_MIN_COPY_BYTES=0 HIPFILE_STREAM_COPIES=off HIPFILE_INLINE_READ_KB=0' \
     benches/scripts/variants-ab.sh
@@ -323,7 +327,7 @@ fence() {
 
 # `timeout` runs each step in a shell of its own.
 export out bin bench LEAD_VARIANTS WSWEEP_STREAMS PIECE_VARIANTS UNFIXED_MODES
-export -f isolation contract c_async run_sweep sweep wsweep each_test wtests writes batch lead hot levers latency cold_profiled cold gap unfixed cold1 coldfan fence
+export -f isolation contract c_async run_sweep sweep wsweep each_test wtests writes batch lead hot levers latency cold_profiled cold gap unfixed cold1 coldfan fence ctxprobe
 
 # Before and after on one machine in one run: the card is named in steps.txt (the issue
 # asks for an H200; an H100 of the same run is as good a same-machine comparison).
@@ -344,9 +348,10 @@ step hot 40 hot
 step levers 100 levers
 step latency 40 latency
 step cold 60 cold
+step ctxprobe 30 ctxprobe
 step unfixed 120 unfixed
-step gap 150 gap
 [ -x target/gpu-bundle/bin/hipfile-bench-fence ] && step fence 100 fence
+step gap 150 gap
 step cold1 60 cold1
 step coldfan 150 coldfan
 echo "done after $(($(date +%s) - start)) s" | tee -a "$out/steps.txt"
