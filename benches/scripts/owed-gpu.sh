@@ -87,14 +87,18 @@
 # HIPFILE_CALLER_THREAD and HIPFILE_PARK_SPIN_US A/Bs; in h100-2026-12-07-c/ (twenty-ninth):
 # lead (default), hot, levers, latency, cold, isolation; in h100-2026-12-07-d/ (thirty-first):
 # contract, c-async, wtests, wsweep (1 MiB pieces), writes, batch, lead (default); in
-# h200-2026-12-07-e/ (thirty-second, the H200): isolation and sweep. Next, on any GPU:
-# `STEPS="unfixed gap cold1 coldfan"` (about 560 s; none has run yet: the thirty-third
-# session got no machine in seven tries), then `STEPS="lead"` in the next call (on an H200 it renews the
-# twenty-third session's H200 report).
+# h200-2026-12-07-e/ (thirty-second, the H200): isolation and sweep; in h100-2026-12-07-f/
+# (thirty-third) the tests of unfixed long ops and their reads A/B. Next, on any GPU
+# (the thirty-fourth session got no machine in fourteen tries):
+# `STEPS="ctxprobe unfixed fence gap cold1"` (about 450 s), then `STEPS="sweep contract"`
+# (the never-hang sweep has not run since the thirty-second session; the contract suite's
+# temp files were made unique in the thirty-fourth), then `STEPS="lead coldfan"` (on an
+# H200 `lead` renews the twenty-third session's H200 report).
 #
 # Needs target/gpu-bundle/bin/hipfile-bench-sym (the bench, debug info stripped, symbols
 # kept) and, for `contract`, target/gpu-bundle/bin/device_contract, both built here by
-# scripts/owed-gpu-bundle.sh; carry that folder.
+# scripts/owed-gpu-bundle.sh, and for `fence` target/gpu-bundle/bin/hipfile-bench-fence
+# (scripts/glommio-fence-bench.sh, after it); carry that folder.
 # Prints one line per step: ran, skipped (why) or failed (exit code).
 set -u
 cd "$(dirname "$0")/../.." || exit 1
