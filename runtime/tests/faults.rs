@@ -1192,6 +1192,34 @@ fn a_write_in_pieces_refused_midway_leaves_its_stream_working() {
     assert_eq!(pieces, 2, "the writes after the refusals went in pieces");
 }
 
+/// A rig for long writes under `all` (pinned slots, 256 MiB of them per size, the page
+/// cache): a file holding `contents`, registered, and a device buffer as long.
+struct LongWrites {
+    rig: Rig,
+    file: TempFile,
+    fd: std::fs::File,
+    handle: HandleId,
+    buffer: u64,
+}
+
+impl LongWrites {
+    fn new(tag: &str, contents: &[u8]) -> LongWrites {
+        let config = Config {
+            stream_copies: hipfile_runtime::config::StreamCopies::All,
+            stream_copy_slots: hipfile_runtime::config::StreamCopySlots::Pinned,
+            stream_copy_cap_bytes: 256 * MIB,
+            direct: DirectPolicy::Off,
+            ..small_config()
+        };
+        let rig = Rig::with(1, config);
+        let file = TempFile::new(tag, contents);
+        let fd = file.open_rw();
+        let handle = rig.register(&fd);
+        let buffer = rig.alloc(contents.len());
+        LongWrites { rig, file, fd, handle, buffer }
+    }
+}
+
 /// `all`, long writes (pieces of 16 MiB sharing a ring of slots): the stream copies piece
 /// `j + 1` into its slot while the engine writes piece `j`, not after piece `j`'s release.
 /// The first piece's `pwrite` is made 2 s slower: meanwhile the stream has copied the
@@ -1201,20 +1229,10 @@ fn a_write_in_pieces_refused_midway_leaves_its_stream_working() {
 #[test]
 fn a_long_write_has_its_stream_copy_the_next_piece_while_one_is_written() {
     let _serial = serial();
-    let config = Config {
-        stream_copies: hipfile_runtime::config::StreamCopies::All,
-        stream_copy_slots: hipfile_runtime::config::StreamCopySlots::Pinned,
-        stream_copy_cap_bytes: 256 * MIB,
-        direct: DirectPolicy::Off,
-        ..small_config()
-    };
-    let rig = Rig::with(1, config);
-    let Some(cpu) = rig.cpu_only("counts the cpu device's device -> host bytes") else { return };
     let len = 48 * MIB;
-    let file = TempFile::new("long-write-overlap", &pattern(31, len));
-    let fd = file.open_rw();
-    let handle = rig.register(&fd);
-    let buffer = rig.alloc(len);
+    let LongWrites { rig, file, fd: _fd, handle, buffer } =
+        LongWrites::new("long-write-overlap", &pattern(31, len));
+    let Some(cpu) = rig.cpu_only("counts the cpu device's device -> host bytes") else { return };
     for flags in [Some(15), None] {
         let what = format!("flags {flags:?}");
         let fresh = pattern(32 + u64::from(flags.unwrap_or(0)), len);
@@ -1253,20 +1271,10 @@ fn a_long_write_has_its_stream_copy_the_next_piece_while_one_is_written() {
 #[test]
 fn a_long_write_whose_next_piece_copy_is_refused_ends_after_the_pieces_before_it() {
     let _serial = serial();
-    let config = Config {
-        stream_copies: hipfile_runtime::config::StreamCopies::All,
-        stream_copy_slots: hipfile_runtime::config::StreamCopySlots::Pinned,
-        stream_copy_cap_bytes: 256 * MIB,
-        direct: DirectPolicy::Off,
-        ..small_config()
-    };
-    let rig = Rig::with(1, config);
     let len = 64 * MIB;
     let old = pattern(41, len);
-    let file = TempFile::new("long-write-copy-refused", &old);
-    let fd = file.open_rw();
-    let handle = rig.register(&fd);
-    let buffer = rig.alloc(len);
+    let LongWrites { rig, file, fd, handle, buffer } =
+        LongWrites::new("long-write-copy-refused", &old);
     for flags in [Some(15), None] {
         let what = format!("flags {flags:?}");
         std::os::unix::fs::FileExt::write_all_at(&fd, &old, 0).expect("reset");
