@@ -6,7 +6,7 @@
 #   TOTAL=560 OUT=$OUT benches/scripts/owed-gpu.sh            # every step that fits
 #   TOTAL=560 STEPS="lead hot" OUT=$OUT benches/scripts/owed-gpu.sh
 #
-# Steps (STEPS, default all, in this order):
+# Steps (STEPS, default all; they run in the order of the `step` lines at the end):
 #   isolation  #14 item 4 (any GPU, named in steps.txt; the issue asks for an H200, where
 #              it last ran on the twenty-third session's binary): the default data path
 #              against the one before #14 (scripts/isolation-ab.sh, two rounds of reads
