@@ -111,6 +111,13 @@ impl LongOp {
         validate(raw, whole.buffer(), self.flags, self.page_size_bytes).ok()
     }
 
+    /// Whether piece `index` is its ring slot's first use (a slot of the pool's ring,
+    /// taken for this op). A spare may still be read by an earlier op's copy: every use
+    /// of one is a new one.
+    fn first_use(&self, index: usize) -> bool {
+        self.spare.is_none() && index < self.ring.len()
+    }
+
     /// The whole op as bound when the stream reached its first piece (read once).
     fn bound(&self) -> Option<ValidIo> {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -525,12 +532,9 @@ impl AsyncOp {
         let mut slots = Vec::with_capacity(long.pieces);
         let mut slot_of = |index: usize| -> Slot {
             while slots.len() <= index {
-                // A spare may still be read by an earlier op's copy: every use is a new
-                // one.
                 let at = slots.len();
-                let first_use = long.spare.is_none() && at < long.ring.len();
                 let base = long.ring[at % long.ring.len()];
-                slots.push(if first_use { base } else { pool.next_use(&base) });
+                slots.push(if long.first_use(at) { base } else { pool.next_use(&base) });
             }
             slots[index]
         };
@@ -545,7 +549,7 @@ impl AsyncOp {
                 long.cut_short(index, Outcome::Library(error.code));
                 break;
             };
-            let first_use = long.spare.is_none() && index < long.ring.len();
+            let first_use = long.first_use(index);
             let slot = slot_of(index);
             let next_io = long.piece_io(&io, index + 1).filter(|_| copies_ahead);
             let copies_next = next_io.map(|next_io| {
